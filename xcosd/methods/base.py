@@ -1,0 +1,337 @@
+"""What every resampling method shares: the round's messages, the accept test, the
+commit rule, and the :class:`Method` interface split into server and device halves.
+
+A round (``ALGORITHMS.md``): the device drafts ``d`` tokens from its TLI
+distribution ``q_i`` (over V_C) and uplinks a :class:`Draft`; the server scores the
+block once, runs :func:`verify` on the *committed* rows ``p*`` and answers with a
+:class:`Verdict`. On a rejection the method decides what crosses the link
+(:meth:`Method.on_reject`) and how the device turns it into a token
+(:meth:`Method.resolve`), possibly after follow-up requests
+(:meth:`Method.on_request`). Everything here is pure: no sockets, no clocks, and
+randomness only through the ``numpy.random.Generator`` passed in.
+
+Vectors on the device are in **V_C order** (the target ids of V_C, ascending);
+vectors on the server are over all target ids. :class:`Space` converts.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..codecs import Codec, get_codec
+from ..errors import InvalidDistribution, ProtocolError
+from ..sampling import sample_index
+
+#: bytes per token id and per float32 value as counted before framing
+ID_BYTES = 4
+VALUE_BYTES = 4
+
+
+# --------------------------------------------------------------------------- space
+
+
+class Space:
+    """The target vocabulary split into V_C (in V_C order) and V_O.
+
+    Built from a :class:`~xcosd.vocab.VocabMap` on real vocabularies, or from a
+    bool mask over target ids in tests and simulations.
+    """
+
+    def __init__(self, target_size: int, common_ids: np.ndarray, other_mask: np.ndarray | None = None):
+        self.target_size = int(target_size)
+        self.common_ids = np.ascontiguousarray(np.asarray(common_ids, dtype=np.int64))
+        if self.common_ids.size == 0:
+            raise InvalidDistribution("V_C is empty: the two vocabularies share no token")
+        if np.any(np.diff(self.common_ids) <= 0):
+            raise ValueError("common_ids must be strictly ascending target ids (V_C order)")
+        self.to_common = np.full(self.target_size, -1, dtype=np.int64)
+        self.to_common[self.common_ids] = np.arange(self.common_ids.shape[0])
+        if other_mask is None:
+            other_mask = self.to_common < 0
+        self.other_mask = np.asarray(other_mask, dtype=bool)
+        self.other_ids = np.flatnonzero(self.other_mask)
+
+    @classmethod
+    def from_mask(cls, common: np.ndarray) -> Space:
+        mask = np.asarray(common, dtype=bool)
+        return cls(mask.shape[0], np.flatnonzero(mask))
+
+    @classmethod
+    def from_vocab_map(cls, vmap: Any) -> Space:
+        return cls(vmap.target.size, vmap.common_target_ids, vmap.other_mask)
+
+    @property
+    def n_common(self) -> int:
+        return int(self.common_ids.shape[0])
+
+    @cached_property
+    def common_mask(self) -> np.ndarray:
+        return self.to_common >= 0
+
+    def in_common(self, target_id: int) -> bool:
+        return 0 <= target_id < self.target_size and bool(self.to_common[target_id] >= 0)
+
+    def expand(self, v_common: np.ndarray) -> np.ndarray:
+        """A V_C-order vector scattered into a float32 vector over all target ids."""
+        out = np.zeros(self.target_size, dtype=np.float32)
+        out[self.common_ids] = v_common
+        return out
+
+
+# ------------------------------------------------------------------------ messages
+
+
+@dataclass(frozen=True, eq=False)
+class Draft:
+    """Uplink of one round: the drafted tokens as target ids and ``q_i(x_i)``.
+
+    ``q_vectors`` (sd-uplink, uhlm) are the encoded draft vectors in V_C order;
+    ``verify_mask`` (uhlm) marks the positions the server must verify.
+    """
+
+    ids: np.ndarray
+    q_values: np.ndarray
+    q_vectors: tuple[bytes, ...] | None = None
+    verify_mask: np.ndarray | None = None
+
+    @property
+    def length(self) -> int:
+        return int(self.ids.shape[0])
+
+    def nbytes(self) -> int:
+        n = self.length * (ID_BYTES + VALUE_BYTES)
+        if self.q_vectors is not None:
+            n += sum(len(b) for b in self.q_vectors)
+        if self.verify_mask is not None:
+            n += (self.length + 7) // 8
+        return n
+
+
+@dataclass(frozen=True, eq=False)
+class TokenReply:
+    """One target token chosen by the server (bonus, or a server-side resample)."""
+
+    token: int
+
+    def nbytes(self) -> int:
+        return ID_BYTES
+
+
+@dataclass(frozen=True, eq=False)
+class FullVectorReply:
+    """Straightforward: ``p_j`` over all of V_T, encoded with the session codec."""
+
+    data: bytes
+
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True, eq=False)
+class HybridReply:
+    """Hybrid resampling: ``p_j`` over V_C (encoded), the scalar ``theta_o`` and,
+    with ``hr_presample``, one ``y ~ p_j | V_O`` drawn up front (``other_token``)."""
+
+    data: bytes
+    theta_o: float
+    other_token: int | None = None
+
+    def nbytes(self) -> int:
+        return len(self.data) + VALUE_BYTES + (ID_BYTES if self.other_token is not None else 0)
+
+
+@dataclass(frozen=True, eq=False)
+class CandidatesReply:
+    """SR-DV: ``K`` candidates ``y_k ~ p_j`` (target ids) with their values ``p_j(y_k)``."""
+
+    ids: np.ndarray
+    values: np.ndarray
+
+    def nbytes(self) -> int:
+        return int(self.ids.shape[0]) * (ID_BYTES + VALUE_BYTES)
+
+
+Reply = TokenReply | FullVectorReply | HybridReply | CandidatesReply
+
+
+@dataclass(frozen=True)
+class Request:
+    """A device's follow-up after a rejection: ``more`` candidates (SR-DV), the HR
+    ``fallback`` payload (SR-DV after ``M`` rounds), or an ``other`` sample (the
+    paper's HR variant, when the coin picks V_O)."""
+
+    kind: str  # "more" | "fallback" | "other"
+
+    KINDS: ClassVar[tuple[str, ...]] = ("more", "fallback", "other")
+
+    def __post_init__(self) -> None:
+        if self.kind not in self.KINDS:
+            raise ProtocolError(f"unknown follow-up request {self.kind!r}", code="bad_message")
+
+    def nbytes(self) -> int:
+        return 1
+
+
+@dataclass(frozen=True, eq=False)
+class Verdict:
+    """The server's answer to a :class:`Draft`: how many drafts it accepted and the
+    method's payload (a bonus :class:`TokenReply` when all were accepted)."""
+
+    accepted: int
+    reply: Reply
+
+    def nbytes(self) -> int:
+        return ID_BYTES + self.reply.nbytes()
+
+
+# --------------------------------------------------------------------- round state
+
+
+@dataclass(eq=False)
+class RejectState:
+    """What the server keeps about one rejection until the device has its token."""
+
+    p_raw: np.ndarray  # the target row before the codec (float32, over V_T)
+    p_star: np.ndarray  # the committed row every decision uses (float32, over V_T)
+    rejected: int  # the rejected draft x_j (target id)
+    q_common: np.ndarray | None = None  # the device's committed q_j (sd-uplink, uhlm)
+    candidate_rounds: int = 0
+    fallback_sent: bool = False
+
+
+@dataclass(eq=False)
+class DeviceState:
+    """What the device keeps about one rejection while it resolves it."""
+
+    q_common: np.ndarray  # q_j in V_C order, exactly the vector x_j was drawn from
+    rejected: int
+    candidate_rounds: int = 0
+    trials: int = 0
+    fallbacks: int = 0
+    hybrid: HybridReply | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------- pure helpers
+
+
+def verify(p_star: np.ndarray, ids: np.ndarray, q_values: np.ndarray, rng: np.random.Generator,
+           mask: np.ndarray | None = None) -> int:
+    """Standard speculative verification: accept ``x_i`` while ``u < p(x_i)/q(x_i)``.
+
+    ``p_star`` has one committed row per draft position (at least ``len(ids)``).
+    One uniform is drawn per *examined* position, in order. Positions where
+    ``mask`` is False are accepted without a test (uhlm's confident tokens).
+    """
+    d = int(ids.shape[0])
+    for i in range(d):
+        if mask is not None and not mask[i]:
+            continue
+        x = int(ids[i])
+        q = float(q_values[i])
+        p = float(p_star[i, x])
+        if not q > 0:
+            raise InvalidDistribution(f"draft {i} has q(x) = {q}: a drafted token must have q > 0")
+        if not rng.random() * q < p:  # u < p/q without dividing
+            return i
+    return d
+
+
+def normalise(v: np.ndarray, extra: float = 0.0) -> np.ndarray:
+    """``v / (sum(v) + extra)`` in float64, rounded to float32: the committed vector.
+
+    Used identically by both sides, so both get the same bits.
+    """
+    total = float(np.sum(v, dtype=np.float64)) + float(extra)
+    if not total > 0:
+        raise InvalidDistribution("committed vector has no mass")
+    return (np.asarray(v, dtype=np.float64) / total).astype(np.float32)
+
+
+def residual_sample(p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> int:
+    """Sample from ``max(0, p - q) / Z``, or from ``p`` when rounding made ``Z == 0``."""
+    r = np.maximum(np.asarray(p, dtype=np.float64) - q, 0.0)
+    if not r.sum() > 0:
+        return sample_index(p, rng)
+    return sample_index(r, rng)
+
+
+# ------------------------------------------------------------------------ methods
+
+
+class Method(ABC):
+    """One resampling method: pure server and device halves of a round.
+
+    Subclasses set ``name`` and ``lossless`` and override what differs. The
+    defaults are standard speculative decoding's: exact commit (``p* = p``), the
+    ratio test, a bonus token on full acceptance.
+    """
+
+    name: ClassVar[str] = ""
+    lossless: ClassVar[bool] = True
+    #: False for ``ar``: the device sends no drafts
+    drafts: ClassVar[bool] = True
+    #: which vector the codec compresses: "p" (downlink), "q" (uplink) or None
+    codec_applies_to: ClassVar[str | None] = None
+
+    def __init__(self, codec: Codec | str | None = None, **options: Any) -> None:
+        self.codec: Codec = get_codec(codec) if isinstance(codec, str) else (codec or get_codec("f32"))
+        if options:
+            raise TypeError(f"{self.name}: unknown options {sorted(options)}")
+
+    def __repr__(self) -> str:
+        return f"<method {self.name} codec={self.codec.name}>"
+
+    def options(self) -> dict[str, Any]:
+        """The method's own options, as sent in the session handshake."""
+        return {}
+
+    # -- device: drafting ---------------------------------------------------
+
+    def draft_row(self, q_common: np.ndarray) -> np.ndarray:
+        """The vector the device samples draft ``i`` from (sd-uplink commits it)."""
+        return q_common
+
+    def draft_message(self, ids: np.ndarray, q_rows: list[np.ndarray], space: Space) -> Draft:
+        """Uplink for drafts ``ids`` (target ids) drawn from ``q_rows`` (V_C order)."""
+        pos = space.to_common[ids]
+        q_values = np.array([q[p] for q, p in zip(q_rows, pos, strict=True)], dtype=np.float32)
+        return Draft(ids=np.asarray(ids, dtype=np.int64), q_values=q_values)
+
+    # -- server -------------------------------------------------------------
+
+    def commit_row(self, p: np.ndarray, space: Space) -> np.ndarray:
+        """The committed row ``p*`` every decision uses (``p`` itself by default)."""
+        return np.asarray(p, dtype=np.float32)
+
+    def verify(self, p_star: np.ndarray, draft: Draft, space: Space, rng: np.random.Generator) -> int:
+        return verify(p_star, draft.ids, draft.q_values, rng)
+
+    def server_q(self, draft: Draft, j: int, space: Space) -> np.ndarray | None:
+        """The device's q_j as the server knows it (only methods that uplink vectors)."""
+        return None
+
+    def bonus(self, p_star: np.ndarray, rng: np.random.Generator) -> TokenReply:
+        return TokenReply(sample_index(p_star, rng))
+
+    def on_reject(self, state: RejectState, space: Space, rng: np.random.Generator) -> Reply:
+        raise NotImplementedError
+
+    def on_request(self, state: RejectState, request: Request, space: Space,
+                   rng: np.random.Generator) -> Reply:
+        raise ProtocolError(f"{self.name} takes no follow-up request {request.kind!r}",
+                            code="bad_request")
+
+    # -- device: resolving a rejection -------------------------------------
+
+    def resolve(self, reply: Reply, state: DeviceState, space: Space,
+                rng: np.random.Generator) -> int | Request:
+        """The token the device emits, or a follow-up :class:`Request`."""
+        if isinstance(reply, TokenReply):
+            return reply.token
+        raise ProtocolError(f"{self.name} cannot use a {type(reply).__name__}", code="bad_message")

@@ -1,0 +1,103 @@
+"""``xcosd-e``: server resampling with device verification (SR-DV), X-CoSD-E.
+
+Rejection sampling of the residual with proposal ``p_j``: the server draws ``K``
+candidates ``y ~ p_j`` and sends them with their values ``p_j(y)``; the device
+accepts the first with ``v < alpha(y) = max(0, p_j(y) − q_j(y)) / p_j(y)``
+(``alpha = 1`` on V_O). Each trial succeeds with probability ``Z`` and a success is
+distributed as ``r``. After ``M`` rounds of ``K`` failures the device falls back to
+hybrid resampling, which is exact conditioned on any number of failed trials.
+
+The server draws candidates from ``p_j`` conditioned on ``y != x_j`` (the rejected
+draft has ``alpha = 0``, so sending it would waste a slot); ``alpha`` keeps using the
+unconditioned values, and the accepted law is unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..codecs import Codec
+from ..errors import ProtocolError
+from ..sampling import sample_many
+from .base import (
+    CandidatesReply,
+    DeviceState,
+    HybridReply,
+    Method,
+    RejectState,
+    Reply,
+    Request,
+    Space,
+    TokenReply,
+)
+from .commit import committed_hybrid
+from .hybrid_resampling import hybrid_payload, hybrid_resolve, sample_other
+
+
+class SrDv(Method):
+    name = "xcosd-e"
+    lossless = True
+    codec_applies_to: ClassVar[str | None] = "p"
+
+    def __init__(self, codec: Codec | str | None = None, *, K: int = 20, M: int = 10,
+                 hr_presample: bool = True, **options: Any) -> None:
+        super().__init__(codec, **options)
+        if K < 1 or M < 1:
+            raise ValueError(f"xcosd-e needs K >= 1 and M >= 1, got K={K}, M={M}")
+        self.K, self.M, self.hr_presample = int(K), int(M), bool(hr_presample)
+
+    def options(self) -> dict[str, Any]:
+        return {"K": self.K, "M": self.M, "hr_presample": self.hr_presample}
+
+    def commit_row(self, p: np.ndarray, space: Space) -> np.ndarray:
+        return committed_hybrid(self.codec, p, space)
+
+    def _candidates(self, state: RejectState, rng: np.random.Generator) -> CandidatesReply:
+        w = state.p_star.astype(np.float64)
+        w[state.rejected] = 0.0
+        if not w.sum() > 0:  # all mass on x_j cannot be rejected, save by rounding
+            w = state.p_star.astype(np.float64)
+        ids = sample_many(w, self.K, rng)
+        state.candidate_rounds += 1
+        return CandidatesReply(ids=ids, values=state.p_star[ids].astype(np.float32))
+
+    def on_reject(self, state: RejectState, space: Space, rng: np.random.Generator) -> Reply:
+        return self._candidates(state, rng)
+
+    def on_request(self, state: RejectState, request: Request, space: Space,
+                   rng: np.random.Generator) -> Reply:
+        if request.kind == "more":
+            if state.candidate_rounds >= self.M or state.fallback_sent:
+                raise ProtocolError(f"more than M={self.M} candidate rounds requested",
+                                    code="bad_request")
+            return self._candidates(state, rng)
+        if request.kind == "fallback":
+            if state.fallback_sent:
+                raise ProtocolError("HR fallback requested twice", code="bad_request")
+            state.fallback_sent = True
+            return hybrid_payload(self.codec, state, space, self.hr_presample, rng)
+        if request.kind == "other" and state.fallback_sent:
+            return TokenReply(sample_other(state, space, rng))
+        return super().on_request(state, request, space, rng)
+
+    def resolve(self, reply: Reply, state: DeviceState, space: Space,
+                rng: np.random.Generator) -> int | Request:
+        if isinstance(reply, CandidatesReply):
+            state.candidate_rounds += 1
+            pos = space.to_common[reply.ids]
+            for y, v, c in zip(reply.ids.tolist(), reply.values.tolist(), pos.tolist(), strict=True):
+                state.trials += 1
+                if c < 0:  # V_O: alpha = 1
+                    return int(y)
+                alpha = max(0.0, v - float(state.q_common[c])) / v if v > 0 else 0.0
+                if rng.random() < alpha:
+                    return int(y)
+            if state.candidate_rounds < self.M:
+                return Request("more")
+            state.fallbacks += 1
+            return Request("fallback")
+        if isinstance(reply, HybridReply):
+            return hybrid_resolve(self.codec, reply, state, space, rng)
+        return super().resolve(reply, state, space, rng)

@@ -1,0 +1,367 @@
+"""Vocabularies as byte strings, and the map between a draft and a target vocabulary.
+
+Cross-vocabulary speculative decoding compares tokens by their **bytes**, never by
+id or by decoded text: two tokenizers agree on a token exactly when they spell it
+with the same bytes. :class:`Vocabulary` is id <-> bytes plus special tokens by
+role; :class:`VocabMap` builds V_C (tokens both sides have), V_O (target-only
+tokens) and the id arrays that translate between the two sides.
+
+Ids that a vocabulary leaves unused (cl100k and o200k have holes) have no bytes:
+they are never in V_C and no model should give them probability.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import VocabError
+
+#: Short names accepted everywhere, mapped to quicktok's encoding names.
+QUICKTOK_ALIASES: dict[str, str] = {
+    "llama3": "llama3",
+    "qwen": "qwen3",
+    "qwen3": "qwen3",
+    "qwen2.5": "qwen3",
+    "cl100k": "cl100k_base",
+    "cl100k_base": "cl100k_base",
+    "o200k": "o200k_base",
+    "o200k_base": "o200k_base",
+}
+
+#: Special-token text -> role, for the vocabularies quicktok ships.
+_QUICKTOK_ROLES: dict[str, dict[str, str]] = {
+    "llama3": {"bos": "<|begin_of_text|>", "eos": "<|end_of_text|>", "eot": "<|eot_id|>"},
+    "qwen3": {"eos": "<|endoftext|>", "eot": "<|im_end|>"},
+    "cl100k_base": {"eos": "<|endoftext|>"},
+    "o200k_base": {"eos": "<|endoftext|>"},
+}
+
+#: Roles matched across vocabularies (special tokens are matched by role, not bytes).
+SPECIAL_ROLES = ("bos", "eos", "pad", "eot")
+
+
+class Vocabulary:
+    """Token ids <-> token bytes for one tokenizer.
+
+    ``tokens[i]`` is the byte string of id ``i``; ``None`` marks an unused id.
+    ``special`` holds the ids of special tokens (their ``tokens`` entry is their
+    text, e.g. ``b"<|endoftext|>"``); ``roles`` names some of them (``bos``,
+    ``eos``, ``pad``, ``eot``) so that two vocabularies can match them by role.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        tokens: Sequence[bytes | None],
+        *,
+        special: Iterable[int] = (),
+        roles: Mapping[str, int] | None = None,
+        encoder: Any = None,
+    ) -> None:
+        self.name = name
+        self.tokens: list[bytes | None] = list(tokens)
+        self.size = len(self.tokens)
+        self.special_ids: frozenset[int] = frozenset(int(i) for i in special)
+        self.roles: dict[str, int] = dict(roles or {})
+        for role, i in self.roles.items():
+            if not 0 <= i < self.size:
+                raise VocabError(f"{name}: role {role!r} points at id {i}, outside 0..{self.size - 1}")
+        self._encoder = encoder
+        if self.size == 0:
+            raise VocabError(f"{name}: empty vocabulary")
+
+    def __repr__(self) -> str:
+        return f"Vocabulary({self.name!r}, size={self.size}, regular={self.n_regular})"
+
+    def __len__(self) -> int:
+        return self.size
+
+    # -- lookups -------------------------------------------------------------
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes of ``token_id`` (a special token's text for special ids)."""
+        if not 0 <= token_id < self.size:
+            raise VocabError(f"{self.name}: token id {token_id} outside 0..{self.size - 1}")
+        b = self.tokens[token_id]
+        if b is None:
+            raise VocabError(f"{self.name}: token id {token_id} is unused")
+        return b
+
+    def piece(self, token_id: int) -> bytes:
+        """The bytes ``token_id`` contributes to output text (b"" for special tokens)."""
+        if token_id in self.special_ids:
+            return b""
+        return self.token_bytes(token_id)
+
+    def decode(self, ids: Iterable[int]) -> bytes:
+        """Concatenated output bytes of ``ids``."""
+        return b"".join(self.piece(int(i)) for i in ids)
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.special_ids
+
+    @cached_property
+    def regular_mask(self) -> np.ndarray:
+        """Bool mask over ids: True for used, non-special ids."""
+        m = np.array([b is not None for b in self.tokens], dtype=bool)
+        if self.special_ids:
+            m[np.fromiter(self.special_ids, dtype=np.int64)] = False
+        return m
+
+    @cached_property
+    def n_regular(self) -> int:
+        return int(self.regular_mask.sum())
+
+    @cached_property
+    def byte_index(self) -> dict[bytes, int]:
+        """bytes -> id over regular tokens (the lowest id wins for duplicates)."""
+        index: dict[bytes, int] = {}
+        special = self.special_ids
+        for i, b in enumerate(self.tokens):
+            if b is not None and i not in special and b not in index:
+                index[b] = i
+        return index
+
+    @cached_property
+    def _max_token_len(self) -> int:
+        return max((len(b) for b in self.byte_index), default=1)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A stable hash of the id -> bytes table and the role map."""
+        h = hashlib.sha256()
+        for i, b in enumerate(self.tokens):
+            tag = b"S" if i in self.special_ids else (b"N" if b is None else b"R")
+            h.update(tag + len(b or b"").to_bytes(4, "little") + (b or b""))
+        for role in sorted(self.roles):
+            h.update(role.encode() + self.roles[role].to_bytes(8, "little"))
+        return h.hexdigest()[:16]
+
+    # -- tokenisation ----------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenise ``text`` with the vocabulary's own tokenizer when it has one,
+        else by greedy longest match over bytes (see :meth:`encode_bytes`)."""
+        if self._encoder is not None:
+            return [int(i) for i in self._encoder(text)]
+        return self.encode_bytes(text.encode("utf-8"))
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        """Split arbitrary bytes into regular tokens by greedy longest match.
+
+        Used to re-tokenise a target-only token (which arrives as bytes) into draft
+        tokens: any valid split is fine there, it only affects draft quality. Raises
+        :class:`VocabError` when some byte has no token at all.
+        """
+        index = self.byte_index
+        out: list[int] = []
+        i, n, longest = 0, len(data), self._max_token_len
+        while i < n:
+            for j in range(min(n, i + longest), i, -1):
+                tid = index.get(data[i:j])
+                if tid is not None:
+                    out.append(tid)
+                    i = j
+                    break
+            else:
+                raise VocabError(f"{self.name}: no token covers byte {data[i]:#04x}")
+        return out
+
+    # -- loaders ---------------------------------------------------------------
+
+    @classmethod
+    def load(cls, spec: str) -> Vocabulary:
+        """Load by short name (``llama3``, ``qwen``, ``cl100k``, ``o200k``) or by path
+        to a tiktoken-format file."""
+        if spec in QUICKTOK_ALIASES:
+            return cls.from_quicktok(spec)
+        p = Path(spec)
+        if p.exists():
+            return cls.from_tiktoken_file(p)
+        raise VocabError(
+            f"unknown vocabulary {spec!r}: use one of {sorted(set(QUICKTOK_ALIASES))} "
+            "or a path to a tiktoken-format file"
+        )
+
+    @classmethod
+    def from_quicktok(cls, name: str) -> Vocabulary:
+        """A vocabulary that the ``quicktok-v1`` package ships.
+
+        quicktok's ``token_byte_values()`` is sorted by bytes, not by id, so the
+        table is read id by id with ``decode_single_token_bytes``.
+        """
+        import quicktok
+
+        enc_name = QUICKTOK_ALIASES.get(name, name)
+        try:
+            enc = quicktok.get_encoding(enc_name)
+        except Exception as e:  # quicktok raises RuntimeError/KeyError variants
+            raise VocabError(f"quicktok has no encoding {enc_name!r}: {e}") from e
+        tokens: list[bytes | None] = []
+        special: list[int] = []
+        by_text: dict[str, int] = {}
+        for i in range(enc.n_vocab):
+            try:
+                b = enc.decode_single_token_bytes(i)
+            except KeyError:
+                tokens.append(None)
+                continue
+            tokens.append(b)
+            if enc.is_special_token(i):
+                special.append(i)
+                by_text[b.decode("utf-8", "replace")] = i
+        roles = {
+            role: by_text[text]
+            for role, text in _QUICKTOK_ROLES.get(enc_name, {}).items()
+            if text in by_text
+        }
+        short = next((k for k, v in QUICKTOK_ALIASES.items() if v == enc_name), enc_name)
+        return cls(short, tokens, special=special, roles=roles, encoder=enc.encode_ordinary)
+
+    @classmethod
+    def from_tiktoken_file(
+        cls,
+        path: str | Path,
+        *,
+        special_tokens: Mapping[str, int] | None = None,
+        roles: Mapping[str, str] | None = None,
+        name: str | None = None,
+    ) -> Vocabulary:
+        """A tiktoken ``.tiktoken`` file: one ``base64(bytes) rank`` pair per line.
+
+        ``special_tokens`` maps special-token text to id; ``roles`` maps a role to
+        one of those texts.
+        """
+        p = Path(path)
+        ranks: dict[int, bytes] = {}
+        try:
+            for lineno, line in enumerate(p.read_bytes().splitlines(), 1):
+                if not line.strip():
+                    continue
+                tok, rank = line.split()
+                ranks[int(rank)] = base64.b64decode(tok)
+        except (ValueError, OSError) as e:
+            raise VocabError(f"{p}: not a tiktoken file ({e})") from e
+        special_tokens = dict(special_tokens or {})
+        size = max([*ranks, *special_tokens.values(), -1]) + 1
+        tokens: list[bytes | None] = [None] * size
+        for r, b in ranks.items():
+            tokens[r] = b
+        for text, i in special_tokens.items():
+            tokens[i] = text.encode()
+        role_ids = {role: special_tokens[text] for role, text in (roles or {}).items()}
+        return cls(name or p.stem, tokens, special=special_tokens.values(), roles=role_ids)
+
+    @classmethod
+    def from_hf_tokenizer(cls, tokenizer: Any, name: str | None = None) -> Vocabulary:
+        """A Hugging Face tokenizer (byte-level BPE or SentencePiece), converted to bytes."""
+        from .models.hf_vocab import vocabulary_from_hf
+
+        return vocabulary_from_hf(tokenizer, name=name)
+
+
+class VocabMap:
+    """V_C, V_O and the id translation between a draft and a target vocabulary.
+
+    V_C holds every regular (non-special) token both vocabularies spell with the
+    same bytes, plus special tokens whose role both vocabularies define (an EOS is
+    an EOS whatever its text). Its fixed order, "V_C order", is ascending target id.
+    V_O is every other used target id.
+    """
+
+    def __init__(self, draft: Vocabulary, target: Vocabulary) -> None:
+        self.draft = draft
+        self.target = target
+        d_index, t_index = draft.byte_index, target.byte_index
+        if len(d_index) > len(t_index):
+            pairs = [(d, t_index[b]) for b, d in d_index.items() if b in t_index]
+        else:
+            pairs = [(d_index[b], t) for b, t in t_index.items() if b in d_index]
+        for role in SPECIAL_ROLES:
+            if role in draft.roles and role in target.roles:
+                pairs.append((draft.roles[role], target.roles[role]))
+        arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        order = np.argsort(arr[:, 1], kind="stable")
+        self.common_draft_ids: np.ndarray = np.ascontiguousarray(arr[order, 0])
+        self.common_target_ids: np.ndarray = np.ascontiguousarray(arr[order, 1])
+        self.draft_to_target = np.full(draft.size, -1, dtype=np.int64)
+        self.draft_to_target[self.common_draft_ids] = self.common_target_ids
+        self.target_to_draft = np.full(target.size, -1, dtype=np.int64)
+        self.target_to_draft[self.common_target_ids] = self.common_draft_ids
+        self.common_mask = np.zeros(target.size, dtype=bool)
+        self.common_mask[self.common_target_ids] = True
+        used = np.array([b is not None for b in target.tokens], dtype=bool)
+        self.other_mask = used & ~self.common_mask
+        #: position of each target id in V_C order (-1 outside V_C)
+        self.target_to_common = np.full(target.size, -1, dtype=np.int64)
+        self.target_to_common[self.common_target_ids] = np.arange(self.n_common)
+
+    @property
+    def n_common(self) -> int:
+        return int(self.common_target_ids.shape[0])
+
+    @property
+    def n_other(self) -> int:
+        return int(self.other_mask.sum())
+
+    @property
+    def identical(self) -> bool:
+        """True when V_O is empty: every method reduces to standard speculative decoding."""
+        return self.n_other == 0
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Hash of the V_C target-id list and its draft ids: both sides of a session
+        must agree on it, or the session is refused."""
+        h = hashlib.sha256()
+        h.update(self.target.size.to_bytes(8, "little") + self.draft.size.to_bytes(8, "little"))
+        h.update(self.common_target_ids.astype("<i8").tobytes())
+        h.update(self.common_draft_ids.astype("<i8").tobytes())
+        return h.hexdigest()[:16]
+
+    def draft_to_target_probs(self, q_draft: np.ndarray) -> np.ndarray:
+        """Token-level intersection (TLI): a draft distribution over V_D (rows) becomes
+        a distribution over target ids, zero outside V_C and renormalised on V_C.
+
+        Raises :class:`VocabError` if a row has no mass on V_C at all.
+        """
+        q = np.asarray(q_draft)
+        lead = q.shape[:-1]
+        out = np.zeros((*lead, self.target.size), dtype=np.float32)
+        sub = q[..., self.common_draft_ids].astype(np.float64)
+        z = sub.sum(axis=-1, keepdims=True)
+        if np.any(z <= 0):
+            raise VocabError("draft distribution has no mass on the common vocabulary V_C")
+        out[..., self.common_target_ids] = (sub / z).astype(np.float32)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Facts for ``xcosd vocab``: sizes, |V_C|, shares and the fingerprint."""
+        nc_regular = int(
+            np.count_nonzero(self.target.regular_mask[self.common_target_ids])
+        )
+        return {
+            "draft": {
+                "name": self.draft.name,
+                "size": self.draft.size,
+                "regular": self.draft.n_regular,
+                "common_share": nc_regular / max(1, self.draft.n_regular),
+            },
+            "target": {
+                "name": self.target.name,
+                "size": self.target.size,
+                "regular": self.target.n_regular,
+                "common_share": nc_regular / max(1, self.target.n_regular),
+            },
+            "common": nc_regular,
+            "common_with_special_roles": self.n_common,
+            "other": self.n_other,
+            "fingerprint": self.fingerprint,
+        }
