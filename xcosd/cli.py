@@ -1,0 +1,64 @@
+"""The ``xcosd`` command line: a thin dispatcher over ``xcosd/commands/``.
+
+Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and
+``run(args) -> int``; modules are imported only when their command runs, so
+``xcosd vocab`` never pays for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+#: subcommand -> module under xcosd.commands
+COMMANDS: dict[str, str] = {
+    "vocab": "vocab",
+    "simulate": "simulate",
+    "keys": "keys",
+    "serve": "serve",
+    "edge": "edge",
+    "demo": "demo",
+    "bench": "bench",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="xcosd",
+        description="Lossless collaborative speculative decoding across vocabularies.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, module in COMMANDS.items():
+        try:
+            mod = importlib.import_module(f"xcosd.commands.{module}")
+        except ModuleNotFoundError as e:
+            if e.name != f"xcosd.commands.{module}":
+                raise
+            continue  # command not present in this build
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from .errors import XcosdError
+
+    try:
+        return int(args.func(args) or 0)
+    except XcosdError as e:
+        print(f"xcosd: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``xcosd`` subcommand: ``add_parser(subparsers)`` sets ``func``."""
