@@ -58,6 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. `xcosd vocab ... | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
