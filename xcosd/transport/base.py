@@ -6,12 +6,24 @@ frame is the msgpack header, the rest are raw binary buffers (see
 length-prefixed frames, the in-memory pair as Python objects. The cloud side is a
 :class:`Listener` that talks to many peers, each named by an opaque ``peer`` id;
 the edge side is a :class:`Connection` to one cloud.
+
+Received frames are always ``bytes``. Every transport meters what it sends and
+receives into its :class:`~xcosd.transport.meter.Meter` (``.meter``).
+
+Peer lifetime: ``Listener.recv`` returns ``(peer, None)`` once when a transport
+that can see connections (TCP, in-memory) learns that ``peer`` went away, after
+every message that peer sent. ZeroMQ hides connections (it reconnects under the
+socket and its heartbeats drop dead links), so over ZeroMQ a peer's end is the
+application's business (a session timeout or an explicit goodbye message).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from types import TracebackType
+
+from .meter import Meter
 
 Frames = Sequence[bytes | bytearray | memoryview]
 
@@ -19,14 +31,27 @@ Frames = Sequence[bytes | bytearray | memoryview]
 class Connection(ABC):
     """Edge side: one connection to one cloud."""
 
-    @abstractmethod
-    async def send(self, frames: Frames) -> None: ...
+    meter: Meter
 
     @abstractmethod
-    async def recv(self) -> list[bytes]: ...
+    async def send(self, frames: Frames) -> None:
+        """Queue one message; raises :class:`TransportError` once closed."""
 
     @abstractmethod
-    async def close(self) -> None: ...
+    async def recv(self) -> list[bytes]:
+        """The next message; raises :class:`TransportError` (code ``closed``) when
+        this side was closed or the cloud closed the connection."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release sockets and tasks; idempotent."""
+
+    async def __aenter__(self) -> Connection:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
 
 
 class Listener(ABC):
@@ -34,12 +59,27 @@ class Listener(ABC):
 
     #: the bound endpoint, with the real port when bound to port 0
     endpoint: str
+    meter: Meter
 
     @abstractmethod
-    async def send(self, peer: bytes, frames: Frames) -> None: ...
+    async def send(self, peer: bytes, frames: Frames) -> None:
+        """Send to one peer; :class:`TransportError` (code ``unreachable``) when the
+        peer is unknown or gone."""
 
     @abstractmethod
-    async def recv(self) -> tuple[bytes, list[bytes]]: ...
+    async def recv(self) -> tuple[bytes, list[bytes] | None]:
+        """``(peer, frames)``, or ``(peer, None)`` when ``peer`` disconnected."""
 
     @abstractmethod
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Unbind, drop every peer, release sockets and tasks; idempotent."""
+
+    async def close_peer(self, peer: bytes) -> None:  # noqa: B027 - optional
+        """Drop one peer (TCP, memory: close its connection; ZeroMQ: nothing to do)."""
+
+    async def __aenter__(self) -> Listener:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()

@@ -1,0 +1,164 @@
+"""CURVE security for the ZeroMQ transport: key pairs, allowlists, key files.
+
+The cloud holds a server key pair and an allowlist of device public keys; a
+device holds its own key pair and the server's public key. ZeroMQ's CURVE
+handshake encrypts and authenticates the link; the ZAP handler
+(:class:`zmq.auth.asyncio.AsyncioAuthenticator`) admits only allowlisted device
+keys, and a server with CURVE on speaks to no plaintext peer at all.
+
+Key files use ZeroMQ's certificate format (``NAME.key`` holds the public key,
+``NAME.key_secret`` both), so ``zmq.auth`` tools read them too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+import zmq.auth
+import zmq.utils.z85
+
+from ..errors import TransportError
+
+#: ZAP domain the cloud's ROUTER announces; the allowlist applies to it
+ZAP_DOMAIN = "xcosd"
+
+
+def _z85(key: bytes | str) -> bytes:
+    k = key.encode() if isinstance(key, str) else bytes(key)
+    if len(k) != 40:
+        raise TransportError(f"a CURVE key is 40 Z85 characters, got {len(k)}", code="curve")
+    try:
+        zmq.utils.z85.decode(k)
+    except Exception as e:
+        raise TransportError(f"not a Z85 CURVE key: {e}", code="curve") from None
+    return k
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """A CURVE key pair as Z85 text (40 bytes each); ``secret`` may be absent for
+    a peer's public key."""
+
+    public: bytes
+    secret: bytes | None = None
+
+    @classmethod
+    def generate(cls) -> KeyPair:
+        pub, sec = zmq.curve_keypair()
+        return cls(pub, sec)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> KeyPair:
+        """From a ``.key`` (public only) or ``.key_secret`` file."""
+        p = Path(path)
+        if not p.is_file():
+            raise TransportError(f"no key file {p}", code="curve")
+        try:
+            pub, sec = zmq.auth.load_certificate(p)
+        except Exception as e:
+            raise TransportError(f"cannot read key file {p}: {e}", code="curve") from None
+        return cls(_z85(pub), _z85(sec) if sec else None)
+
+    def save(self, directory: str | os.PathLike[str], name: str) -> tuple[Path, Path | None]:
+        """Write ``NAME.key`` (and ``NAME.key_secret`` when the secret is known,
+        readable by the owner only)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        pub_path = d / f"{name}.key"
+        _write_cert(pub_path, self.public, None)
+        if self.secret is None:
+            return pub_path, None
+        sec_path = d / f"{name}.key_secret"
+        _write_cert(sec_path, self.public, self.secret)
+        os.chmod(sec_path, 0o600)
+        return pub_path, sec_path
+
+    def require_secret(self) -> bytes:
+        if self.secret is None:
+            raise TransportError("this CURVE key pair has no secret key", code="curve")
+        return self.secret
+
+
+def _write_cert(path: Path, public: bytes, secret: bytes | None) -> None:
+    lines = ["#   ZeroMQ CURVE certificate (xcosd)", "metadata", "curve",
+             f'    public-key = "{public.decode()}"']
+    if secret is not None:
+        lines.append(f'    secret-key = "{secret.decode()}"')
+    path.write_text("\n".join(lines) + "\n")
+
+
+def load_allowlist(directory: str | os.PathLike[str]) -> set[bytes]:
+    """The public keys of every ``*.key`` file in ``directory``."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise TransportError(f"no allowlist directory {d}", code="curve")
+    return {KeyPair.load(p).public for p in sorted(d.glob("*.key"))}
+
+
+@dataclass
+class CurveServer:
+    """The cloud's CURVE settings: its key pair and the device keys it admits.
+
+    ``allow`` may change while serving (add or remove keys; new handshakes see it).
+    ``allow_any=True`` encrypts without authenticating devices.
+    """
+
+    keys: KeyPair
+    allow: set[bytes] = field(default_factory=set)
+    allow_any: bool = False
+
+    def __post_init__(self) -> None:
+        self.keys.require_secret()
+        self.allow = {_z85(k) for k in self.allow}
+
+    @classmethod
+    def from_files(cls, secret_file: str | os.PathLike[str],
+                   allow: str | os.PathLike[str] | Iterable[bytes | str]) -> CurveServer:
+        keys = KeyPair.load(secret_file)
+        if isinstance(allow, (str, os.PathLike)):
+            return cls(keys, load_allowlist(allow))
+        return cls(keys, {_z85(k) for k in allow})
+
+    def admit(self, key: bytes | str) -> None:
+        self.allow.add(_z85(key))
+
+    def revoke(self, key: bytes | str) -> None:
+        self.allow.discard(_z85(key))
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """ZAP credentials check (called by pyzmq's authenticator)."""
+        return self.allow_any or key in self.allow
+
+
+@dataclass(frozen=True)
+class CurveClient:
+    """A device's CURVE settings: its key pair and the server's public key."""
+
+    keys: KeyPair
+    server_public: bytes
+
+    def __post_init__(self) -> None:
+        self.keys.require_secret()
+        object.__setattr__(self, "server_public", _z85(self.server_public))
+
+    @classmethod
+    def from_files(cls, secret_file: str | os.PathLike[str],
+                   server_key_file: str | os.PathLike[str]) -> CurveClient:
+        return cls(KeyPair.load(secret_file), KeyPair.load(server_key_file).public)
+
+
+def apply_server(sock: zmq.Socket, curve: CurveServer) -> None:
+    sock.curve_secretkey = curve.keys.require_secret()
+    sock.curve_publickey = curve.keys.public
+    sock.curve_server = True
+    sock.zap_domain = ZAP_DOMAIN.encode()
+
+
+def apply_client(sock: zmq.Socket, curve: CurveClient) -> None:
+    sock.curve_secretkey = curve.keys.require_secret()
+    sock.curve_publickey = curve.keys.public
+    sock.curve_serverkey = curve.server_public
