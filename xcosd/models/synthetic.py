@@ -1,0 +1,95 @@
+"""A cost-model target for load tests: cheap distributions, configurable forward time.
+
+A real target's verification cost grows with the tokens in the batch; the
+scheduler's batching is only worth testing against something that behaves that
+way. :class:`SyntheticModel` makes each :meth:`score` call cost
+``a + b * tokens`` seconds, where ``tokens`` counts every row the call returns
+(``len(new_ids) + 1`` per session), while its distributions cost microseconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import ModelError
+from ..vocab import Vocabulary
+from .base import ContextModel, Session
+
+
+def small_vocabulary(size: int, name: str | None = None) -> Vocabulary:
+    """A vocabulary of ``size`` ids: the 256 single bytes, then two-byte strings,
+    and an EOS (the last id)."""
+    if size < 2:
+        raise ModelError(f"a synthetic vocabulary needs at least 2 ids, got {size}")
+    toks: list[bytes] = []
+    for i in range(size - 1):
+        toks.append(bytes([i]) if i < 256 else bytes([(i - 256) // 256 % 256, (i - 256) % 256])
+                    + b"~" * ((i - 256) // 65536))
+    toks.append(b"<eos>")
+    return Vocabulary(name or f"synthetic{size}", toks, special=[size - 1],
+                      roles={"eos": size - 1})
+
+
+class SyntheticModel(ContextModel):
+    """Deterministic Zipf-shaped distributions whose order is rotated by the last
+    context token, over a real or small vocabulary, at a chosen cost per call.
+
+    The cost is paid by **sleeping** by default (``busy=False``): ``time.sleep``
+    releases the GIL, so a server that runs the model in a worker thread keeps its
+    event loop responsive, just as it does with a real model whose compute runs in
+    native code. ``busy=True`` spins the CPU instead, to load a core.
+
+    ``a`` is the fixed cost per :meth:`score` call and ``b`` the cost per returned
+    row, in seconds; ``skew`` is the Zipf exponent (higher is more peaked).
+    """
+
+    def __init__(self, vocab: Vocabulary | str | int = 256, *, a: float = 0.0, b: float = 0.0,
+                 skew: float = 1.1, busy: bool = False, name: str | None = None) -> None:
+        if isinstance(vocab, int):
+            vocab = small_vocabulary(vocab)
+        elif isinstance(vocab, str):
+            vocab = Vocabulary.load(vocab)
+        if a < 0 or b < 0:
+            raise ModelError(f"synthetic costs must be >= 0, got a={a}, b={b}")
+        self.vocab = vocab
+        self.a = float(a)
+        self.b = float(b)
+        self.busy = busy
+        self.name = name or f"synthetic:{vocab.name}"
+        allowed = vocab.regular_mask.copy()
+        eos = vocab.roles.get("eos")
+        if eos is not None:
+            allowed[eos] = True
+        self._ids = np.flatnonzero(allowed)
+        if self._ids.size == 0:
+            raise ModelError(f"{vocab.name}: no usable token")
+        w = 1.0 / np.arange(1, self._ids.size + 1, dtype=np.float64) ** skew
+        self._zipf = (w / w.sum()).astype(np.float32)
+        self.calls = 0
+        self.rows = 0
+
+    def _fill_row(self, context: Sequence[int], out: np.ndarray) -> None:
+        last = int(context[-1]) if len(context) else 0
+        shift = (last * 2654435761 + 97) % self._ids.size
+        out[:] = 0.0
+        out[self._ids] = np.roll(self._zipf, shift)
+
+    def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        out = super().score(batch)
+        n = sum(r.shape[0] for r in out)
+        self.calls += 1
+        self.rows += n
+        cost = self.a + self.b * n
+        remaining = cost - (time.perf_counter() - t0)
+        if remaining > 0:
+            if self.busy:
+                end = time.perf_counter() + remaining
+                while time.perf_counter() < end:
+                    pass
+            else:
+                time.sleep(remaining)
+        return out
