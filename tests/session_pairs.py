@@ -1,0 +1,206 @@
+"""Cross-vocabulary TableModel pairs for the protocol, node and end-to-end tests.
+
+The target and the draft spell their tokens differently: V_C = {a, b, c, d, ab,
+eos}, V_O = {bc, cd, abc} (target-only, and they carry real probability mass), and
+the draft has tokens the target lacks (ca, dd). Both are bigram tables (the next
+row depends on the last token), so the exact law of any generated prefix is known
+in closed form.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from xcosd.models import TableModel
+from xcosd.sampling import SamplingParams, warp
+
+TARGET_TOKENS = [b"a", b"b", b"c", b"d", b"ab", b"bc", b"cd", b"abc", b"<eos>"]
+DRAFT_TOKENS = [b"a", b"b", b"c", b"d", b"ab", b"ca", b"dd", b"<eos>"]
+TARGET_EOS = 8
+DRAFT_EOS = 7
+
+
+def _bigram_table(size: int, eos: int, seed: int, eos_mass: float, alpha: float) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    table = rng.dirichlet(alpha * np.ones(size), size=size + 1)
+    table[:, eos] = 0.0
+    table /= table.sum(axis=1, keepdims=True)
+    table *= 1.0 - eos_mass
+    table[:, eos] = eos_mass
+    return table.astype(np.float32)
+
+
+def bigram_model(tokens: list[bytes], eos: int, *, seed: int, eos_mass: float = 0.0,
+                 alpha: float = 1.0, name: str) -> TableModel:
+    """A TableModel whose next row is a fixed function of the last token (row
+    ``size`` for the empty context)."""
+    size = len(tokens)
+    table = _bigram_table(size, eos, seed, eos_mass, alpha)
+
+    def next_probs(ctx: list[int]) -> np.ndarray:
+        return table[ctx[-1] if ctx else size]
+
+    model = TableModel(tokens, next_probs, eos_id=eos, name=name)
+    model.table = table  # type: ignore[attr-defined]
+    return model
+
+
+def pair(*, eos_mass: float = 0.0, seed: int = 0) -> tuple[TableModel, TableModel]:
+    """(target, draft)."""
+    target = bigram_model(TARGET_TOKENS, TARGET_EOS, seed=100 + seed, eos_mass=eos_mass,
+                          alpha=0.8, name="t-target")
+    draft = bigram_model(DRAFT_TOKENS, DRAFT_EOS, seed=200 + seed, eos_mass=eos_mass,
+                         alpha=0.5, name="t-draft")
+    return target, draft
+
+
+def first_two_law(target: TableModel, prompt: str, params: SamplingParams,
+                  commit=None) -> dict[tuple[int, int], float]:
+    """Exact law of the first two target tokens after ``prompt`` (``commit``: a
+    function applied to each warped row, for lossy codecs' committed law)."""
+    ctx = target.tokenize(prompt)
+
+    def row(c: list[int]) -> np.ndarray:
+        p = warp(np.asarray(target.next_probs(c), dtype=np.float32), params)
+        if commit is not None:
+            p = commit(p)
+        return np.asarray(p, dtype=np.float64)
+
+    p1 = row(ctx)
+    law: dict[tuple[int, int], float] = {}
+    for a in range(target.vocab.size):
+        if p1[a] <= 0:
+            continue
+        p2 = row([*ctx, a])
+        for b in range(target.vocab.size):
+            if p2[b] > 0:
+                law[(a, b)] = float(p1[a] * p2[b])
+    return law
+
+
+def greedy_decode(target: TableModel, prompt: str, n: int) -> list[int]:
+    ctx = target.tokenize(prompt)
+    out: list[int] = []
+    for _ in range(n):
+        t = int(np.argmax(target.next_probs([*ctx, *out])))
+        out.append(t)
+        if t == TARGET_EOS:
+            break
+    return out
+
+
+def chisquare_vs(counts: dict[tuple[int, int], int], law: dict[tuple[int, int], float],
+                 n: int) -> tuple[float, float]:
+    """(chi-square p-value, total variation) of ``counts`` against ``law``; cells with
+    expected count < 5 are pooled; a count outside the law's support gives p = 0."""
+    from scipy.stats import chisquare
+
+    if any(k not in law for k in counts):
+        return 0.0, 1.0
+    keys = sorted(law, key=lambda k: -law[k])
+    obs, exp = [], []
+    pool_o, pool_e = 0.0, 0.0
+    for k in keys:
+        e = law[k] * n
+        if e < 5:
+            pool_o += counts.get(k, 0)
+            pool_e += e
+        else:
+            obs.append(counts.get(k, 0))
+            exp.append(e)
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    exp_arr = np.array(exp)
+    exp_arr *= sum(obs) / exp_arr.sum()
+    p = float(chisquare(obs, exp_arr).pvalue)
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - law.get(k, 0.0))
+                   for k in set(law) | set(counts))
+    return p, tv
+
+
+__all__ = ["DRAFT_EOS", "TARGET_EOS", "bigram_model", "chisquare_vs", "first_two_law",
+           "greedy_decode", "itertools", "pair"]
+
+
+# ----------------------------------------------------------------- no-network wiring
+
+
+class LocalLink:
+    """An edge and a cloud state machine wired together with no network and no
+    transport: every message still goes through its wire form (pack/unpack)."""
+
+    def __init__(self, target: TableModel, draft: TableModel, *, max_sessions: int = 64,
+                 max_draft: int = 16) -> None:
+        from xcosd.protocol import CloudConfig, CloudConnection, EdgeHandshake, ServerLimits
+        from xcosd.vocab import VocabMap
+
+        self.target, self.draft = target, draft
+        limits = ServerLimits(16 << 20, max_sessions, max_draft, 5.0, 30.0)
+        self.config = CloudConfig(target.vocab, target.tokenize, limits, "local")
+        self.cloud = CloudConnection(self.config, b"peer")
+        self.handshake = EdgeHandshake(lambda tv: VocabMap(draft.vocab, tv))
+        self.sent: list[str] = []
+        self.events: list[object] = []
+        pending = self.to_cloud(self.handshake.hello())
+        while pending:
+            for m in self.handshake.receive(pending.pop(0)):
+                pending += self.to_cloud(m)
+        assert self.handshake.ready
+        self._next = 0
+
+    @staticmethod
+    def wire(msg):
+        from xcosd.protocol import pack, unpack
+
+        return unpack(pack(msg))
+
+    def to_cloud(self, msg) -> list:
+        from xcosd.nodes.scheduler import score_batch
+        from xcosd.protocol import ScoreNeeded
+
+        self.sent.append(msg.TYPE)
+        out = self.cloud.receive(self.wire(msg))
+        send = list(out.send)
+        self.events += out.events
+        for ev in out.events:
+            if isinstance(ev, ScoreNeeded):
+                [outcome] = score_batch(self.target, [ev])
+                o2 = self.cloud.scored(ev.session, outcome)
+                self.events += o2.events
+                send += o2.send
+        return [self.wire(m) for m in send]
+
+    def session(self, method: str = "xcosd-e", *, codec: str = "f32", prompt: str = "ab",
+                max_new_tokens: int = 8, params: SamplingParams | None = None,
+                seed: int | None = 0, draft_len: int = 4, **options):
+        from xcosd.methods import Space, get_method
+        from xcosd.protocol import Drafter, EdgeSession
+
+        params = params or SamplingParams()
+        vmap = self.handshake.vmap
+        assert vmap is not None and self.handshake.welcome is not None
+        m = get_method(method, codec=codec, **options)
+        self._next += 1
+        return EdgeSession(self._next, method=m, vmap=vmap, space=Space.from_vocab_map(vmap),
+                           drafter=Drafter(self.draft, vmap, params, prompt), prompt=prompt,
+                           max_new_tokens=max_new_tokens, params=params,
+                           stop_ids=self.handshake.welcome.stop_ids, draft_len=draft_len,
+                           seed=seed)
+
+    def generate(self, method: str = "xcosd-e", **kw):
+        """Run one whole generation; returns the finished EdgeSession."""
+        es = self.session(method, **kw)
+        for m in self.to_cloud(es.open()):
+            es.receive(m)
+        while not es.done:
+            pending = self.to_cloud(es.next_draft())
+            while pending:
+                out = es.receive(pending.pop(0))
+                for s in out.send:
+                    pending += self.to_cloud(s)
+        self.to_cloud(es.close())
+        es.drafter.end()
+        return es

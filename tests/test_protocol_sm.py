@@ -1,0 +1,81 @@
+"""The edge and cloud state machines wired together with no network: whole
+generations for every method, greedy equality with the target's own decode, stop
+and length rules, and the law of the first two tokens."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from xcosd.methods import LOSSLESS, METHODS
+from xcosd.protocol import RoundVerified, SessionClosed
+from xcosd.sampling import SamplingParams
+
+from .session_pairs import TARGET_EOS, LocalLink, chisquare_vs, first_two_law, greedy_decode, pair
+
+
+@pytest.fixture(scope="module")
+def link() -> LocalLink:
+    return LocalLink(*pair())
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("prompt", ["", "abcd"])
+def test_every_method_generates(link: LocalLink, method: str, prompt: str) -> None:
+    es = link.generate(method, prompt=prompt, max_new_tokens=12, seed=3)
+    assert len(es.token_ids) == 12
+    assert all(0 <= t < link.target.vocab.size for t in es.token_ids)
+    # the text is the target tokens' bytes, whatever the device's own spelling
+    assert es.text == link.target.vocab.decode(es.token_ids).decode()
+    assert es.finish_reason == "length"
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "uhlm"])
+def test_greedy_equals_target_greedy(link: LocalLink, method: str) -> None:
+    want = greedy_decode(link.target, "ba", 20)
+    es = link.generate(method, prompt="ba", max_new_tokens=20,
+                       params=SamplingParams(temperature=0.0))
+    assert es.token_ids == want
+
+
+def test_stops_at_eos_and_frees_the_session() -> None:
+    lk = LocalLink(*pair(eos_mass=0.3))
+    for seed in range(10):
+        es = lk.generate("xcosd", prompt="a", max_new_tokens=200, seed=seed)
+        assert es.token_ids[-1] == TARGET_EOS and TARGET_EOS not in es.token_ids[:-1]
+        assert es.finish_reason == "stop"
+    assert lk.config.sessions == 0
+    assert sum(isinstance(e, SessionClosed) for e in lk.events) == 10
+
+
+def test_zero_and_one_token(link: LocalLink) -> None:
+    assert link.generate("xcosd-e", max_new_tokens=0).token_ids == []
+    es = link.generate("xcosd-e", max_new_tokens=1)
+    assert len(es.token_ids) == 1
+    # one token left: the device drafts nothing and the cloud samples it
+    rounds = [e for e in link.events if isinstance(e, RoundVerified)]
+    assert rounds[-1].drafted == 0
+
+
+def test_rounds_accept_and_reject(link: LocalLink) -> None:
+    n0 = len(link.events)
+    link.generate("xcosd-e", max_new_tokens=60, seed=11)
+    rounds = [e for e in link.events[n0:] if isinstance(e, RoundVerified)]
+    assert any(r.accepted == r.drafted and r.drafted > 0 for r in rounds)
+    assert any(r.accepted < r.drafted for r in rounds)
+    assert sum(r.accepted + 1 for r in rounds) == 60
+
+
+@pytest.mark.parametrize("method", LOSSLESS)
+def test_first_two_tokens_follow_the_target(link: LocalLink, method: str) -> None:
+    n = 1500
+    counts: Counter[tuple[int, int]] = Counter()
+    for seed in range(n):
+        es = link.generate(method, prompt="c", max_new_tokens=2, seed=10_000 + seed)
+        counts[(es.token_ids[0], es.token_ids[1])] += 1
+    law = first_two_law(link.target, "c", SamplingParams())
+    p, tv = chisquare_vs(counts, law, n)
+    assert p > 1e-3, (method, p, tv)
+    assert tv < 4 / np.sqrt(n) * 2

@@ -1,0 +1,532 @@
+"""The cloud's side of the protocol as a sans-I/O state machine.
+
+:class:`CloudConnection` is fed the messages one peer sent (already decoded by
+:func:`~xcosd.protocol.messages.from_wire`) and answers with an :class:`Output`:
+the messages to send back to that peer and the events the node must act on.
+It never touches a socket, a clock or the model. The one thing it cannot do
+itself, scoring drafted tokens with the target model, it asks for with a
+:class:`ScoreNeeded` event; the node's scheduler batches those, runs the model,
+calls :meth:`CloudSession.verify_rows` (pure math, safe in a worker thread) and
+hands the outcome back through :meth:`CloudConnection.scored`.
+
+A round on the cloud, as in ``xcosd/simulate.py``: warp the ``d + 1`` target
+rows with the session's sampling parameters, commit them (``method.commit_row``),
+verify the draft (``method.verify``); on full acceptance answer with the bonus
+token, else keep a :class:`~xcosd.methods.RejectState` and answer with the
+method's rejection payload, then serve follow-up requests until the device's next
+draft reports the token it resolved.
+
+Per session state (``phase``)::
+
+    idle ──draft──► scoring ──scored──► idle        (all accepted: bonus sent)
+      ▲                          └────► resolving   (rejection payload sent)
+      └─────────────draft (with the resolved token)────┘   ◄─request/reply─┘
+
+Hostile input never raises out of :meth:`CloudConnection.receive`: every refusal
+is an :class:`~xcosd.protocol.messages.Error` to the peer plus a
+:class:`Rejected` event, and the session concerned keeps its state (a refused
+draft can be sent again).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidDistribution, ProtocolError, XcosdError
+from ..methods import get_method
+from ..methods.base import (
+    CandidatesReply,
+    Draft,
+    HybridReply,
+    Method,
+    RejectState,
+    Reply,
+    Request,
+    Space,
+    TokenReply,
+)
+from ..sampling import SamplingParams, warp
+from ..vocab import Vocabulary
+from .errors import error_code
+from .messages import (
+    PROTOCOL_VERSION,
+    Close,
+    DraftMsg,
+    Error,
+    FollowUp,
+    Hello,
+    Message,
+    Open,
+    Opened,
+    Ping,
+    Pong,
+    RequestMsg,
+    ServerLimits,
+    VerdictMsg,
+    VocabMapAccepted,
+    VocabMapUpload,
+    VocabRequest,
+    VocabTable,
+    Welcome,
+)
+from .vocab_transfer import space_from_upload, vocab_to_table
+
+# ------------------------------------------------------------------------ events
+
+
+@dataclass(eq=False)
+class ScoreNeeded:
+    """Score ``new_ids`` for ``session`` with the target model.
+
+    Before scoring, the model context must be: started with ``start_ids`` (first
+    round only), cut back to ``keep`` tokens, extended by ``append`` (tokens
+    committed since the last round that the model has not seen).
+    """
+
+    session: CloudSession
+    start_ids: list[int] | None
+    keep: int
+    append: list[int]
+    new_ids: list[int]
+    #: set by the node: when the request entered the queue (for queue-wait metrics)
+    enqueued_at: float = 0.0
+
+
+@dataclass(eq=False)
+class SessionOpened:
+    session: CloudSession
+
+
+@dataclass(eq=False)
+class SessionClosed:
+    """The session is over (``reason``: ``closed`` by the edge, ``timeout``, ``error``);
+    the node drops its queued work and frees its model state."""
+
+    session: CloudSession
+    reason: str
+
+
+@dataclass(eq=False)
+class Rejected:
+    """A message was refused with an error (or dropped); counted and logged."""
+
+    code: str
+    message: str
+    s: int | None = None
+
+
+@dataclass(eq=False)
+class RoundVerified:
+    """A round's verdict went out: ``accepted`` of ``drafted``."""
+
+    session: CloudSession
+    drafted: int
+    accepted: int
+
+
+Event = ScoreNeeded | SessionOpened | SessionClosed | Rejected | RoundVerified
+
+
+@dataclass
+class Output:
+    """What a state-machine step produced: messages to send and events for the node."""
+
+    send: list[Message] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    def extend(self, other: Output) -> None:
+        self.send.extend(other.send)
+        self.events.extend(other.events)
+
+
+# ------------------------------------------------------------------- shared config
+
+
+class CloudConfig:
+    """What every connection of one cloud shares: the target vocabulary and
+    tokenizer, the limits, the known V_C maps, the live session count."""
+
+    def __init__(self, target_vocab: Vocabulary, tokenize: Callable[[str], list[int]],
+                 limits: ServerLimits, server_id: str, *, max_maps: int = 32,
+                 methods: tuple[str, ...] | None = None,
+                 default_options: dict[str, dict[str, Any]] | None = None) -> None:
+        self.vocab = target_vocab
+        self.tokenize = tokenize
+        self.limits = limits
+        self.server_id = server_id
+        self.maps: OrderedDict[str, Space] = OrderedDict()
+        self.max_maps = max_maps
+        self.methods = methods
+        self.default_options = default_options or {}
+        self.sessions = 0
+        self.stop_ids = tuple(sorted({target_vocab.roles[r] for r in ("eos", "eot")
+                                      if r in target_vocab.roles}))
+        self._table: VocabTable | None = None
+        self._used = np.array([b is not None for b in target_vocab.tokens], dtype=bool)
+
+    @property
+    def table(self) -> VocabTable:
+        if self._table is None:
+            self._table = vocab_to_table(self.vocab)
+        return self._table
+
+    def space(self, fp: str) -> Space | None:
+        sp = self.maps.get(fp)
+        if sp is not None:
+            self.maps.move_to_end(fp)
+        return sp
+
+    def remember(self, fp: str, space: Space) -> None:
+        self.maps[fp] = space
+        self.maps.move_to_end(fp)
+        while len(self.maps) > self.max_maps:
+            self.maps.popitem(last=False)
+
+    def piece(self, target_id: int) -> bytes:
+        return self.vocab.piece(target_id)
+
+
+# ----------------------------------------------------------------------- session
+
+
+@dataclass(eq=False)
+class RoundOutcome:
+    """The result of verifying one round (computed off the event loop)."""
+
+    accepted: int
+    reply: Reply
+    reject: RejectState | None
+    error: XcosdError | None = None
+
+
+class CloudSession:
+    """One generation on the cloud: method, space, sampling, randomness and the
+    bookkeeping that keeps the target model's context in step with the device."""
+
+    def __init__(self, conn: CloudConnection, msg: Open, method: Method, space: Space,
+                 prompt_ids: list[int]) -> None:
+        self.conn = conn
+        self.s = msg.s
+        self.method = method
+        self.space = space
+        self.params = SamplingParams(msg.temperature, msg.top_k, msg.top_p)
+        self.rng = np.random.default_rng(msg.seed)
+        self.max_new_tokens = msg.max_new_tokens
+        self.start_ids: list[int] | None = [*prompt_ids, *msg.resume.tolist()]
+        self.prompt_tokens = len(prompt_ids)
+        self.phase = "idle"
+        self.last_seq = msg.seq
+        self.next_round = 0
+        self.round = -1
+        #: tokens of context the model holds that are committed (prompt + generated)
+        self.committed = len(self.start_ids)
+        #: committed tokens the model has not seen yet (the bonus of a full acceptance)
+        self.pending: list[int] = []
+        self.draft: Draft | None = None
+        self.reject: RejectState | None = None
+        self.final_token: int | None = None
+        #: the node's model session (opaque here)
+        self.handle: Any = None
+        self.rounds = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.requests = 0
+
+    @property
+    def key(self) -> tuple[bytes, int]:
+        return (self.conn.peer, self.s)
+
+    @property
+    def closed(self) -> bool:
+        return self.phase == "closed"
+
+    # -- in a worker thread -----------------------------------------------
+
+    def verify_rows(self, rows: np.ndarray) -> RoundOutcome:
+        """Verify the pending draft against the target's rows for it.
+
+        Pure math on this session's own state (the draft, the method, its RNG), so
+        the scheduler may run it in its worker thread right after the batched
+        forward pass. Never raises: a failure comes back as ``error``.
+        """
+        draft = self.draft
+        assert draft is not None
+        m, sp = self.method, self.space
+        try:
+            rows = np.asarray(rows, dtype=np.float32)
+            d = draft.length
+            if rows.shape != (d + 1, sp.target_size):
+                raise InvalidDistribution(
+                    f"target returned rows {rows.shape}, expected {(d + 1, sp.target_size)}")
+            p = warp(rows, self.params)
+            p_star = np.stack([m.commit_row(p[i], sp) for i in range(d + 1)])
+            n = m.verify(p_star, draft, sp, self.rng) if d else 0
+            if n == d:
+                return RoundOutcome(n, m.bonus(p_star[d], self.rng), None)
+            state = RejectState(p_raw=p[n], p_star=p_star[n], rejected=int(draft.ids[n]),
+                                q_common=m.server_q(draft, n, sp))
+            return RoundOutcome(n, m.on_reject(state, sp, self.rng), state)
+        except XcosdError as e:
+            return RoundOutcome(0, TokenReply(0), None, e)
+        except (ValueError, IndexError, AssertionError) as e:
+            return RoundOutcome(0, TokenReply(0), None,
+                                ProtocolError(f"cannot verify this draft: {e}", code="bad_field"))
+
+
+# -------------------------------------------------------------------- connection
+
+
+class CloudConnection:
+    """The protocol with one peer: handshake, its sessions, heartbeats."""
+
+    def __init__(self, config: CloudConfig, peer: bytes) -> None:
+        self.config = config
+        self.peer = peer
+        self.sessions: dict[int, CloudSession] = {}
+        self.greeted = False
+        self.space_fp: str | None = None
+
+    # -- entry points ---------------------------------------------------------
+
+    def receive(self, msg: Message) -> Output:
+        """Handle one message from the peer. Never raises on bad input."""
+        s = getattr(msg, "s", None)
+        try:
+            return self._dispatch(msg)
+        except XcosdError as e:
+            return self.refuse(e.code, e.message, s, getattr(msg, "r", None))
+        except (TypeError, ValueError) as e:
+            return self.refuse(error_code(e), str(e), s, getattr(msg, "r", None))
+
+    def refuse(self, code: str, message: str, s: int | None = None,
+               r: int | None = None) -> Output:
+        """An error to the peer and a :class:`Rejected` event."""
+        return Output([Error(code, message, s, r)], [Rejected(code, message, s)])
+
+    def scored(self, session: CloudSession, outcome: RoundOutcome) -> Output:
+        """The scheduler's answer to a :class:`ScoreNeeded` for ``session``."""
+        if session.closed or self.sessions.get(session.s) is not session:
+            return Output()  # closed meanwhile: drop the result
+        if outcome.error is not None:
+            e = outcome.error
+            out = self.refuse(e.code, f"round {session.round}: {e.message}", session.s,
+                              session.round)
+            out.extend(self.end(session, "error"))
+            return out
+        n = outcome.accepted
+        draft = session.draft
+        assert draft is not None
+        d = draft.length
+        session.committed += n
+        session.rounds += 1
+        session.drafted += d
+        session.accepted += n
+        session.reject = outcome.reject
+        if outcome.reject is None:
+            assert isinstance(outcome.reply, TokenReply)
+            session.pending = [int(outcome.reply.token)]
+            session.final_token = None
+            session.phase = "idle"
+        else:
+            session.pending = []
+            session.final_token = (int(outcome.reply.token)
+                                   if isinstance(outcome.reply, TokenReply) else None)
+            session.phase = "resolving"
+        msg = VerdictMsg(session.s, session.round, n, outcome.reply,
+                         self._other_bytes(session.space, outcome.reply))
+        return Output([msg], [RoundVerified(session, d, n)])
+
+    def end(self, session: CloudSession, reason: str) -> Output:
+        """Close ``session`` (edge closed it, timed out, failed)."""
+        if session.closed:
+            return Output()
+        session.phase = "closed"
+        session.draft = session.reject = None
+        if self.sessions.get(session.s) is session:
+            del self.sessions[session.s]
+            self.config.sessions -= 1
+        return Output([], [SessionClosed(session, reason)])
+
+    def drop(self, reason: str = "timeout") -> Output:
+        """The peer is gone: end every session."""
+        out = Output()
+        for sess in list(self.sessions.values()):
+            out.extend(self.end(sess, reason))
+        return out
+
+    # -- dispatch ---------------------------------------------------------------
+
+    def _dispatch(self, msg: Message) -> Output:
+        if isinstance(msg, Ping):
+            return Output([Pong(msg.n)])
+        if isinstance(msg, Pong):
+            return Output()
+        if isinstance(msg, Hello):
+            return self._hello(msg)
+        if isinstance(msg, Error):
+            return Output([], [Rejected("peer_error", f"{msg.code}: {msg.message}", msg.s)])
+        if not self.greeted:
+            raise ProtocolError(f"{msg.TYPE} before hello", code="handshake")
+        if isinstance(msg, VocabRequest):
+            return Output([self.config.table])
+        if isinstance(msg, VocabMapUpload):
+            space = space_from_upload(msg, self.config.vocab)
+            self.config.remember(msg.fingerprint, space)
+            return Output([VocabMapAccepted(msg.fingerprint)])
+        if isinstance(msg, Open):
+            return self._open(msg)
+        if isinstance(msg, (DraftMsg, RequestMsg, Close)):
+            sess = self.sessions.get(msg.s)
+            if sess is None:
+                raise ProtocolError(f"session {msg.s} does not exist", code="no_session")
+            if msg.seq <= sess.last_seq:
+                raise ProtocolError(f"session {msg.s}: sequence number {msg.seq} already "
+                                    f"seen (last {sess.last_seq})", code="replay")
+            if isinstance(msg, Close):
+                sess.last_seq = msg.seq
+                return self.end(sess, "closed")
+            out = self._draft(sess, msg) if isinstance(msg, DraftMsg) else self._request(sess, msg)
+            sess.last_seq = msg.seq  # only an accepted message consumes its number
+            return out
+        raise ProtocolError(f"the cloud does not accept {msg.TYPE!r}", code="unknown_type")
+
+    def _hello(self, msg: Hello) -> Output:
+        if msg.version != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {msg.version} is not supported; this cloud "
+                                f"speaks {PROTOCOL_VERSION}", code="version")
+        cfg = self.config
+        self.greeted = True
+        known = msg.map_fp is not None and cfg.space(msg.map_fp) is not None
+        welcome = Welcome(PROTOCOL_VERSION, cfg.server_id, cfg.vocab.name, cfg.vocab.fingerprint,
+                          cfg.vocab.size, cfg.stop_ids, cfg.limits, known)
+        out = Output([welcome])
+        if msg.want_vocab:
+            out.send.append(cfg.table)
+        return out
+
+    def _open(self, msg: Open) -> Output:
+        cfg = self.config
+        if msg.s in self.sessions:
+            raise ProtocolError(f"session {msg.s} is already open", code="session_exists")
+        space = cfg.space(msg.map_fp)
+        if space is None:
+            raise ProtocolError(f"unknown V_C map {msg.map_fp!r}: upload it (vmap) first; the "
+                                "two sides' vocabularies must match", code="vocab")
+        if cfg.methods is not None and msg.method not in cfg.methods:
+            raise ProtocolError(f"method {msg.method!r} is not served here", code="method")
+        try:
+            opts = {**cfg.default_options.get(msg.method, {}), **msg.options}
+            method = get_method(msg.method, codec=msg.codec, **opts)
+            params = SamplingParams(msg.temperature, msg.top_k, msg.top_p)
+        except XcosdError as e:
+            raise ProtocolError(f"cannot serve method {msg.method!r} with codec "
+                                f"{msg.codec!r}: {e.message}", code="method") from e
+        except (TypeError, ValueError) as e:
+            raise ProtocolError(f"cannot serve method {msg.method!r} with codec "
+                                f"{msg.codec!r}: {e}", code="method") from e
+        del params
+        if msg.resume.shape[0] and int(msg.resume.max()) >= space.target_size:
+            raise ProtocolError("resume ids outside the target vocabulary", code="bad_token")
+        if cfg.sessions >= cfg.limits.max_sessions:
+            raise ProtocolError(f"the cloud is at its limit of {cfg.limits.max_sessions} "
+                                "sessions; retry later", code="busy")
+        try:
+            prompt_ids = [int(i) for i in cfg.tokenize(msg.prompt)]
+        except XcosdError as e:
+            raise ProtocolError(f"cannot tokenise the prompt: {e.message}", code="bad_field") from e
+        sess = CloudSession(self, msg, method, space, prompt_ids)
+        self.sessions[msg.s] = sess
+        cfg.sessions += 1
+        return Output([Opened(msg.s, sess.prompt_tokens)], [SessionOpened(sess)])
+
+    def _draft(self, sess: CloudSession, msg: DraftMsg) -> Output:
+        if sess.phase == "scoring":
+            raise ProtocolError(f"session {sess.s}: round {sess.round} is still being "
+                                "verified", code="state")
+        if msg.r != sess.next_round:
+            code = "replay" if msg.r < sess.next_round else "state"
+            raise ProtocolError(f"session {sess.s}: draft for round {msg.r}, expected "
+                                f"{sess.next_round}", code=code)
+        sp, m, draft = sess.space, sess.method, msg.draft
+        d = draft.length
+        if d > self.config.limits.max_draft:
+            raise ProtocolError(f"draft of {d} tokens exceeds the limit of "
+                                f"{self.config.limits.max_draft}", code="bad_field")
+        if d and not m.drafts:
+            raise ProtocolError(f"method {m.name} takes no drafts", code="bad_field")
+        if d and (int(draft.ids.max()) >= sp.target_size or np.any(sp.to_common[draft.ids] < 0)):
+            raise ProtocolError("a drafted id is not in V_C", code="bad_token")
+        self._check_vectors(m, draft)
+        append = list(sess.pending)
+        if sess.phase == "resolving":
+            tok = msg.token
+            if tok is None:
+                raise ProtocolError(f"session {sess.s}: the draft after a rejection must carry "
+                                    "the resolved token", code="bad_field")
+            self._check_resolved(sess, tok)
+            append.append(tok)
+        elif msg.token is not None:
+            raise ProtocolError(f"session {sess.s}: no rejection to resolve in round "
+                                f"{sess.round}", code="bad_token")
+        req = ScoreNeeded(sess, sess.start_ids, sess.committed, append,
+                          [int(i) for i in draft.ids])
+        sess.start_ids = None
+        sess.committed += len(append)
+        sess.pending = []
+        sess.draft = draft
+        sess.reject = None
+        sess.round = msg.r
+        sess.next_round = msg.r + 1
+        sess.phase = "scoring"
+        return Output([], [req])
+
+    @staticmethod
+    def _check_vectors(m: Method, draft: Draft) -> None:
+        d = draft.length
+        if m.codec_applies_to != "q" or d == 0:
+            if draft.q_vectors or draft.verify_mask is not None:
+                raise ProtocolError(f"method {m.name} takes no draft vectors", code="bad_field")
+            return
+        mask = draft.verify_mask
+        want = d if mask is None else int(np.count_nonzero(mask))
+        if m.name == "uhlm" and mask is None:
+            raise ProtocolError("uhlm needs a verify mask", code="bad_field")
+        if draft.q_vectors is None or len(draft.q_vectors) != want:
+            raise ProtocolError(f"{m.name}: expected {want} draft vectors", code="bad_field")
+
+    def _check_resolved(self, sess: CloudSession, tok: int) -> None:
+        rej = sess.reject
+        if not 0 <= tok < sess.space.target_size:
+            raise ProtocolError(f"token {tok} is outside the target vocabulary", code="bad_token")
+        if sess.final_token is not None:
+            if tok != sess.final_token:
+                raise ProtocolError(f"resolved token {tok} is not the one the cloud sent "
+                                    f"({sess.final_token})", code="bad_token")
+        elif rej is None or not rej.p_star[tok] > 0:
+            raise ProtocolError(f"resolved token {tok} has no probability", code="bad_token")
+
+    def _request(self, sess: CloudSession, msg: RequestMsg) -> Output:
+        if sess.phase != "resolving" or msg.r != sess.round or sess.reject is None:
+            code = "replay" if msg.r < sess.round else "state"
+            raise ProtocolError(f"session {sess.s}: no rejection to follow up in round "
+                                f"{msg.r}", code=code)
+        reply = sess.method.on_request(sess.reject, Request(msg.kind), sess.space, sess.rng)
+        sess.requests += 1
+        sess.final_token = int(reply.token) if isinstance(reply, TokenReply) else None
+        return Output([FollowUp(sess.s, msg.r, reply, self._other_bytes(sess.space, reply))])
+
+    def _other_bytes(self, space: Space, reply: Reply) -> dict[int, bytes]:
+        """Bytes of every V_O token ``reply`` names (the device knows V_C only by id)."""
+        ids: list[int] = []
+        if isinstance(reply, TokenReply):
+            ids = [int(reply.token)]
+        elif isinstance(reply, HybridReply) and reply.other_token is not None:
+            ids = [int(reply.other_token)]
+        elif isinstance(reply, CandidatesReply):
+            ids = [int(i) for i in reply.ids]
+        return {i: self.config.piece(i) for i in ids if space.to_common[i] < 0}

@@ -1,0 +1,504 @@
+"""The device's side of the protocol as a sans-I/O state machine.
+
+:class:`EdgeHandshake` runs a connection's handshake (hello, the target
+vocabulary if the device lacks it, the V_C map upload if the cloud lacks it).
+:class:`EdgeSession` runs one generation: it produces the ``open``, each round's
+``draft`` (drafting through a :class:`Drafter`, which is pure compute over the
+draft model) and the follow-up ``request`` messages, and turns the cloud's
+verdicts and replies into emitted tokens and text. It never touches a socket or
+a clock; the node moves its messages and calls :meth:`EdgeSession.next_draft`
+where the draft model may run (a worker thread).
+
+A round on the device, as in ``xcosd/simulate.py``: draft ``d`` tokens from the
+TLI distribution (the draft's warped row restricted to V_C,
+:func:`~xcosd.methods.tli.restrict_to_common`), sampling each from
+``method.draft_row(q)``; uplink ``method.draft_message``; on a rejection keep
+``DeviceState(q_common=draft_row(q_j))`` and call ``method.resolve`` on each reply
+until it yields a token. The token travels to the cloud with the next draft.
+
+Session phases::
+
+    new ─open─► opening ─opened─► ready ─draft─► waiting ─verdict─► ready | done
+                                                     └─► resolving ─reply─► ready | done
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidDistribution, ProtocolError, VocabError, XcosdError
+from ..methods.base import (
+    CandidatesReply,
+    DeviceState,
+    Draft,
+    HybridReply,
+    Method,
+    Reply,
+    Request,
+    Space,
+    TokenReply,
+)
+from ..methods.tli import restrict_to_common
+from ..models.base import LanguageModel, Session
+from ..sampling import SamplingParams, sample_index, warp
+from ..vocab import VocabMap, Vocabulary
+from .errors import exception_for
+from .messages import (
+    PROTOCOL_VERSION,
+    Close,
+    DraftMsg,
+    Error,
+    FollowUp,
+    Hello,
+    Message,
+    Open,
+    Opened,
+    RequestMsg,
+    VerdictMsg,
+    VocabMapAccepted,
+    VocabMapUpload,
+    VocabTable,
+    Welcome,
+)
+from .vocab_transfer import table_to_vocab, upload_for
+
+# ---------------------------------------------------------------------- handshake
+
+
+class EdgeHandshake:
+    """Connection setup on the device: ``hello`` -> ``welcome`` [-> ``vocab``]
+    [-> ``vmap`` -> ``vmap_ok``] -> ready.
+
+    ``build_map(target_vocab)`` makes the :class:`~xcosd.vocab.VocabMap` from the
+    target vocabulary (given, or received from the cloud); the cloud must accept its
+    fingerprint before any session opens.
+    """
+
+    def __init__(self, build_map: Callable[[Vocabulary], VocabMap],
+                 target_vocab: Vocabulary | None = None, node: str = "xcosd-edge",
+                 vmap: VocabMap | None = None) -> None:
+        self.build_map = build_map
+        self.target_vocab = target_vocab
+        self.vmap = vmap
+        self.node = node
+        self.welcome: Welcome | None = None
+        self.ready = False
+        self._wait: str = "welcome"
+
+    def hello(self) -> Hello:
+        self.ready, self._wait = False, "welcome"
+        tfp = self.target_vocab.fingerprint if self.target_vocab is not None else None
+        mfp = self.vmap.fingerprint if self.vmap is not None else None
+        return Hello(PROTOCOL_VERSION, self.node, tfp, mfp, self.target_vocab is None)
+
+    def receive(self, msg: Message) -> list[Message]:
+        """Feed a cloud message; returns what to send next. Raises the typed error on
+        a refusal or a vocabulary mismatch."""
+        if isinstance(msg, Error):
+            raise exception_for(msg.code, msg.message)
+        if isinstance(msg, Welcome) and self._wait == "welcome":
+            if msg.version != PROTOCOL_VERSION:
+                raise ProtocolError(f"the cloud speaks protocol {msg.version}, this edge "
+                                    f"{PROTOCOL_VERSION}", code="version")
+            self.welcome = msg
+            if self.target_vocab is not None:
+                if self.target_vocab.fingerprint != msg.target_fp:
+                    raise VocabError(
+                        f"the cloud's target vocabulary {msg.target_name!r} (fingerprint "
+                        f"{msg.target_fp}) is not the one this edge was given "
+                        f"({self.target_vocab.fingerprint})", code="vocab")
+                return self._after_vocab(msg.map_known)
+            self._wait = "vocab"
+            return []
+        if isinstance(msg, VocabTable) and self._wait == "vocab":
+            assert self.welcome is not None
+            vocab = table_to_vocab(msg)
+            if vocab.fingerprint != self.welcome.target_fp:
+                raise VocabError("the cloud's vocabulary table does not match its welcome",
+                                 code="vocab")
+            self.target_vocab = vocab
+            return self._after_vocab(False)
+        if isinstance(msg, VocabMapAccepted) and self._wait == "vmap_ok":
+            assert self.vmap is not None
+            if msg.fingerprint != self.vmap.fingerprint:
+                raise VocabError("the cloud accepted another V_C map", code="vocab")
+            self.ready, self._wait = True, ""
+            return []
+        raise ProtocolError(f"unexpected {msg.TYPE!r} during the handshake", code="state")
+
+    def _after_vocab(self, map_known: bool) -> list[Message]:
+        assert self.target_vocab is not None
+        if self.vmap is None or self.vmap.target.fingerprint != self.target_vocab.fingerprint:
+            self.vmap = self.build_map(self.target_vocab)
+            map_known = False
+        if map_known:
+            self.ready, self._wait = True, ""
+            return []
+        self._wait = "vmap_ok"
+        up: VocabMapUpload = upload_for(self.vmap)
+        return [up]
+
+
+# ------------------------------------------------------------------------ drafter
+
+
+class Drafter:
+    """The device's draft model, kept in step with the generation in draft ids.
+
+    Pure compute (no I/O). Rollbacks and appends requested by :meth:`settle` are
+    applied lazily at the next :meth:`draft`, so every model call happens where the
+    node runs drafting (its worker thread).
+    """
+
+    def __init__(self, model: LanguageModel, vmap: VocabMap, params: SamplingParams,
+                 prompt: str) -> None:
+        self.model = model
+        self.vmap = vmap
+        self.params = params
+        self.prompt_ids = list(model.tokenize(prompt)) if prompt else []
+        self.session: Session | None = None
+        self.length = len(self.prompt_ids)  # draft context length once settled
+        self._keep: int | None = None
+        self._append: list[int] = []
+
+    def settle(self, keep: int, append: Sequence[int]) -> None:
+        """After a round: keep ``keep`` draft tokens of context, then add ``append``."""
+        if self._keep is None or keep <= self._keep:
+            self._keep, self._append = keep, list(append)
+        else:  # cut inside what an earlier settle appended
+            self._append = [*self._append[: keep - self._keep], *append]
+        self.length = keep + len(append)
+
+    def _apply(self) -> None:
+        if self.session is None:
+            self.session = self.model.start(self.prompt_ids)
+        if self._keep is not None:
+            self.model.rollback(self.session, self._keep)
+            if self._append:
+                self.model.append(self.session, self._append)
+            self._keep, self._append = None, []
+
+    def draft(self, d: int, method: Method, space: Space,
+              rng: np.random.Generator) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+        """Draft up to ``d`` tokens: ``(target ids, raw q rows, q rows sampled from)``.
+
+        Stops early when the draft puts no mass on V_C (nothing can be drafted).
+        """
+        self._apply()
+        assert self.session is not None
+        ids: list[int] = []
+        q_raw: list[np.ndarray] = []
+        q_rows: list[np.ndarray] = []
+        cd = self.vmap.common_draft_ids
+        for _ in range(d):
+            row = self.model.score([(self.session, [])])[0][-1]
+            try:
+                q = restrict_to_common(warp(row, self.params), cd)
+            except InvalidDistribution:
+                break
+            qr = method.draft_row(q)
+            c = sample_index(qr, rng)
+            ids.append(int(space.common_ids[c]))
+            q_raw.append(q)
+            q_rows.append(qr)
+            self.model.append(self.session, [int(cd[c])])
+        self.length += len(ids)
+        return np.array(ids, dtype=np.int64), q_raw, q_rows
+
+    def end(self) -> None:
+        if self.session is not None:
+            self.model.end(self.session)
+            self.session = None
+
+
+# ------------------------------------------------------------------------ events
+
+
+@dataclass
+class TokensEmitted:
+    """Target tokens committed to the output (``text``: newly complete UTF-8 text)."""
+
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class RoundSettled:
+    drafted: int
+    accepted: int
+    extra_trips: int
+    trials: int
+    fallbacks: int
+
+
+@dataclass
+class Finished:
+    reason: str  # "length" | "stop"
+
+
+@dataclass
+class SessionReady:
+    prompt_tokens: int
+
+
+@dataclass
+class Retry:
+    """The cloud was busy: send the same round again after a pause."""
+
+    error: XcosdError
+
+
+EdgeEvent = TokensEmitted | RoundSettled | Finished | SessionReady | Retry
+
+
+@dataclass
+class EdgeOutput:
+    send: list[Message] = field(default_factory=list)
+    events: list[EdgeEvent] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------ session
+
+
+class EdgeSession:
+    """One generation on the device."""
+
+    def __init__(self, s: int, *, method: Method, vmap: VocabMap, space: Space,
+                 drafter: Drafter, prompt: str, max_new_tokens: int,
+                 params: SamplingParams, stop_ids: Sequence[int], draft_len: int = 4,
+                 max_draft: int = 64, seed: int | None = None,
+                 options: dict[str, Any] | None = None) -> None:
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if draft_len < 0:
+            raise ValueError(f"draft length must be >= 0, got {draft_len}")
+        self.s = s
+        self.method = method
+        self.vmap = vmap
+        self.space = space
+        self.drafter = drafter
+        self.prompt = prompt
+        self.max_new_tokens = max_new_tokens
+        self.params = params
+        self.stop_ids = frozenset(int(i) for i in stop_ids)
+        self.draft_len = draft_len
+        self.max_draft = max_draft
+        self.options = dict(options if options is not None else method.options())
+        ss = np.random.SeedSequence(seed)
+        dev, srv = ss.spawn(2)
+        self.rng = np.random.default_rng(dev)
+        self.server_seed = int(srv.generate_state(1, np.uint64)[0])
+        self.phase = "new"
+        self.seq = 0
+        self.round = 0
+        self.token_ids: list[int] = []
+        self.text_bytes = bytearray()
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending_token: int | None = None
+        self._draft: Draft | None = None
+        self._draft_msg: DraftMsg | None = None
+        self._q_rows: list[np.ndarray] = []
+        self._dev: DeviceState | None = None
+        self._base = 0  # drafter length before this round's drafts
+        self._trips = 0
+        self._accepted = 0
+        self._other: dict[int, bytes] = {}
+        self.finish_reason: str | None = None
+
+    # -- what to send ------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.phase in ("done", "closed")
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.token_ids)
+
+    def open(self) -> Open:
+        """The ``open`` message (again after a cloud restart: it then carries the tokens
+        generated so far as ``resume``, and the round in flight is abandoned)."""
+        if self.phase in ("waiting", "resolving"):
+            self.drafter.settle(self._base, [])
+        self.phase = "opening"
+        self.seq = 0
+        self.round = 0
+        self._pending_token = None
+        self._draft = self._draft_msg = self._dev = None
+        return Open(self.s, 0, self.vmap.fingerprint, self.method.name, self.method.codec.name,
+                    self.options, self.params.temperature, self.params.top_k,
+                    self.params.top_p, self.server_seed, self.prompt, self.max_new_tokens,
+                    np.array(self.token_ids, dtype=np.int64))
+
+    def close(self) -> Close:
+        self.phase = "closed"
+        self.seq += 1
+        return Close(self.s, self.seq)
+
+    def round_length(self) -> int:
+        """How many tokens to draft this round (0: the cloud samples the next token)."""
+        if not self.method.drafts:
+            return 0
+        return max(0, min(self.draft_len, self.remaining - 1, self.max_draft))
+
+    def next_draft(self) -> DraftMsg:
+        """Draft this round (runs the draft model) and return its message."""
+        if self.phase != "ready":
+            raise ProtocolError(f"session {self.s}: cannot draft in phase {self.phase}",
+                                code="state")
+        self._base = self.drafter.length
+        ids, q_raw, q_rows = self.drafter.draft(self.round_length(), self.method, self.space,
+                                                self.rng)
+        draft = (self.method.draft_message(ids, q_raw, self.space) if ids.shape[0]
+                 else Draft(ids=ids, q_values=np.zeros(0, dtype=np.float32)))
+        self._draft, self._q_rows = draft, q_rows
+        self._trips = 0
+        self.seq += 1
+        self._draft_msg = DraftMsg(self.s, self.seq, self.round, self._pending_token, draft)
+        self.phase = "waiting"
+        return self._draft_msg
+
+    def resend(self) -> DraftMsg:
+        """The current round's draft again, with a fresh sequence number (after ``busy``)."""
+        assert self._draft_msg is not None and self.phase == "waiting"
+        self.seq += 1
+        m = self._draft_msg
+        self._draft_msg = DraftMsg(m.s, self.seq, m.r, m.token, m.draft)
+        return self._draft_msg
+
+    # -- what arrives ------------------------------------------------------
+
+    def receive(self, msg: Message) -> EdgeOutput:
+        """Feed one cloud message for this session."""
+        if isinstance(msg, Error):
+            exc = exception_for(msg.code, msg.message)
+            if msg.code == "busy" and self.phase in ("waiting", "opening"):
+                return EdgeOutput([], [Retry(exc)])
+            raise exc
+        if isinstance(msg, Opened) and self.phase == "opening":
+            self.phase = "ready" if self.remaining > 0 else "done"
+            out = EdgeOutput([], [SessionReady(msg.prompt_tokens)])
+            if self.phase == "done":
+                self.finish_reason = "length"
+                out.events.append(Finished("length"))
+            return out
+        if isinstance(msg, VerdictMsg) and self.phase == "waiting" and msg.r == self.round:
+            return self._verdict(msg)
+        if isinstance(msg, FollowUp) and self.phase == "resolving" and msg.r == self.round:
+            self._trips += 1
+            return self._resolve(msg.reply, msg.other_bytes)
+        raise ProtocolError(f"session {self.s}: unexpected {msg.TYPE!r} in phase {self.phase}",
+                            code="state")
+
+    def _verdict(self, msg: VerdictMsg) -> EdgeOutput:
+        draft = self._draft
+        assert draft is not None
+        d, n = draft.length, msg.accepted
+        if n > d:
+            raise ProtocolError(f"verdict accepts {n} of {d} drafts", code="bad_field")
+        self._accepted = n
+        if n == d:
+            if not isinstance(msg.reply, TokenReply):
+                raise ProtocolError("a full acceptance must carry a bonus token",
+                                    code="bad_field")
+            return self._settle(int(msg.reply.token), msg.other_bytes)
+        self._dev = DeviceState(q_common=self._q_rows[n], rejected=int(draft.ids[n]))
+        self.phase = "resolving"
+        return self._resolve(msg.reply, msg.other_bytes)
+
+    def _resolve(self, reply: Reply, other: dict[int, bytes]) -> EdgeOutput:
+        assert self._dev is not None
+        self._check_reply(reply)
+        self._other = {**self._other, **other}
+        try:
+            out = self.method.resolve(reply, self._dev, self.space, self.rng)
+        except XcosdError:
+            raise
+        except (ValueError, IndexError) as e:
+            raise ProtocolError(f"cannot use the cloud's reply: {e}", code="bad_field") from e
+        if isinstance(out, Request):
+            self.seq += 1
+            return EdgeOutput([RequestMsg(self.s, self.seq, self.round, out.kind)])
+        return self._settle(int(out), self._other)
+
+    def _check_reply(self, reply: Reply) -> None:
+        size = self.space.target_size
+        ids: list[int] = []
+        if isinstance(reply, TokenReply):
+            ids = [reply.token]
+        elif isinstance(reply, CandidatesReply):
+            ids = reply.ids.tolist()
+        elif isinstance(reply, HybridReply) and reply.other_token is not None:
+            ids = [reply.other_token]
+        if any(not 0 <= i < size for i in ids):
+            raise ProtocolError("the cloud named a token outside the target vocabulary",
+                                code="bad_token")
+
+    def _settle(self, token: int, other: dict[int, bytes]) -> EdgeOutput:
+        draft = self._draft
+        assert draft is not None
+        n = self._accepted
+        dev = self._dev
+        new = [*draft.ids[:n].tolist(), token]
+        # the draft model keeps the accepted drafts and the token's draft spelling
+        self.drafter.settle(self._base + n, self._draft_ids(token, other))
+        settled = RoundSettled(draft.length, n, self._trips,
+                               dev.trials if dev else 0, dev.fallbacks if dev else 0)
+        self._pending_token = token if n < draft.length else None
+        self._dev, self._other = None, {}
+        self.round += 1
+        emitted: list[int] = []
+        reason = None
+        for t in new:
+            if self.remaining <= 0:
+                reason = "length"
+                break
+            emitted.append(t)
+            self.token_ids.append(t)
+            self.text_bytes += self._piece(t, other)
+            if t in self.stop_ids:
+                reason = "stop"
+                break
+        if reason is None and self.remaining <= 0:
+            reason = "length"
+        text = self._utf8.decode(bytes(self._piece_bytes(emitted, other)),
+                                 final=reason is not None)
+        events: list[EdgeEvent] = [TokensEmitted(emitted, text), settled]
+        if reason is not None:
+            self.phase = "done"
+            self.finish_reason = reason
+            events.append(Finished(reason))
+        else:
+            self.phase = "ready"
+        return EdgeOutput([], events)
+
+    def _piece(self, t: int, other: dict[int, bytes]) -> bytes:
+        if t in other:
+            return other[t]
+        return self.vmap.target.piece(t)
+
+    def _piece_bytes(self, ids: list[int], other: dict[int, bytes]) -> bytes:
+        return b"".join(self._piece(t, other) for t in ids)
+
+    def _draft_ids(self, token: int, other: dict[int, bytes]) -> list[int]:
+        """The draft spelling of a target token: its draft id in V_C, else its bytes
+        re-tokenised by the draft vocabulary (any split only affects draft quality)."""
+        c = int(self.space.to_common[token])
+        if c >= 0:
+            return [int(self.vmap.common_draft_ids[c])]
+        data = self._piece(token, other)
+        if not data:
+            return []
+        try:
+            return self.vmap.draft.encode_bytes(data)
+        except VocabError:
+            return []
+
+    @property
+    def text(self) -> str:
+        return self.text_bytes.decode("utf-8", errors="replace")
