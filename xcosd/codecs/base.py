@@ -8,6 +8,12 @@ contract every codec must keep, bit for bit:
 
 * ``decode(encode(v), len(v)) == commit(v)``
 * ``commit(commit(v)) == commit(v)``
+
+``decode`` reads bytes from a peer, so it validates everything (length, indices,
+NaN, negative values) and raises :class:`CodecError` rather than return a vector
+the sender could not have produced. Decoders use only correctly rounded IEEE
+operations (no ``exp``/``log``), so the receiver's bits equal the sender's on any
+platform.
 """
 
 from __future__ import annotations
@@ -17,6 +23,27 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from ..errors import CodecError
+
+#: what ``decode`` accepts: a received frame
+Buffer = bytes | bytearray | memoryview
+
+
+def check_input(v: np.ndarray, name: str) -> np.ndarray:
+    """``v`` as a contiguous float32 vector; :class:`CodecError` unless finite and
+    non-negative (an encoder must not turn a broken vector into valid bytes)."""
+    v32 = np.ascontiguousarray(v, dtype=np.float32)
+    if v32.ndim != 1:
+        raise CodecError(f"{name}: expected a vector, got shape {v32.shape}")
+    if v32.size and not (v32.min() >= 0 and np.isfinite(v32.max())):
+        raise CodecError(f"{name}: vector has NaN, infinite or negative values")
+    return v32
+
+
+def check_output(v: np.ndarray, name: str) -> np.ndarray:
+    """Reject decoded values no encoder emits (NaN, infinity, negative)."""
+    if v.size and not (v.min() >= 0 and np.isfinite(v.max())):
+        raise CodecError(f"{name}: payload holds NaN, infinite or negative values")
+    return v
 
 
 class Codec(ABC):
@@ -32,11 +59,16 @@ class Codec(ABC):
         """Bytes for the float32 vector ``v``."""
 
     @abstractmethod
-    def decode(self, data: bytes, n: int) -> np.ndarray:
+    def decode(self, data: Buffer, n: int) -> np.ndarray:
         """The float32 vector of length ``n`` that ``data`` encodes.
 
         Raises :class:`CodecError` on malformed input (never returns garbage).
         """
+
+    @abstractmethod
+    def max_encoded_size(self, n: int) -> int:
+        """The most bytes ``encode`` produces for a vector of length ``n`` (a
+        receiver's bound before it decompresses or allocates)."""
 
     def commit(self, v: np.ndarray) -> np.ndarray:
         """The vector the receiver will see: ``decode(encode(v))``."""
@@ -60,12 +92,16 @@ class F32(Codec):
     exact = True
 
     def encode(self, v: np.ndarray) -> bytes:
-        return np.ascontiguousarray(v, dtype="<f4").tobytes()
+        return check_input(v, self.name).astype("<f4", copy=False).tobytes()
 
-    def decode(self, data: bytes, n: int) -> np.ndarray:
-        if len(data) != 4 * n:
-            raise CodecError(f"f32: {len(data)} bytes cannot hold {n} float32 values")
-        return np.frombuffer(data, dtype="<f4").astype(np.float32)
+    def decode(self, data: Buffer, n: int) -> np.ndarray:
+        size = memoryview(data).nbytes
+        if size != 4 * n:
+            raise CodecError(f"f32: {size} bytes cannot hold {n} float32 values")
+        return check_output(np.frombuffer(data, dtype="<f4").astype(np.float32), self.name)
+
+    def max_encoded_size(self, n: int) -> int:
+        return 4 * n
 
     def encoded_size(self, v: np.ndarray) -> int:
         return 4 * int(np.shape(v)[0])

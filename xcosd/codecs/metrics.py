@@ -1,0 +1,39 @@
+"""How far a lossy codec moves a distribution: TV(p, p*).
+
+``p*`` is what the commit rule makes of ``p``: ``normalise(commit(p))`` (the
+methods add ``theta_o`` for vectors over V_C; over a whole vector it is just the
+renormalised committed row). Losslessness holds *with respect to p\\**, so this
+distance is exactly how much a lossy codec changes the output distribution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InvalidDistribution
+from .base import Codec
+
+
+def total_variation(p: np.ndarray, q: np.ndarray) -> float:
+    """``0.5 * sum |p - q|`` in float64."""
+    a = np.asarray(p, dtype=np.float64)
+    b = np.asarray(q, dtype=np.float64)
+    if a.shape != b.shape:
+        raise InvalidDistribution(f"shapes differ: {a.shape} vs {b.shape}")
+    return 0.5 * float(np.abs(a - b).sum())
+
+
+def committed(codec: Codec, p: np.ndarray) -> np.ndarray:
+    """``p* = normalise(commit(p))`` (float64 sum, float32 result, as the methods do)."""
+    c = codec.commit(np.asarray(p, dtype=np.float32))
+    total = float(np.sum(c, dtype=np.float64))
+    if not total > 0:
+        raise InvalidDistribution(f"{codec.name} committed a vector with no mass")
+    return (c.astype(np.float64) / total).astype(np.float32)
+
+
+def tv_distance(p: np.ndarray, p_star: np.ndarray | Codec) -> float:
+    """TV between ``p`` and ``p_star``; given a codec instead, ``p_star`` is
+    ``normalise(codec.commit(p))``."""
+    q = committed(p_star, p) if isinstance(p_star, Codec) else p_star
+    return total_variation(p, q)
