@@ -1,0 +1,62 @@
+"""``xcosd keys``: CURVE key pairs and device allowlists for the ZeroMQ transport.
+
+* ``xcosd keys generate DIR --name NAME`` writes ``DIR/NAME.key`` (public) and
+  ``DIR/NAME.key_secret`` (both keys, mode 0600).
+* ``xcosd keys show FILE`` prints the public key of a key file.
+* ``xcosd keys allow ALLOWDIR FILE [--name NAME]`` copies a device's public key
+  into the cloud's allowlist directory (``serve --curve-allow ALLOWDIR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("keys", help="CURVE key pairs and allowlists for ZeroMQ",
+                       description="Generate and manage CURVE keys (ZeroMQ certificate files).")
+    ks = p.add_subparsers(dest="keys_command", metavar="ACTION")
+    ks.required = True
+    g = ks.add_parser("generate", help="write NAME.key and NAME.key_secret into DIR")
+    g.add_argument("dir", help="directory for the key files (created if missing)")
+    g.add_argument("--name", default="xcosd", help="file name stem (default: xcosd)")
+    g.add_argument("--force", action="store_true", help="overwrite existing files")
+    g.add_argument("--json", action="store_true", help="print JSON")
+    s = ks.add_parser("show", help="print the public key of a key file")
+    s.add_argument("file")
+    a = ks.add_parser("allow", help="add a device's public key to an allowlist directory")
+    a.add_argument("allow_dir")
+    a.add_argument("file", help="the device's NAME.key or NAME.key_secret")
+    a.add_argument("--name", help="name in the allowlist (default: the file's stem)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import TransportError
+    from ..transport.curve import KeyPair
+
+    if args.keys_command == "generate":
+        d = Path(args.dir)
+        targets = [d / f"{args.name}.key", d / f"{args.name}.key_secret"]
+        if not args.force and any(t.exists() for t in targets):
+            raise TransportError(f"{targets[0]} exists; pass --force to overwrite",
+                                 code="curve")
+        pub, sec = KeyPair.generate().save(d, args.name)
+        info = {"public_key": KeyPair.load(pub).public.decode(), "public_file": str(pub),
+                "secret_file": str(sec)}
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            print(f"public key {info['public_key']}\n  {pub}\n  {sec} (keep private)")
+        return 0
+    if args.keys_command == "show":
+        print(KeyPair.load(args.file).public.decode())
+        return 0
+    keys = KeyPair(KeyPair.load(args.file).public)
+    name = args.name or Path(args.file).name.split(".")[0]
+    pub, _ = keys.save(args.allow_dir, name)
+    print(f"allowed {keys.public.decode()} as {pub}")
+    return 0
