@@ -1,0 +1,16 @@
+"""The two nodes: :class:`CloudNode` (target, batching scheduler) and
+:class:`EdgeNode` (draft, ``generate`` / ``stream``), both async context managers
+that run inside the caller's event loop."""
+
+from __future__ import annotations
+
+from .cloud import CloudNode
+from .edge import EdgeNode
+from .metrics import MetricsServer, prometheus_text
+from .scheduler import BatchStats, Scheduler, score_batch
+from .stats import GenerationResult, GenerationStats, merge
+
+__all__ = [
+    "BatchStats", "CloudNode", "EdgeNode", "GenerationResult", "GenerationStats",
+    "MetricsServer", "Scheduler", "merge", "prometheus_text", "score_batch",
+]

@@ -26,7 +26,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +151,8 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-verify")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._to_free: list[Any] = []
+        self._current: Future[Any] | None = None
         self.in_flight = 0
 
     # -- node side -------------------------------------------------------------
@@ -178,14 +180,25 @@ class Scheduler:
             self._queue = deque(r for r in self._queue if r.session is not session)
             self.stats.cancelled += n - len(self._queue)
 
-    async def free(self, session: CloudSession) -> None:
-        """Free the model state of a finished session, in the worker thread."""
+    def free(self, session: CloudSession) -> None:
+        """Free the model state of a finished session. The worker thread does it
+        before its next batch, so it never races a batch that still uses it."""
         handle, session.handle = session.handle, None
-        if handle is None or self._closed:
-            return
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(Exception):
-            await loop.run_in_executor(self._executor, self.model.end, handle)
+        if handle is not None:
+            self._to_free.append(handle)
+            self._wake.set()
+
+    def _free_pending(self) -> None:
+        while self._to_free:
+            handle = self._to_free.pop()
+            try:
+                self.model.end(handle)
+            except Exception:
+                log.exception("freeing a model session failed")
+
+    def _job(self, batch: list[ScoreNeeded]) -> list[RoundOutcome]:
+        self._free_pending()
+        return score_batch(self.model, batch) if batch else []
 
     async def close(self) -> None:
         self._closed = True
@@ -194,14 +207,27 @@ class Scheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for req in self._queue:
+            self.free(req.session)
         self._queue.clear()
-        # waits for a batch that is still computing, so no thread outlives the node
-        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+        # wait for a batch that is still computing, so no thread outlives the node
+        if self._current is not None and not self._current.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(self._current)
+        await self._in_worker(self._free_pending)
+        self._executor.shutdown(wait=True)  # the worker is idle: this returns at once
+
+    async def _in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn`` in the worker thread; the future is kept so ``close`` can wait."""
+        self._current = self._executor.submit(fn, *args)
+        return await asyncio.wrap_future(self._current)
 
     # -- the loop ------------------------------------------------------------------
 
     async def _take(self) -> list[ScoreNeeded]:
         while not self._queue:
+            if self._to_free:
+                return []
             self._wake.clear()
             await self._wake.wait()
         if len(self._queue) < self.max_batch and self.max_wait_s > 0:
@@ -213,28 +239,29 @@ class Scheduler:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), left)
-        batch = []
+        batch: list[ScoreNeeded] = []
         while self._queue and len(batch) < self.max_batch:
             batch.append(self._queue.popleft())
         return batch
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             batch = await self._take()
             if not batch:
+                await self._in_worker(self._free_pending)
                 continue
             now = time.perf_counter()
             waits = [now - r.enqueued_at for r in batch]
             self.in_flight = len(batch)
             t0 = time.perf_counter()
             try:
-                outcomes = await loop.run_in_executor(self._executor, score_batch, self.model,
-                                                      batch)
+                outcomes = await self._in_worker(self._job, batch)
             finally:
                 self.in_flight = 0
-            self.stats.record(len(batch), time.perf_counter() - t0, waits)
+            compute = time.perf_counter() - t0
+            self.stats.record(len(batch), compute, waits)
             for req, outcome in zip(batch, outcomes, strict=True):
+                outcome.compute_s = compute
                 try:
                     await self.deliver(req.session, outcome)
                 except Exception:

@@ -202,6 +202,8 @@ class RoundOutcome:
     reply: Reply
     reject: RejectState | None
     error: XcosdError | None = None
+    #: compute time of the batch this round was verified in (reported to the edge)
+    compute_s: float = 0.0
 
 
 class CloudSession:
@@ -338,7 +340,8 @@ class CloudConnection:
                                    if isinstance(outcome.reply, TokenReply) else None)
             session.phase = "resolving"
         msg = VerdictMsg(session.s, session.round, n, outcome.reply,
-                         self._other_bytes(session.space, outcome.reply))
+                         self._other_bytes(session.space, outcome.reply),
+                         int(outcome.compute_s * 1e6))
         return Output([msg], [RoundVerified(session, d, n)])
 
     def end(self, session: CloudSession, reason: str) -> Output:
@@ -362,8 +365,6 @@ class CloudConnection:
     # -- dispatch ---------------------------------------------------------------
 
     def _dispatch(self, msg: Message) -> Output:
-        if isinstance(msg, Ping):
-            return Output([Pong(msg.n)])
         if isinstance(msg, Pong):
             return Output()
         if isinstance(msg, Hello):
@@ -371,7 +372,10 @@ class CloudConnection:
         if isinstance(msg, Error):
             return Output([], [Rejected("peer_error", f"{msg.code}: {msg.message}", msg.s)])
         if not self.greeted:
+            # also for pings: an edge whose cloud restarted learns it from this error
             raise ProtocolError(f"{msg.TYPE} before hello", code="handshake")
+        if isinstance(msg, Ping):
+            return Output([Pong(msg.n)])
         if isinstance(msg, VocabRequest):
             return Output([self.config.table])
         if isinstance(msg, VocabMapUpload):

@@ -605,16 +605,22 @@ class VerdictMsg(SessionMessage):
     accepted: int
     reply: Reply
     other_bytes: dict[int, bytes] = field(default_factory=dict)
+    #: the cloud's measured compute for this round (its batch), microseconds; 0 = unknown
+    compute_us: int = 0
 
     def to_wire(self) -> tuple[Header, Buffers]:
         h: Header = {"t": self.TYPE, "s": self.s, "r": self.r, "n": self.accepted}
+        if self.compute_us:
+            h["us"] = int(self.compute_us)
         return h, reply_to_wire(self.reply, h, self.other_bytes)
 
     @classmethod
     def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> VerdictMsg:
         t = cls.TYPE
         reply, other = reply_from_wire(h, buffers, t)
-        return cls(_int(h, "s", t), _int(h, "r", t), _int(h, "n", t, 0, 1 << 16), reply, other)
+        us = _int(h, "us", t, optional=True) or 0
+        return cls(_int(h, "s", t), _int(h, "r", t), _int(h, "n", t, 0, 1 << 16), reply, other,
+                   us)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,557 @@
+"""``EdgeNode``: the device side of xcosd, an async context manager that runs in the
+caller's event loop.
+
+One EdgeNode holds one connection to a cloud and runs any number of generations
+on it concurrently (:meth:`EdgeNode.generate`, :meth:`EdgeNode.stream`). Each
+generation is a sans-I/O :class:`~xcosd.protocol.EdgeSession`; this module only
+moves its messages, runs its draft model in a worker thread (one thread: the
+device has one draft model), keeps the link alive and measures.
+
+Faults: the edge pings every ``heartbeat_s``; when the cloud is silent for
+``timeout_s``, the transport fails, or the cloud answers that it does not know the
+connection (it restarted), the edge reconnects (with backoff, for up to
+``connect_timeout_s``) and resumes every running generation from its committed
+tokens: the cloud rebuilds the context from prompt + committed target ids, so no
+token is lost or repeated. ``busy`` refusals are retried after a pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
+from typing import Any
+
+from ..codecs.frames import Limits, decode_message, message_bytes, stream_overhead
+from ..errors import ProtocolError, TransportError, XcosdError
+from ..methods import Method, Space, get_method
+from ..models.base import LanguageModel
+from ..protocol import pack
+from ..protocol.edge import (
+    Drafter,
+    EdgeHandshake,
+    EdgeSession,
+    Finished,
+    Retry,
+    RoundSettled,
+    TokensEmitted,
+)
+from ..protocol.errors import exception_for
+from ..protocol.messages import (
+    Error,
+    Message,
+    Ping,
+    Pong,
+    VerdictMsg,
+    from_wire,
+)
+from ..sampling import SamplingParams
+from ..transport import LinkConnection, LinkSpec, connect, sequence_latency
+from ..transport.base import Connection
+from ..vocab import VocabMap, Vocabulary
+from .stats import GenerationResult, GenerationStats
+
+log = logging.getLogger(__name__)
+
+#: codes that mean "the cloud no longer has this connection's state": resume
+LOST_CODES = frozenset({"handshake", "no_session"})
+
+
+class _Lost:
+    """Sentinel put into every session's inbox when the connection is lost."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+class _ConnectionLost(Exception):
+    """Raised inside a generation when the connection of ``epoch`` is gone."""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__(f"connection {epoch} lost")
+        self.epoch = epoch
+
+
+class EdgeNode:
+    """Drafts on the device and talks to one cloud.
+
+    ``draft``: any :class:`~xcosd.models.LanguageModel`. ``connect``: the cloud's
+    endpoint. ``method``/``codec``/``draft_len`` and the method's own options (``K``,
+    ``M``, ``hr_presample``, ``threshold``) are defaults that every call may
+    override; so are the sampling parameters. ``target_vocab``: the target's
+    vocabulary if the device has it (else it is fetched from the cloud once per
+    connection). ``link``: emulate a link (a :class:`~xcosd.transport.LinkSpec`);
+    ``model_link``: the link used for modeled time (defaults to ``link``).
+    ``curve``: a :class:`~xcosd.transport.CurveClient`.
+    """
+
+    def __init__(self, draft: LanguageModel, connect: str = "tcp://127.0.0.1:5555", *,
+                 method: str = "xcosd-e", codec: str = "f32", draft_len: int = 4,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 transport: str = "zmq", link: LinkSpec | None = None,
+                 model_link: LinkSpec | None = None, curve: Any = None,
+                 target_vocab: Vocabulary | None = None, heartbeat_s: float | None = None,
+                 timeout_s: float = 15.0, connect_timeout_s: float = 30.0,
+                 busy_retry_s: float = 0.05, name: str = "xcosd-edge",
+                 max_message_bytes: int = 256 << 20,
+                 transport_options: dict[str, Any] | None = None,
+                 **method_options: Any) -> None:
+        self.draft = draft
+        self.endpoint = connect
+        self.transport = transport
+        self.link = link
+        self.model_link = model_link if model_link is not None else link
+        self.curve = curve
+        self.heartbeat_s = heartbeat_s
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.busy_retry_s = busy_retry_s
+        self.name = name
+        self.defaults: dict[str, Any] = {
+            "method": method, "codec": codec, "draft_len": draft_len,
+            "temperature": temperature, "top_k": top_k, "top_p": top_p,
+            "options": dict(method_options),
+        }
+        get_method(method, codec=codec, **method_options)  # fail early on bad settings
+        SamplingParams(temperature, top_k, top_p)
+        self.limits = Limits(max_bytes=max_message_bytes, max_frames=4096,
+                             max_header_bytes=16 << 20)
+        self._transport_options = dict(transport_options or {})
+        self._handshake = EdgeHandshake(self._build_map, target_vocab, name)
+        self._space: Space | None = None
+        self._conn: Connection | None = None
+        self._epoch = 0
+        self._connected = False
+        self._lock = asyncio.Lock()
+        self._recv_task: asyncio.Task[None] | None = None
+        self._hb_task: asyncio.Task[None] | None = None
+        self._control: asyncio.Queue[Message] = asyncio.Queue()
+        self._inboxes: dict[int, asyncio.Queue[Any]] = {}
+        self._ids = itertools.count(1)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-draft")
+        self._jobs: set[Future[Any]] = set()
+        self._last_rx = 0.0
+        self._closed = False
+        self._overhead: Callable[[list[Any]], int] = lambda frames: 0
+        self.meter: Any = None
+        self.resumes = 0
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def __aenter__(self) -> EdgeNode:
+        return await self.start()
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def start(self) -> EdgeNode:
+        from ..transport import Meter
+
+        self.meter = Meter()
+        await self._connect_with_retry()
+        loop = asyncio.get_running_loop()
+        self._hb_task = loop.create_task(self._heartbeat_loop(), name="xcosd-edge-heartbeat")
+        return self
+
+    async def close(self) -> None:
+        """Close the connection, stop the tasks and the draft thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._lose(self._epoch)
+        for t in (self._hb_task,):
+            if t is not None:
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        self._hb_task = None
+        await self._teardown()
+        for job in list(self._jobs):
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(job)
+        self._executor.shutdown(wait=True)
+
+    @property
+    def vocab_map(self) -> VocabMap | None:
+        return self._handshake.vmap
+
+    @property
+    def server_id(self) -> str | None:
+        w = self._handshake.welcome
+        return w.server_id if w is not None else None
+
+    def _build_map(self, target_vocab: Vocabulary) -> VocabMap:
+        return VocabMap(self.draft.vocab, target_vocab)
+
+    # -- connection ------------------------------------------------------------------
+
+    async def _teardown(self) -> None:
+        self._connected = False
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._recv_task
+            self._recv_task = None
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+            self._conn = None
+
+    def _set_overhead(self, conn: Connection) -> None:
+        inner = conn.inner if isinstance(conn, LinkConnection) else conn
+        kind = type(inner).__name__
+        if kind == "ZmqConnection":
+            from ..transport.zeromq import zmtp_overhead
+
+            curve = self.curve is not None
+            self._overhead = lambda frames: zmtp_overhead(frames, curve)
+        elif kind == "TcpConnection":
+            self._overhead = lambda frames: stream_overhead(len(frames))
+        else:
+            self._overhead = lambda frames: 0
+
+    def _wire(self, frames: list[Any]) -> int:
+        return message_bytes(frames) + self._overhead(frames)
+
+    async def _connect_once(self) -> None:
+        opts = dict(self._transport_options)
+        opts["meter"] = self.meter
+        if self.transport != "memory" and not self.endpoint.startswith("mem://"):
+            opts.setdefault("limits", self.limits)
+        if self.curve is not None:
+            opts["curve"] = self.curve
+        conn: Connection = await connect(self.endpoint, transport=self.transport, **opts)
+        if self.link is not None:
+            conn = LinkConnection(conn, self.link)
+        self._conn = conn
+        self._set_overhead(conn)
+        self._epoch += 1
+        self._control = asyncio.Queue()
+        self._last_rx = time.monotonic()
+        self._recv_task = asyncio.get_running_loop().create_task(
+            self._receive_loop(conn, self._epoch), name="xcosd-edge-recv")
+        hs = self._handshake
+        pending: list[Message] = [hs.hello()]
+        deadline = time.monotonic() + min(self.timeout_s, self.connect_timeout_s)
+        while True:
+            for m in pending:
+                await conn.send(pack(m))
+            if hs.ready:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no answer to the handshake")
+            msg = await asyncio.wait_for(self._control.get(), left)
+            if isinstance(msg, _Lost):
+                raise TransportError("connection lost during the handshake", code="closed")
+            pending = hs.receive(msg)
+        vmap = hs.vmap
+        assert vmap is not None
+        if self._space is None or self._space.target_size != vmap.target.size:
+            self._space = Space.from_vocab_map(vmap)
+        if self.heartbeat_s is None and hs.welcome is not None:
+            self.heartbeat_s = hs.welcome.limits.heartbeat_s or 1.0
+        self._connected = True
+        log.info("edge connected to %s (cloud %s)", self.endpoint, self.server_id)
+
+    async def _connect_with_retry(self) -> None:
+        deadline = time.monotonic() + self.connect_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                await self._connect_once()
+                return
+            except (TransportError, TimeoutError, OSError) as e:
+                await self._teardown()
+                if time.monotonic() + delay > deadline:
+                    raise TransportError(f"cannot reach the cloud at {self.endpoint}: {e}",
+                                         code="connect") from e
+                log.info("cloud not reachable (%s); retrying in %.2fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
+            except XcosdError:
+                await self._teardown()
+                raise
+
+    async def _recover(self, seen_epoch: int) -> None:
+        """Reconnect once per loss, however many sessions noticed it."""
+        async with self._lock:
+            if self._epoch != seen_epoch and self._connected:
+                return
+            if self._closed:
+                raise TransportError("the edge node is closed", code="closed")
+            log.warning("connection to the cloud lost; reconnecting")
+            await self._teardown()
+            await self._connect_with_retry()
+            self.resumes += 1
+
+    def _lose(self, epoch: int) -> None:
+        if epoch != self._epoch:
+            return
+        self._connected = False
+        lost = _Lost(epoch)
+        self._control.put_nowait(lost)  # type: ignore[arg-type]
+        for q in self._inboxes.values():
+            q.put_nowait(lost)
+
+    async def _receive_loop(self, conn: Connection, epoch: int) -> None:
+        while True:
+            try:
+                frames = await conn.recv()
+            except TransportError as e:
+                log.info("receive failed: %s", e)
+                self._lose(epoch)
+                return
+            self._last_rx = time.monotonic()
+            try:
+                header, buffers = decode_message(frames, limits=self.limits)
+                msg = from_wire(header, [bytes(b) for b in buffers])
+            except ProtocolError as e:
+                log.warning("dropped a malformed message from the cloud: %s", e)
+                continue
+            s = getattr(msg, "s", None)
+            if isinstance(msg, Ping):
+                with contextlib.suppress(TransportError):
+                    await conn.send(pack(Pong(msg.n)))
+            elif isinstance(msg, Pong):
+                pass
+            elif s is not None:
+                q = self._inboxes.get(s)
+                if q is not None:
+                    q.put_nowait((msg, self._wire(frames)))
+            elif isinstance(msg, Error) and msg.code in LOST_CODES and self._connected:
+                self._lose(epoch)  # the cloud restarted and does not know us
+            else:
+                self._control.put_nowait(msg)
+
+    async def _heartbeat_loop(self) -> None:
+        n = 0
+        while True:
+            await asyncio.sleep(self.heartbeat_s or 1.0)
+            if not self._connected or self._conn is None:
+                continue
+            if time.monotonic() - self._last_rx > self.timeout_s:
+                log.warning("the cloud has been silent for %.1fs", self.timeout_s)
+                self._lose(self._epoch)
+                if not self._inboxes:  # nobody waiting: reconnect now
+                    with contextlib.suppress(XcosdError):
+                        await self._recover(self._epoch)
+                continue
+            n += 1
+            with contextlib.suppress(TransportError):
+                await self._conn.send(pack(Ping(n)))
+
+    # -- generations ---------------------------------------------------------------
+
+    async def generate(self, prompt: str, max_new_tokens: int = 64, *,
+                       method: str | None = None, codec: str | None = None,
+                       draft_len: int | None = None, temperature: float | None = None,
+                       top_k: int | None = None, top_p: float | None = None,
+                       seed: int | None = None, **method_options: Any) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` target tokens after ``prompt`` (stops early at
+        the target's end-of-sequence token). ``token_ids`` are target ids."""
+        return await self._generate(prompt, max_new_tokens, None, method=method, codec=codec,
+                                    draft_len=draft_len, temperature=temperature, top_k=top_k,
+                                    top_p=top_p, seed=seed, options=method_options)
+
+    async def stream(self, prompt: str, max_new_tokens: int = 64, *,
+                     method: str | None = None, codec: str | None = None,
+                     draft_len: int | None = None, temperature: float | None = None,
+                     top_k: int | None = None, top_p: float | None = None,
+                     seed: int | None = None, **method_options: Any) -> AsyncIterator[str]:
+        """Like :meth:`generate`, yielding text as it is committed (whole UTF-8
+        characters only). Leaving the loop early closes the session on the cloud."""
+        q: asyncio.Queue[str | None] = asyncio.Queue()
+
+        def on_text(text: str) -> None:
+            if text:
+                q.put_nowait(text)
+
+        task = asyncio.get_running_loop().create_task(self._generate(
+            prompt, max_new_tokens, on_text, method=method, codec=codec, draft_len=draft_len,
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            options=method_options))
+        task.add_done_callback(lambda _t: q.put_nowait(None))
+        try:
+            while True:
+                piece = await q.get()
+                if piece is None:
+                    break
+                yield piece
+            await task  # re-raise its error, if any
+        finally:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _session(self, s: int, prompt: str, max_new_tokens: int, *, method: str | None,
+                 codec: str | None, draft_len: int | None, temperature: float | None,
+                 top_k: int | None, top_p: float | None, seed: int | None,
+                 options: dict[str, Any]) -> EdgeSession:
+        dflt = self.defaults
+        name = method or dflt["method"]
+        opts = {**(dflt["options"] if name == dflt["method"] else {}), **options}
+        m: Method = get_method(name, codec=codec or dflt["codec"], **opts)
+        params = SamplingParams(dflt["temperature"] if temperature is None else temperature,
+                                dflt["top_k"] if top_k is None else top_k,
+                                dflt["top_p"] if top_p is None else top_p)
+        vmap, welcome = self._handshake.vmap, self._handshake.welcome
+        assert vmap is not None and welcome is not None and self._space is not None
+        return EdgeSession(
+            s, method=m, vmap=vmap, space=self._space,
+            drafter=Drafter(self.draft, vmap, params, prompt), prompt=prompt,
+            max_new_tokens=max_new_tokens, params=params, stop_ids=welcome.stop_ids,
+            draft_len=dflt["draft_len"] if draft_len is None else draft_len,
+            max_draft=welcome.limits.max_draft, seed=seed)
+
+    async def _in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
+        job = self._executor.submit(fn, *args)
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+        return await asyncio.wrap_future(job)
+
+    async def _generate(self, prompt: str, max_new_tokens: int,
+                        on_text: Callable[[str], None] | None, *, options: dict[str, Any],
+                        **kw: Any) -> GenerationResult:
+        if self._closed:
+            raise TransportError("the edge node is closed", code="closed")
+        if not self._connected:
+            await self._recover(self._epoch)
+        s = next(self._ids)
+        es = self._session(s, prompt, max_new_tokens, options=options, **kw)
+        st = GenerationStats(method=es.method.name, codec=es.method.codec.name)
+        trace: list[tuple[str, int]] = []
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+        self._inboxes[s] = inbox
+        t0 = time.perf_counter()
+        opened = False
+        try:
+            await self._open(es, inbox, st, trace)
+            opened = True
+            while not es.done:
+                try:
+                    await self._round(es, inbox, st, trace, on_text)
+                except _ConnectionLost as lost:
+                    await self._resume(es, inbox, st, trace, lost.epoch)
+        finally:
+            self._inboxes.pop(s, None)
+            if opened and self._connected and self._conn is not None:
+                with contextlib.suppress(Exception):
+                    await self._send(es.close(), st, None)
+            with contextlib.suppress(Exception):
+                await self._in_worker(es.drafter.end)
+        st.wall_s = time.perf_counter() - t0
+        st.tokens = len(es.token_ids)
+        st.finish_reason = es.finish_reason or ""
+        st.target_calls = st.rounds
+        st.modeled_s = st.draft_compute_s + st.cloud_compute_s + (
+            sequence_latency(trace, self.model_link) if self.model_link is not None else 0.0)  # type: ignore[arg-type]
+        return GenerationResult(es.text, list(es.token_ids), st)
+
+    async def _send(self, msg: Message, st: GenerationStats,
+                    trace: list[tuple[str, int]] | None) -> None:
+        conn, epoch = self._conn, self._epoch
+        if conn is None or not self._connected:
+            raise _ConnectionLost(epoch)
+        frames = pack(msg)
+        try:
+            await conn.send(frames)
+        except TransportError as e:
+            self._lose(epoch)
+            raise _ConnectionLost(epoch) from e
+        n = self._wire(frames)
+        st.count("up", msg.TYPE, n)
+        if trace is not None:
+            trace.append(("up", n))
+
+    async def _next(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
+                    trace: list[tuple[str, int]]) -> Message:
+        while True:
+            item = await inbox.get()
+            if not isinstance(item, _Lost):
+                break
+            if item.epoch == self._epoch or self._closed:
+                raise _ConnectionLost(item.epoch)
+            # a loss notice from a connection already replaced: ignore it
+        msg, n = item
+        st.count("down", msg.TYPE, n)
+        trace.append(("down", n))
+        if isinstance(msg, Error) and msg.code in LOST_CODES:
+            # the cloud does not know this connection any more (it restarted)
+            epoch = self._epoch
+            self._lose(epoch)
+            raise _ConnectionLost(epoch)
+        return msg
+
+    async def _open(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
+                    trace: list[tuple[str, int]]) -> None:
+        delay = self.busy_retry_s
+        while True:
+            try:
+                await self._send(es.open(), st, trace)
+                out = es.receive(await self._next(es, inbox, st, trace))
+            except _ConnectionLost as lost:
+                await self._recover(lost.epoch)
+                while not inbox.empty():
+                    inbox.get_nowait()
+                continue
+            if any(isinstance(e, Retry) for e in out.events):
+                st.busy_retries += 1
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
+                continue
+            return
+
+    async def _resume(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
+                      trace: list[tuple[str, int]], epoch: int) -> None:
+        await self._recover(epoch)
+        while not inbox.empty():  # whatever the old connection left behind
+            inbox.get_nowait()
+        st.resumes += 1
+        await self._open(es, inbox, st, trace)
+
+    async def _round(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
+                     trace: list[tuple[str, int]], on_text: Callable[[str], None] | None) -> None:
+        t = time.perf_counter()
+        msg = await self._in_worker(es.next_draft)
+        st.draft_compute_s += time.perf_counter() - t
+        await self._send(msg, st, trace)
+        delay = self.busy_retry_s
+        while True:
+            reply = await self._next(es, inbox, st, trace)
+            if isinstance(reply, VerdictMsg):
+                st.cloud_compute_s += reply.compute_us / 1e6
+            if isinstance(reply, Error) and reply.code != "busy":
+                raise exception_for(reply.code, reply.message)
+            out = es.receive(reply)
+            for m in out.send:
+                await self._send(m, st, trace)
+            settled = False
+            for ev in out.events:
+                if isinstance(ev, Retry):
+                    st.busy_retries += 1
+                    await asyncio.sleep(delay)
+                    delay = min(1.0, delay * 2)
+                    await self._send(es.resend(), st, trace)
+                elif isinstance(ev, TokensEmitted):
+                    if on_text is not None and ev.text:
+                        on_text(ev.text)
+                elif isinstance(ev, RoundSettled):
+                    settled = True
+                    st.rounds += 1
+                    st.drafted += ev.drafted
+                    st.accepted += ev.accepted
+                    st.extra_round_trips += ev.extra_trips
+                    st.trials += ev.trials
+                    st.fallbacks += ev.fallbacks
+                elif isinstance(ev, Finished):
+                    settled = True
+            if settled:
+                return
