@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name, module in COMMANDS.items():
+    for _name, module in COMMANDS.items():
         try:
             mod = importlib.import_module(f"xcosd.commands.{module}")
         except ModuleNotFoundError as e:

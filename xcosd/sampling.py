@@ -146,12 +146,12 @@ def sample_index(weights: np.ndarray, rng: np.random.Generator) -> int:
     Inverse-CDF on a float64 cumulative sum: one uniform per draw, so the number of
     random numbers consumed never depends on the vector (reproducible across sides).
     """
-    c = np.cumsum(weights, dtype=np.float64)
+    c = np.asarray(weights).cumsum(dtype=np.float64)
     total = c[-1]
     if not total > 0:
         raise InvalidDistribution("cannot sample from a vector with no mass")
     u = rng.random() * total
-    i = int(np.searchsorted(c, u, side="right"))
+    i = int(c.searchsorted(u, side="right"))
     # guard against u landing on the very end through rounding, or on a zero weight
     i = min(i, c.shape[0] - 1)
     while weights[i] <= 0:

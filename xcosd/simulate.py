@@ -95,7 +95,7 @@ def simulate_round(
     msgs = [("up", "draft", up)]
 
     # server: commit, verify, answer
-    p_star = np.stack([m.commit_row(tp[i], space) for i in range(d + 1)])
+    p_star = m.commit_rows(tp[: d + 1], space)
     n = m.verify(p_star, draft, space, rng)
     if n == d:
         verdict = Verdict(n, m.bonus(p_star[d], rng))
@@ -104,14 +104,50 @@ def simulate_round(
                            verdict.nbytes(), 1, messages=msgs)
     state = RejectState(p_raw=tp[n], p_star=p_star[n], rejected=int(ids[n]),
                         q_common=m.server_q(draft, n, space))
-    verdict = Verdict(n, m.on_reject(state, space, rng))
-    down = verdict.nbytes()
-    msgs.append(("down", "verdict", down))
+    res = _settle_rejection(m, state, DeviceState(q_common=q_rows[n], rejected=int(ids[n])),
+                            space, rng, msgs)
+    res.tokens[:0] = ids[:n].tolist()
+    res.accepted, res.drafted = n, d
+    res.uplink_bytes += up
+    return res
 
-    # device: resolve, with follow-ups while the method asks for them
-    dev = DeviceState(q_common=q_rows[n], rejected=int(ids[n]))
-    out = m.resolve(verdict.reply, dev, space, rng)
-    trips = 1
+
+def simulate_resample(
+    method: str | Method,
+    p: np.ndarray,
+    q: np.ndarray,
+    rejected: int,
+    common: np.ndarray | Space,
+    rng: np.random.Generator,
+    **options: Any,
+) -> RoundResult:
+    """Only the rejection protocol: draft ``rejected`` was drawn from ``q`` (over
+    target ids, zero outside V_C) and rejected against ``p``; return the token the
+    method emits in its place. Its law must be the residual ``max(0, p - q) / Z``.
+
+    This isolates the resampling step, so a test can study it even where
+    rejections are rare (``Z`` close to 0).
+    """
+    m = method if isinstance(method, Method) else get_method(method, **options)
+    space = common if isinstance(common, Space) else Space.from_mask(common)
+    p32 = np.asarray(p, dtype=np.float32)
+    q_raw = np.asarray(q, dtype=np.float32)[space.common_ids]
+    q_common = m.draft_row(q_raw)
+    draft = m.draft_message(np.array([rejected], dtype=np.int64), [q_raw], space)
+    state = RejectState(p_raw=p32, p_star=m.commit_row(p32, space), rejected=int(rejected),
+                        q_common=m.server_q(draft, 0, space))
+    return _settle_rejection(m, state, DeviceState(q_common=q_common, rejected=int(rejected)),
+                             space, rng, [])
+
+
+def _settle_rejection(m: Method, state: RejectState, dev: DeviceState, space: Space,
+                      rng: np.random.Generator, msgs: list[tuple[str, str, int]]) -> RoundResult:
+    """Server reply to a rejection, then device resolution with follow-ups."""
+    reply = m.on_reject(state, space, rng)
+    down = ID_BYTES + reply.nbytes()  # the verdict: accepted count + payload
+    msgs.append(("down", "verdict", down))
+    out = m.resolve(reply, dev, space, rng)
+    up, trips = 0, 1
     while isinstance(out, Request):
         up += out.nbytes()
         msgs.append(("up", f"request:{out.kind}", out.nbytes()))
@@ -120,5 +156,5 @@ def simulate_round(
         msgs.append(("down", type(reply).__name__, reply.nbytes()))
         trips += 1
         out = m.resolve(reply, dev, space, rng)
-    return RoundResult([*ids[:n].tolist(), int(out)], n, d, up, down, trips,
-                       trials=dev.trials, fallbacks=dev.fallbacks, messages=msgs)
+    return RoundResult([int(out)], 0, 1, up, down, trips, trials=dev.trials,
+                       fallbacks=dev.fallbacks, messages=msgs)

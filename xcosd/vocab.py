@@ -242,7 +242,7 @@ class Vocabulary:
         p = Path(path)
         ranks: dict[int, bytes] = {}
         try:
-            for lineno, line in enumerate(p.read_bytes().splitlines(), 1):
+            for _lineno, line in enumerate(p.read_bytes().splitlines(), 1):
                 if not line.strip():
                     continue
                 tok, rank = line.split()

@@ -18,7 +18,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..vocab import Vocabulary, VocabMap
+    from ..vocab import VocabMap, Vocabulary
 
     draft, target = Vocabulary.load(args.draft), Vocabulary.load(args.target)
     _ = draft.byte_index, target.byte_index

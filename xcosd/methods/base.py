@@ -16,7 +16,6 @@ vectors on the server are over all target ids. :class:`Space` converts.
 
 from __future__ import annotations
 
-from abc import ABC
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, ClassVar
@@ -264,7 +263,7 @@ def residual_sample(p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> i
 # ------------------------------------------------------------------------ methods
 
 
-class Method(ABC):
+class Method:
     """One resampling method: pure server and device halves of a round.
 
     Subclasses set ``name`` and ``lossless`` and override what differs. The
@@ -308,6 +307,13 @@ class Method(ABC):
     def commit_row(self, p: np.ndarray, space: Space) -> np.ndarray:
         """The committed row ``p*`` every decision uses (``p`` itself by default)."""
         return np.asarray(p, dtype=np.float32)
+
+    def commit_rows(self, rows: np.ndarray, space: Space) -> np.ndarray:
+        """:meth:`commit_row` for each row of a verified block (one call per block)."""
+        rows32 = np.asarray(rows, dtype=np.float32)
+        if self.codec_applies_to != "p" or self.codec.exact:
+            return rows32
+        return np.stack([self.commit_row(r, space) for r in rows32])
 
     def verify(self, p_star: np.ndarray, draft: Draft, space: Space, rng: np.random.Generator) -> int:
         return verify(p_star, draft.ids, draft.q_values, rng)

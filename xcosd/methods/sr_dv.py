@@ -86,14 +86,18 @@ class SrDv(Method):
                 rng: np.random.Generator) -> int | Request:
         if isinstance(reply, CandidatesReply):
             state.candidate_rounds += 1
+            k = int(reply.ids.shape[0])
             pos = space.to_common[reply.ids]
-            for y, v, c in zip(reply.ids.tolist(), reply.values.tolist(), pos.tolist(), strict=True):
-                state.trials += 1
-                if c < 0:  # V_O: alpha = 1
-                    return int(y)
-                alpha = max(0.0, v - float(state.q_common[c])) / v if v > 0 else 0.0
-                if rng.random() < alpha:
-                    return int(y)
+            v = reply.values.astype(np.float64)
+            q = np.where(pos >= 0, state.q_common[np.maximum(pos, 0)], 0.0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                alpha = np.where(v > 0, np.maximum(v - q, 0.0) / v, 0.0)
+            alpha[pos < 0] = 1.0  # V_O: q = 0
+            hits = np.flatnonzero(rng.random(k) < alpha)
+            if hits.size:
+                state.trials += int(hits[0]) + 1
+                return int(reply.ids[hits[0]])
+            state.trials += k
             if state.candidate_rounds < self.M:
                 return Request("more")
             state.fallbacks += 1

@@ -1,0 +1,183 @@
+"""Every lossless method reproduces the target's distribution; every lossy one does not.
+
+The emitted tokens of many independent rounds (fixed seeds) are compared with the
+analytically known law: ``target_probs[0]`` for the first token, ``target_probs[1]``
+for the second when the first draft was accepted, and the residual
+``max(0, p - q) / Z`` for the resampling step alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xcosd.methods import Space, get_method
+from xcosd.simulate import simulate_resample, simulate_round
+
+from .helpers.pairs import random_pair, residual, vo_heavy, z_small
+from .helpers.stats import assert_exact, assert_not_exact
+
+LOSSLESS = [
+    ("ar", {}),
+    ("sd-uplink", {}),
+    ("straightforward", {}),
+    ("xcosd", {}),
+    ("xcosd", {"hr_presample": False}),
+    ("xcosd-e", {}),
+    ("xcosd-e", {"K": 1, "M": 1}),
+]
+RESAMPLING = [v for v in LOSSLESS if v[0] != "ar"]
+
+
+def _id(v: tuple[str, dict]) -> str:
+    name, opts = v
+    return name + "".join(f"-{k}{v}" for k, v in opts.items())
+
+
+def run_rounds(name, opts, target, draft, common, n, seed):
+    m = get_method(name, **opts)
+    space = Space.from_mask(common)
+    rng = np.random.default_rng(seed)
+    return [simulate_round(m, target, draft, space, rng, validate=False) for _ in range(n)]
+
+
+@pytest.mark.parametrize("variant", LOSSLESS, ids=_id)
+def test_first_token_vo_heavy_100k(variant):
+    name, opts = variant
+    target, draft, common = vo_heavy(d=1)
+    rounds = run_rounds(name, opts, target, draft, common, 100_000, seed=11)
+    assert_exact([r.tokens[0] for r in rounds], target[0], _id(variant))
+    if name != "ar":
+        assert sum(r.rejected for r in rounds) > 50_000  # the residual really was exercised
+    if name == "xcosd-e" and opts.get("K") == 1:
+        assert sum(r.fallbacks for r in rounds) > 1_000  # HR fallback really ran
+
+
+@pytest.mark.parametrize("variant", LOSSLESS, ids=_id)
+@pytest.mark.parametrize("d", [4, 8])
+def test_first_and_second_token(variant, d):
+    name, opts = variant
+    target, draft, common = random_pair(d, seed=d)
+    rounds = run_rounds(name, opts, target, draft, common, 20_000, seed=100 + d)
+    assert_exact([r.tokens[0] for r in rounds], target[0], f"{_id(variant)} d={d} first")
+    second = [r.tokens[1] for r in rounds if len(r.tokens) > 1]
+    if name == "ar":
+        assert not second
+        return
+    assert len(second) > 4_000
+    assert_exact(second, target[1], f"{_id(variant)} d={d} second")
+
+
+@pytest.mark.parametrize("variant", RESAMPLING, ids=_id)
+def test_resampling_when_z_is_close_to_zero(variant):
+    name, opts = variant
+    p, q, common = z_small()
+    r = residual(p, q)
+    assert (np.maximum(p.astype(np.float64) - q, 0).sum()) < 0.02  # Z really is small
+    space = Space.from_mask(common)
+    rng = np.random.default_rng(5)
+    m = get_method(name, **opts)
+    # a token the target under-weights relative to the draft (so it can be rejected)
+    rejected = int(np.argmax(np.where(common, q - p, -np.inf)))
+    tokens = [simulate_resample(m, p, q, rejected, space, rng).tokens[0] for _ in range(20_000)]
+    assert_exact(tokens, r, f"{_id(variant)} residual, Z small")
+
+
+@pytest.mark.parametrize("variant", RESAMPLING, ids=_id)
+def test_residual_mostly_in_vo(variant):
+    name, opts = variant
+    target, draft, common = vo_heavy(d=1, seed=3)
+    p, q = target[0], draft[0]
+    r = residual(p, q)
+    assert r[~common].sum() > 0.8
+    rng = np.random.default_rng(6)
+    m = get_method(name, **opts)
+    space = Space.from_mask(common)
+    rejected = int(np.argmax(np.where(common, q - p, -np.inf)))
+    res = [simulate_resample(m, p, q, rejected, space, rng) for _ in range(20_000)]
+    assert_exact([x.tokens[0] for x in res], r, f"{_id(variant)} residual in V_O")
+    if name == "xcosd" and not opts.get("hr_presample", True):
+        assert sum(x.round_trips > 1 for x in res) > 12_000  # the paper's extra round trip
+    if name == "xcosd" and opts.get("hr_presample", True):
+        assert all(x.round_trips == 1 for x in res)
+
+
+@pytest.mark.parametrize("variant", LOSSLESS, ids=_id)
+def test_point_masses(variant):
+    name, opts = variant
+    size = 10
+    common = np.zeros(size, dtype=bool)
+    common[[1, 4, 7, 8]] = True
+    # target: all mass on a V_O token; draft: all mass on a V_C token
+    p = np.zeros(size, np.float32)
+    p[5] = 1
+    q = np.zeros(size, np.float32)
+    q[4] = 1
+    rounds = run_rounds(name, opts, np.stack([p, p]), q[None], common, 500, seed=1)
+    assert all(r.tokens[0] == 5 for r in rounds)
+    # target and draft agree on one V_C token: always accepted, bonus from row 2
+    p2 = np.zeros(size, np.float32)
+    p2[7] = 1
+    rounds = run_rounds(name, opts, np.stack([p2, p]), p2[None], common, 500, seed=2)
+    assert all(r.tokens[:2] == [7, 5] or name == "ar" for r in rounds)
+    # target a point mass in V_C, draft spread over V_C: output is always that token
+    q3 = np.where(common, 0.25, 0).astype(np.float32)
+    rounds = run_rounds(name, opts, np.stack([p2, p]), q3[None], common, 500, seed=3)
+    assert all(r.tokens[0] == 7 for r in rounds)
+
+
+@pytest.mark.parametrize("variant", LOSSLESS, ids=_id)
+def test_empty_vo_is_standard_speculative_decoding(variant):
+    name, opts = variant
+    target, draft, _ = random_pair(2, size=12, n_common=12, seed=9)
+    common = np.ones(12, dtype=bool)
+    rounds = run_rounds(name, opts, target, draft, common, 20_000, seed=4)
+    assert_exact([r.tokens[0] for r in rounds], target[0], f"{_id(variant)} V_O empty")
+    if name == "xcosd":
+        # no V_O: HR never needs the V_O branch, so never an extra round trip
+        assert all(r.round_trips == 1 for r in rounds)
+
+
+@pytest.mark.parametrize("variant", RESAMPLING, ids=_id)
+def test_single_common_token(variant):
+    name, opts = variant
+    size = 8
+    common = np.zeros(size, dtype=bool)
+    common[3] = True
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(size)).astype(np.float32)
+    q = np.where(common, 1.0, 0.0).astype(np.float32)
+    rounds = run_rounds(name, opts, np.stack([p, p]), q[None], common, 20_000, seed=8)
+    assert_exact([r.tokens[0] for r in rounds], p, f"{_id(variant)} |V_C| = 1")
+
+
+# ---------------------------------------------------------------- lossy baselines
+
+
+def test_target_resample_is_lossy():
+    target, draft, common = vo_heavy(d=1)
+    rounds = run_rounds("target-resample", {}, target, draft, common, 100_000, seed=11)
+    assert_not_exact([r.tokens[0] for r in rounds], target[0], "target-resample")
+
+
+def test_greedy_resample_is_lossy():
+    target, draft, common = vo_heavy(d=1)
+    rounds = run_rounds("greedy-resample", {}, target, draft, common, 100_000, seed=11)
+    assert_not_exact([r.tokens[0] for r in rounds], target[0], "greedy-resample")
+
+
+def test_uhlm_is_lossy_when_the_draft_is_confident_and_wrong():
+    size = 12
+    common = np.zeros(size, dtype=bool)
+    common[[0, 2, 5, 6, 9]] = True
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(size)).astype(np.float32)
+    q = np.zeros(size, np.float32)
+    q[common] = [0.9, 0.025, 0.025, 0.025, 0.025]  # uncertainty 0.1 < threshold
+    rounds = run_rounds("uhlm", {"threshold": 0.3}, np.stack([p, p]), q[None], common,
+                        100_000, seed=11)
+    assert_not_exact([r.tokens[0] for r in rounds], p, "uhlm")
+    # and with a threshold below its uncertainty it verifies everything: exact again
+    rounds = run_rounds("uhlm", {"threshold": 0.05}, np.stack([p, p]), q[None], common,
+                        50_000, seed=12)
+    assert_exact([r.tokens[0] for r in rounds], p, "uhlm verifying every draft")

@@ -1,0 +1,128 @@
+"""Real vocabularies from quicktok and the V_C / V_O map between them."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from xcosd.cli import main
+from xcosd.errors import VocabError
+from xcosd.vocab import VocabMap, Vocabulary
+
+
+@pytest.fixture(scope="module")
+def vocabs():
+    return {n: Vocabulary.load(n) for n in ("llama3", "qwen", "cl100k", "o200k")}
+
+
+def test_quicktok_tables_are_read_by_id(vocabs):
+    import quicktok
+
+    enc = quicktok.get_encoding("llama3")
+    v = vocabs["llama3"]
+    # token_byte_values() is sorted by bytes; our table must follow ids
+    for i in (0, 1000, 50_000, 127_999):
+        assert v.token_bytes(i) == enc.decode_single_token_bytes(i)
+    text = "Speculative decoding across vocabularies, exactly."
+    assert v.decode(v.encode(text)).decode() == text
+
+
+def test_holes_and_specials(vocabs):
+    cl = vocabs["cl100k"]
+    assert cl.size == 100_277 and cl.n_regular == 100_256
+    with pytest.raises(VocabError):
+        cl.token_bytes(100_256)  # unused id
+    assert cl.roles["eos"] in cl.special_ids
+    assert cl.piece(cl.roles["eos"]) == b""
+    with pytest.raises(VocabError):
+        cl.token_bytes(10**6)
+
+
+@pytest.mark.parametrize(
+    "draft,target,common",
+    [("llama3", "qwen", 109_566), ("llama3", "cl100k", 100_256), ("cl100k", "o200k", 85_033)],
+)
+def test_common_vocabulary_sizes(vocabs, draft, target, common):
+    vm = VocabMap(vocabs[draft], vocabs[target])
+    assert vm.summary()["common"] == common
+
+
+def test_llama3_qwen_shares(vocabs):
+    s = VocabMap(vocabs["llama3"], vocabs["qwen"]).summary()
+    assert round(100 * s["draft"]["common_share"], 2) == 85.60
+    assert round(100 * s["target"]["common_share"], 2) == 72.25
+
+
+def test_map_is_consistent_by_bytes(vocabs):
+    d, t = vocabs["cl100k"], vocabs["o200k"]
+    vm = VocabMap(d, t)
+    assert np.all(np.diff(vm.common_target_ids) > 0)  # V_C order = ascending target id
+    rng = np.random.default_rng(0)
+    for k in rng.choice(vm.n_common, 2000, replace=False):
+        tid, did = int(vm.common_target_ids[k]), int(vm.common_draft_ids[k])
+        if tid in t.special_ids:
+            continue
+        assert t.token_bytes(tid) == d.token_bytes(did)
+        assert vm.draft_to_target[did] == tid and vm.target_to_draft[tid] == did
+    # V_O tokens really are absent from the draft vocabulary
+    for tid in rng.choice(np.flatnonzero(vm.other_mask), 2000, replace=False):
+        assert t.token_bytes(int(tid)) not in d.byte_index or int(tid) in t.special_ids
+    # the eos role is matched across vocabularies, whatever its text
+    assert vm.draft_to_target[d.roles["eos"]] == t.roles["eos"]
+
+
+def test_map_builds_fast_and_fingerprint_is_stable(vocabs):
+    d, t = vocabs["llama3"], vocabs["qwen"]
+    t0 = time.perf_counter()
+    a = VocabMap(d, t)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 1.0, elapsed  # generous: typically ~0.1 s
+    assert a.fingerprint == VocabMap(d, t).fingerprint
+    assert a.fingerprint != VocabMap(vocabs["cl100k"], t).fingerprint
+
+
+def test_tli_restricts_and_renormalises(vocabs):
+    vm = VocabMap(vocabs["cl100k"], vocabs["o200k"])
+    rng = np.random.default_rng(1)
+    q = rng.dirichlet(np.ones(vocabs["cl100k"].size)).astype(np.float32)
+    out = vm.draft_to_target_probs(q)
+    assert out.shape == (vocabs["o200k"].size,)
+    assert abs(out.sum() - 1) < 1e-5 and np.all(out[~vm.common_mask] == 0)
+    k = int(vm.common_draft_ids[5])
+    ratio = out[vm.draft_to_target[k]] / q[k]
+    assert np.isclose(ratio, 1 / q[vm.common_draft_ids].sum(dtype=np.float64), rtol=1e-4)
+
+
+def test_encode_bytes_greedy(vocabs):
+    v = vocabs["qwen"]
+    data = "naïve 東京 \x00".encode()
+    assert v.decode(v.encode_bytes(data)) == data
+
+
+def test_tiktoken_file(tmp_path):
+    import base64
+
+    lines = [base64.b64encode(b).decode() + f" {i}" for i, b in enumerate([b"a", b"b", b"ab"])]
+    f = tmp_path / "tiny.tiktoken"
+    f.write_text("\n".join(lines))
+    v = Vocabulary.from_tiktoken_file(f, special_tokens={"<eos>": 3}, roles={"eos": "<eos>"})
+    assert v.size == 4 and v.roles["eos"] == 3 and v.encode_bytes(b"abab") == [2, 2]
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_text("not base64 at all here\n")
+    with pytest.raises(VocabError):
+        Vocabulary.from_tiktoken_file(bad)
+
+
+def test_cli_vocab_json(capsys):
+    assert main(["vocab", "llama3", "qwen", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["common"] == 109_566
+    assert info["draft"]["name"] == "llama3" and info["target"]["size"] == 151_669
+
+
+def test_unknown_vocabulary():
+    with pytest.raises(VocabError, match="unknown vocabulary"):
+        Vocabulary.load("no-such-vocab")
