@@ -16,7 +16,6 @@ from collections.abc import Sequence
 #: subcommand -> module under xcosd.commands
 COMMANDS: dict[str, str] = {
     "vocab": "vocab",
-    "simulate": "simulate",
     "keys": "keys",
     "serve": "serve",
     "edge": "edge",
