@@ -1,6 +1,7 @@
 """How far a lossy codec moves a distribution: TV(p, p*).
 
-``p*`` is what the commit rule makes of ``p``: ``normalise(commit(p))`` (the
+``p*`` is what the commit rule makes of ``p``: ``normalise(commit(p))``, or ``p``
+itself for an exact codec (the
 methods add ``theta_o`` for vectors over V_C; over a whole vector it is just the
 renormalised committed row). Losslessness holds *with respect to p\\**, so this
 distance is exactly how much a lossy codec changes the output distribution.
@@ -25,6 +26,8 @@ def total_variation(p: np.ndarray, q: np.ndarray) -> float:
 
 def committed(codec: Codec, p: np.ndarray) -> np.ndarray:
     """``p* = normalise(commit(p))`` (float64 sum, float32 result, as the methods do)."""
+    if codec.exact:  # the methods skip renormalising exact rows (xcosd.methods.commit)
+        return np.asarray(p, dtype=np.float32)
     c = codec.commit(np.asarray(p, dtype=np.float32))
     total = float(np.sum(c, dtype=np.float64))
     if not total > 0:
