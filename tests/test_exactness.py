@@ -181,3 +181,51 @@ def test_uhlm_is_lossy_when_the_draft_is_confident_and_wrong():
     rounds = run_rounds("uhlm", {"threshold": 0.05}, np.stack([p, p]), q[None], common,
                         50_000, seed=12)
     assert_exact([r.tokens[0] for r in rounds], p, "uhlm verifying every draft")
+
+
+# ---------------------------------------------------------- real vocabularies
+
+
+@pytest.fixture(scope="module")
+def real_space():
+    from xcosd.vocab import Vocabulary, VocabMap
+
+    vm = VocabMap(Vocabulary.load("cl100k"), Vocabulary.load("o200k"))
+    return vm, Space.from_vocab_map(vm)
+
+
+def _real_pair(vm, seed=0):
+    """Target mass on real o200k tokens, half of them absent from cl100k (V_O);
+    draft mass on real cl100k tokens mapped into o200k ids by bytes."""
+    rng = np.random.default_rng(seed)
+    vc = rng.choice(vm.common_target_ids, 10, replace=False)
+    vo = rng.choice(np.flatnonzero(vm.other_mask), 10, replace=False)
+    size = vm.target.size
+    p = np.zeros(size)
+    p[vc] = rng.dirichlet(np.ones(10)) * 0.4
+    p[vo] = rng.dirichlet(np.ones(10)) * 0.6
+    q = np.zeros(size)
+    q[vc[:6]] = rng.dirichlet(0.5 * np.ones(6))
+    p, q = p.astype(np.float32), q.astype(np.float32)
+    return np.stack([p, p]), q[None]
+
+
+@pytest.mark.parametrize("variant", [("xcosd", {}), ("xcosd-e", {}), ("straightforward", {})],
+                         ids=_id)
+def test_exact_on_real_vocabularies(real_space, variant):
+    vm, space = real_space
+    target, draft = _real_pair(vm)
+    m = get_method(variant[0], **variant[1])
+    rng = np.random.default_rng(21)
+    toks = [simulate_round(m, target, draft, space, rng, validate=False).tokens[0]
+            for _ in range(2_000)]
+    assert_exact(toks, target[0], f"{_id(variant)} on cl100k -> o200k")
+
+
+def test_lossy_fails_on_real_vocabularies(real_space):
+    vm, space = real_space
+    target, draft = _real_pair(vm)
+    rng = np.random.default_rng(21)
+    toks = [simulate_round("target-resample", target, draft, space, rng, validate=False).tokens[0]
+            for _ in range(2_000)]
+    assert_not_exact(toks, target[0], "target-resample on cl100k -> o200k")
