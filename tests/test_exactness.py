@@ -188,7 +188,7 @@ def test_uhlm_is_lossy_when_the_draft_is_confident_and_wrong():
 
 @pytest.fixture(scope="module")
 def real_space():
-    from xcosd.vocab import Vocabulary, VocabMap
+    from xcosd.vocab import VocabMap, Vocabulary
 
     vm = VocabMap(Vocabulary.load("cl100k"), Vocabulary.load("o200k"))
     return vm, Space.from_vocab_map(vm)
