@@ -1,0 +1,137 @@
+"""``xcosd bench load``: the report's fields exist and agree with each other.
+
+Small runs (a few devices, about a second) against a cheap synthetic target; speed
+itself is measured in bench/, never asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from xcosd.bench.load import LoadConfig, analyse, ideal, run_load, window_of
+from xcosd.cli import main
+
+SUMMARIES = ("token_latency_ms", "round_latency_ms", "ttft_ms", "tpot_ms", "queue_wait_ms",
+             "per_device_tokens_per_s")
+
+
+def check_consistent(rep: dict) -> None:
+    """Invariants every load report keeps."""
+    assert rep["tokens"] > 0 and rep["rounds"] > 0
+    assert rep["tokens_per_s"] * rep["window_s"] == pytest.approx(rep["tokens"])
+    assert rep["rounds_per_s"] * rep["window_s"] == pytest.approx(rep["rounds"])
+    b = rep["bytes"]
+    assert b["up_per_token"] * rep["tokens"] == pytest.approx(b["up_total"])
+    assert b["down_per_token"] * rep["tokens"] == pytest.approx(b["down_total"])
+    assert b["up_total"] > 0 and b["down_total"] > 0
+    for key in SUMMARIES:
+        s = rep[key]
+        if s["count"]:
+            assert s["min"] <= s["p50"] <= s["p90"] <= s["p99"] <= s["max"], key
+    assert rep["token_latency_ms"]["count"] == rep["tokens"]
+    assert rep["round_latency_ms"]["count"] == rep["rounds"]
+    hist = rep["batch_size_histogram"]
+    assert sum(hist.values()) == rep["batches"]
+    assert sum(int(k) * v for k, v in hist.items()) == rep["batched_requests"]
+    assert rep["queue_wait_ms"]["count"] in (0, rep["batched_requests"])
+    per = rep["per_device"]
+    assert len(per) == rep["devices"]
+    assert sum(d["tokens"] for d in per) == rep["tokens"]
+    assert sum(d["rounds"] for d in per) == rep["rounds"]
+    assert 0.0 <= rep["acceptance_rate"] <= 1.0
+    assert rep["accepted"] <= rep["drafted"]
+    assert rep["mean_acceptance_length"] == pytest.approx(1 + rep["accepted"] / rep["rounds"])
+    assert set(rep["errors"]) == {"timeout", "busy", "protocol", "transport", "other"}
+    assert rep["errors_total"] == sum(rep["errors"].values())
+    assert 0.0 <= rep["cloud"]["busy_fraction"] <= 1.5
+    for k in ("nproc", "cpu_model", "python", "numpy"):
+        assert k in rep["machine"]
+
+
+async def test_duration_run_in_process() -> None:
+    cfg = LoadConfig(devices=3, target="synthetic:256:2:0.1", duration_s=1.0, warmup_s=0.3,
+                     procs=0, max_new_tokens=16)
+    rep = await run_load(cfg, progress=False)
+    check_consistent(rep)
+    assert rep["errors_total"] == 0
+    assert rep["window_s"] == pytest.approx(1.0)
+    idl = rep["ideal"]
+    assert idl["batch"] == 3 and idl["a_s"] == pytest.approx(0.002)
+    assert idl["tokens_per_s"] == pytest.approx(
+        3 * idl["tokens_per_round"] / (0.002 + 0.0001 * 3 * idl["rows_per_session"]))
+    assert idl["efficiency"] == pytest.approx(rep["tokens_per_s"] / idl["tokens_per_s"])
+    assert rep["generations"]["measured_completed"] >= 1
+    assert rep["ttft_ms"]["count"] >= 1
+
+
+async def test_generations_run_in_a_device_process_without_batching() -> None:
+    cfg = LoadConfig(devices=2, target="synthetic:256:1:0.1", duration_s=None, generations=2,
+                     warmup_generations=1, procs=1, max_new_tokens=12, batching=False,
+                     method="xcosd", codec="q8")
+    rep = await run_load(cfg, progress=False)
+    check_consistent(rep)
+    assert rep["errors_total"] == 0
+    assert rep["generations"]["started"] == 2 * 3
+    assert rep["generations"]["warmup"] == 2
+    assert set(rep["batch_size_histogram"]) == {"1"}  # batching off: one session per call
+    assert rep["ideal"]["batch"] == 1
+
+
+def _rec(dev, k, start, end, rounds, *, error=None, warmup=False):
+    return {"device": dev, "k": k, "warmup": warmup, "start": start, "end": end,
+            "first": next((r[1] for r in rounds if r[2] > 0), None),
+            "tokens": sum(r[2] for r in rounds), "error": error, "message": "x" if error else None,
+            "cut": False, "busy_retries": 0, "resumes": 0, "up_bytes": 0, "down_bytes": 0,
+            "rounds": rounds}
+
+
+def test_analyse_cuts_the_window_exactly() -> None:
+    cfg = LoadConfig(devices=2, duration_s=2.0, warmup_s=1.0, procs=0)
+    go = 100.0
+    recs = [
+        # warm-up round (ends before 101) is excluded; the two others count
+        _rec(0, 0, 100.0, 101.6, [(100.0, 100.5, 3, 30, 60, 4, 2), (100.5, 101.2, 5, 40, 50, 4, 4),
+                                  (101.2, 101.6, 2, 20, 10, 4, 1)]),
+        # starts inside the window: its TTFT and TPOT count
+        _rec(1, 0, 101.5, 102.5, [(101.5, 101.9, 4, 10, 20, 4, 3), (101.9, 102.5, 3, 10, 20, 4, 2)]),
+        # ends after the window: only its rounds inside count; an error counts
+        _rec(1, 1, 102.5, 103.5, [(102.5, 102.9, 1, 5, 5, 4, 0), (102.9, 103.4, 4, 5, 5, 4, 3)],
+             error="protocol"),
+    ]
+    calls = [(100.0, 100.5, 2, 10), (101.0, 101.2, 1, 5), (101.5, 101.9, 2, 10),
+             (102.0, 103.5, 1, 5)]
+    waits = [0.01, 0.02, 0.03, 0.04, 0.05, 0.06]
+    rep = analyse(cfg, recs, calls, waits, {}, go, (0.01, 0.001))
+    assert window_of(cfg, recs, go) == (101.0, 103.0)
+    assert rep["tokens"] == 5 + 2 + 4 + 3 + 1
+    assert rep["rounds"] == 5
+    assert rep["bytes"]["up_total"] == 40 + 20 + 10 + 10 + 5
+    assert rep["drafted"] == 20 and rep["accepted"] == 4 + 1 + 3 + 2 + 0
+    assert rep["ttft_ms"]["count"] == 2  # both generations that started in the window
+    assert rep["ttft_ms"]["min"] == pytest.approx(400.0)
+    assert rep["tpot_ms"]["count"] == 1
+    assert rep["tpot_ms"]["p50"] == pytest.approx(1000 * (102.5 - 101.9) / 6)
+    assert rep["batch_size_histogram"] == {"1": 1, "2": 1}
+    assert rep["queue_wait_ms"]["count"] == 3
+    assert rep["queue_wait_ms"]["mean"] == pytest.approx(1000 * (0.03 + 0.04 + 0.05) / 3)
+    assert rep["errors"]["protocol"] == 1 and rep["errors_total"] == 1
+    check_consistent(rep)
+    # the ideal: B = 2 devices, rows = 1 + drafted / rounds = 5
+    idl = ideal(cfg, (0.01, 0.001), rep)
+    assert idl is not None
+    assert idl["tokens_per_s"] == pytest.approx(2 * (15 / 5) / (0.01 + 0.001 * 2 * 5))
+
+
+def test_cli_writes_json(tmp_path, capsys) -> None:
+    out = tmp_path / "load.json"
+    rc = main(["bench", "load", "-n", "2", "--target", "synthetic:256:1:0.1", "--duration", "0.6",
+               "--warmup", "0.2", "--procs", "0", "--max-new-tokens", "8", "--json", str(out),
+               "--plots", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    check_consistent(rep)
+    assert rep["command"].startswith("xcosd ")
+    assert "tokens/s" in capsys.readouterr().out
+    assert (tmp_path / "load_batches.png").stat().st_size > 1000

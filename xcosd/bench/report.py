@@ -1,0 +1,116 @@
+"""Small, dependency-free pieces every bench report shares: percentile summaries,
+histograms, the machine description and table formatting.
+
+Reports are plain dicts of JSON types, so a test can check their invariants and
+``bench/results.py`` can render them without importing the code that made them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: the percentiles load-testing tools print (wrk, ghz, ``vllm bench serve``)
+PERCENTILES = (50, 90, 99)
+
+
+def summary(values: Iterable[float], scale: float = 1.0) -> dict[str, float | int]:
+    """``count``, ``mean``, ``p50``, ``p90``, ``p99``, ``max`` (and ``min``) of ``values``
+    times ``scale``. Percentiles use linear interpolation (numpy's default), so they
+    are ordered and never exceed the maximum. An empty input gives zeros."""
+    a = np.asarray(list(values), dtype=np.float64) * scale
+    if a.size == 0:
+        return {"count": 0, "mean": 0.0, "min": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0,
+                "max": 0.0}
+    out: dict[str, float | int] = {"count": int(a.size), "mean": float(a.mean()),
+                                   "min": float(a.min())}
+    for q, v in zip(PERCENTILES, np.percentile(a, PERCENTILES), strict=True):
+        out[f"p{q}"] = float(v)
+    out["max"] = float(a.max())
+    return out
+
+
+def counts_diff(after: Mapping[Any, int], before: Mapping[Any, int]) -> dict[str, int]:
+    """``after - before`` for two cumulative count maps (keys as strings, zeros dropped)."""
+    out: dict[str, int] = {}
+    for k, v in after.items():
+        d = int(v) - int(before.get(k, 0))
+        if d:
+            out[str(k)] = d
+    return dict(sorted(out.items(), key=lambda kv: float(kv[0])))
+
+
+def package_version(name: str) -> str | None:
+    """Installed version of ``name`` without importing it (torch takes seconds)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    """The CPU model name from ``/proc/cpuinfo`` (``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """What a reader needs to weigh the numbers: cores, CPU, OS and library versions."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count() or 1
+    mem = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = round(int(line.split()[1]) / (1 << 20), 1)
+    except OSError:
+        pass
+    return {
+        "nproc": usable,
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "memory_gib": mem,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "torch": package_version("torch"),
+        "pyzmq": package_version("pyzmq"),
+        "xcosd": package_version("xcosd"),
+    }
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str], *, markdown: bool = False,
+          floatfmt: str = ".3g") -> str:
+    """A plain-text (or Markdown) table; floats formatted with ``floatfmt``."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, bool) or v is None:
+            return "" if v is None else str(v)
+        if isinstance(v, float):
+            return format(v, floatfmt)
+        return str(v)
+
+    body = [[cell(v) for v in r] for r in rows]
+    head = [str(h) for h in header]
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in body]
+        return "\n".join(lines)
+    widths = [max(len(head[i]), *(len(r[i]) for r in body)) if body else len(head[i])
+              for i in range(len(head))]
+    fmt = "  ".join(f"{{:>{w}}}" if i else f"{{:<{w}}}" for i, w in enumerate(widths))
+    return "\n".join([fmt.format(*head), *(fmt.format(*r) for r in body)])
