@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= models,fast,bench,dev
+# the suite is CPU-bound (statistical exactness tests): one worker per core
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: setup test demo lint bench clean
 
@@ -18,7 +20,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 test: setup
-	$(BIN)/python -m pytest -q; rc=$$?; \
+	$(BIN)/python -m pytest -q -n $(JOBS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo 'pytest ran no tests' >&2; exit 1; fi; exit $$rc
 
 demo: setup
