@@ -256,7 +256,8 @@ class CloudNode:
         if msg.TYPE == "error":
             self.counters["errors_sent"] += 1
         try:
-            await asyncio.wait_for(self._listener.send(conn.peer, pack(msg)), SEND_TIMEOUT_S)
+            async with asyncio.timeout(SEND_TIMEOUT_S):  # no task per send, unlike wait_for
+                await self._listener.send(conn.peer, pack(msg))
         except (TransportError, TimeoutError) as e:
             # the peer is gone or does not read: drop the message, count it
             self.counters["dropped"] += 1

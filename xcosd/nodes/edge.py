@@ -30,7 +30,7 @@ from typing import Any
 from ..codecs.frames import Limits, decode_message, message_bytes, stream_overhead
 from ..errors import ProtocolError, TransportError, XcosdError
 from ..methods import Method, Space, get_method
-from ..models.base import LanguageModel
+from ..models.base import ContextModel, LanguageModel
 from ..protocol import pack
 from ..protocol.edge import (
     Drafter,
@@ -87,7 +87,9 @@ class EdgeNode:
     vocabulary if the device has it (else it is fetched from the cloud once per
     connection). ``link``: emulate a link (a :class:`~xcosd.transport.LinkSpec`);
     ``model_link``: the link used for modeled time (defaults to ``link``).
-    ``curve``: a :class:`~xcosd.transport.CurveClient`.
+    ``curve``: a :class:`~xcosd.transport.CurveClient`. ``draft_thread``: draft in a
+    worker thread so the event loop stays free (default: yes, except for the cheap
+    pure-Python context models).
     """
 
     def __init__(self, draft: LanguageModel, connect: str = "tcp://127.0.0.1:5555", *,
@@ -98,7 +100,7 @@ class EdgeNode:
                  target_vocab: Vocabulary | None = None, heartbeat_s: float | None = None,
                  timeout_s: float = 15.0, connect_timeout_s: float = 30.0,
                  busy_retry_s: float = 0.05, name: str = "xcosd-edge",
-                 max_message_bytes: int = 256 << 20,
+                 max_message_bytes: int = 256 << 20, draft_thread: bool | None = None,
                  transport_options: dict[str, Any] | None = None,
                  **method_options: Any) -> None:
         self.draft = draft
@@ -135,6 +137,10 @@ class EdgeNode:
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-draft")
         self._jobs: set[Future[Any]] = set()
+        # a pure-Python context model (n-gram, table) drafts in well under a millisecond:
+        # handing each round to a thread costs more (GIL hand-offs) than it saves
+        self.draft_thread = (not isinstance(draft, ContextModel) if draft_thread is None
+                             else bool(draft_thread))
         self._last_rx = 0.0
         self._closed = False
         self._overhead: Callable[[list[Any]], int] = lambda frames: 0
@@ -412,6 +418,8 @@ class EdgeNode:
             max_draft=welcome.limits.max_draft, seed=seed)
 
     async def _in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if not self.draft_thread:
+            return fn(*args)
         job = self._executor.submit(fn, *args)
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)

@@ -174,11 +174,10 @@ class Scheduler:
         self._wake.set()
 
     def cancel(self, session: CloudSession) -> None:
-        """Drop ``session``'s queued work (it closed or vanished)."""
-        n = len(self._queue)
-        if n:
-            self._queue = deque(r for r in self._queue if r.session is not session)
-            self.stats.cancelled += n - len(self._queue)
+        """Drop ``session``'s queued work (it closed or vanished). The request stays in
+        the deque and is skipped when batches are formed (the session is marked
+        closed), so cancelling costs O(1) however long the queue is."""
+        session.phase = "closed"
 
     def free(self, session: CloudSession) -> None:
         """Free the model state of a finished session. The worker thread does it
@@ -241,7 +240,11 @@ class Scheduler:
                     await asyncio.wait_for(self._wake.wait(), left)
         batch: list[ScoreNeeded] = []
         while self._queue and len(batch) < self.max_batch:
-            batch.append(self._queue.popleft())
+            req = self._queue.popleft()
+            if req.session.closed:
+                self.stats.cancelled += 1
+                continue
+            batch.append(req)
         return batch
 
     async def _run(self) -> None:
