@@ -1,0 +1,139 @@
+"""CloudNode and EdgeNode over real ZeroMQ (and TCP) on loopback: many edges, the
+batching scheduler, per-call overrides, streaming, limits, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import xcosd
+from xcosd.errors import VocabError
+from xcosd.methods import METHODS
+from xcosd.vocab import Vocabulary
+
+from .session_pairs import TARGET_EOS, greedy_decode, pair
+
+
+async def test_64_edges_against_one_cloud_greedy() -> None:
+    target, draft = pair()
+    prompts = ["", "a", "ab", "abc", "cd", "dd", "bca", "ca"]
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", max_batch=32,
+                               max_wait_s=0.005) as cloud:
+        edges = [xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, temperature=0.0,
+                                method=list(METHODS)[i % 7]) for i in range(64)]
+        try:
+            await asyncio.gather(*[e.start() for e in edges])
+            results = await asyncio.gather(*[
+                e.generate(prompts[i % 8], max_new_tokens=24) for i, e in enumerate(edges)])
+        finally:
+            await asyncio.gather(*[e.close() for e in edges])
+        stats = cloud.stats()
+    for i, r in enumerate(results):
+        assert r.token_ids == greedy_decode(target, prompts[i % 8], 24), i
+        assert r.text == target.vocab.decode(r.token_ids).decode()
+    hist = stats["scheduler"]["batch_size_histogram"]
+    assert max(hist) > 1, hist
+    assert stats["sessions_opened"] == 64 and stats["sessions_active"] == 0
+
+
+@pytest.mark.parametrize("transport", ["zmq", "tcp"])
+async def test_generate_stream_and_stats(transport: str) -> None:
+    target, draft = pair(eos_mass=0.02)
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0",
+                               transport=transport) as cloud:
+        assert not cloud.endpoint.endswith(":0")
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, transport=transport,
+                                  method="xcosd-e", codec="f32") as edge:
+            res = await edge.generate("ab", max_new_tokens=40, temperature=1.0, top_k=0,
+                                      top_p=1.0, seed=7)
+            again = await edge.generate("ab", max_new_tokens=40, seed=7)
+            assert again.token_ids == res.token_ids  # same seed, same tokens
+            pieces = [p async for p in edge.stream("ab", max_new_tokens=40, seed=7)]
+            assert "".join(pieces) == res.text
+            empty = await edge.generate("", max_new_tokens=5, seed=1)
+            zero = await edge.generate("abc", max_new_tokens=0)
+            other = await edge.generate("ab", max_new_tokens=30, method="xcosd", codec="q8",
+                                        draft_len=2, hr_presample=False, seed=3)
+    st = res.stats
+    assert res.token_ids and all(0 <= t < target.vocab.size for t in res.token_ids)
+    assert res.text == target.vocab.decode(res.token_ids).decode()
+    assert st.tokens == len(res.token_ids) <= 40
+    assert st.finish_reason in ("length", "stop")
+    if st.finish_reason == "stop":
+        assert res.token_ids[-1] == TARGET_EOS
+    assert st.rounds == st.target_calls > 0
+    assert st.acceptance_rate == pytest.approx(st.accepted / st.drafted)
+    assert st.mean_acceptance_length == pytest.approx(1 + st.accepted / st.rounds)
+    assert st.uplink_by_type["draft"] > 0 and st.downlink_by_type["verdict"] > 0
+    assert st.uplink_bytes == sum(st.uplink_by_type.values())
+    assert st.wall_s > 0 and st.cloud_compute_s > 0
+    assert len(empty.token_ids) <= 5 and zero.token_ids == [] and zero.text == ""
+    assert other.stats.method == "xcosd" and other.stats.codec == "q8"
+    assert other.stats.drafted <= 2 * other.stats.rounds
+
+
+async def test_modeled_time_uses_the_link() -> None:
+    target, draft = pair()
+    link = xcosd.LinkSpec.of(up_bps=1e6, down_bps=1e6, rtt_s=0.01)
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud, \
+            xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, link=link) as edge:
+        res = await edge.generate("a", max_new_tokens=10, seed=2)
+    st = res.stats
+    # every message costs at least RTT/2 plus its bytes at 1 Mbps
+    floor = (st.messages_up + st.messages_down - 1) * 0.005
+    assert st.modeled_s >= floor
+    assert st.wall_s >= 0.01 * st.rounds  # the emulated link really delayed the rounds
+
+
+async def test_wrong_target_vocabulary_is_refused() -> None:
+    target, draft = pair()
+    other = Vocabulary("other", [b"x", b"y", b"z"])
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud:
+        edge = xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, target_vocab=other,
+                              connect_timeout_s=2)
+        with pytest.raises(VocabError):
+            await edge.start()
+        await edge.close()
+        # with the right one given, nothing is fetched from the cloud
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint,
+                                  target_vocab=target.vocab) as edge2:
+            res = await edge2.generate("a", max_new_tokens=4)
+            assert len(res.token_ids) == 4
+        assert "vocab" not in cloud.stats()["bytes"]["down"]
+
+
+async def test_busy_cloud_makes_edges_wait_not_fail() -> None:
+    target, draft = pair()
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", max_sessions=2) as cloud:
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint,
+                                  busy_retry_s=0.01) as edge:
+            results = await asyncio.gather(*[edge.generate("a", max_new_tokens=20, seed=i)
+                                             for i in range(8)])
+        stats = cloud.stats()
+    assert all(len(r.token_ids) == 20 for r in results)
+    assert sum(r.stats.busy_retries for r in results) > 0
+    assert stats["errors_by_code"].get("busy", 0) > 0
+
+
+async def test_prometheus_endpoint() -> None:
+    target, draft = pair()
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", metrics_port=0) as cloud:
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as edge:
+            await edge.generate("a", max_new_tokens=10)
+        url = cloud.metrics_endpoint
+        assert url is not None
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        body = (await reader.read()).decode()
+        writer.close()
+        await writer.wait_closed()
+    assert body.startswith("HTTP/1.1 200")
+    for name in ("xcosd_spec_decode_num_accepted_tokens_total",
+                 "xcosd_spec_decode_num_draft_tokens_total", "xcosd_batch_size_bucket",
+                 "xcosd_num_sessions_running", "xcosd_wire_bytes_total"):
+        assert name in body
+    drafted = [ln for ln in body.splitlines()
+               if ln.startswith("xcosd_spec_decode_num_draft_tokens_total ")]
+    assert float(drafted[0].split()[1]) > 0
