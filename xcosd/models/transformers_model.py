@@ -117,10 +117,16 @@ class TransformersModel:
     def from_pretrained(cls, path: str | Path, *, gguf_file: str | None = None,
                         device: str = "cpu", dtype: str | torch.dtype | None = None,
                         name: str | None = None, attn_implementation: str | None = None,
-                        **kw: Any) -> TransformersModel:
+                        threads: int | None = None, **kw: Any) -> TransformersModel:
         """Load a local model directory (``config.json``, weights, tokenizer), or
-        the GGUF file ``gguf_file`` inside ``path``. Never downloads."""
+        the GGUF file ``gguf_file`` inside ``path``. Never downloads.
+
+        ``threads`` sets torch's intra-op thread count (process-wide): on a small,
+        shared CPU one thread per forward is often faster than oversubscribing.
+        """
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        if threads is not None:
+            torch.set_num_threads(max(1, int(threads)))
         try:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as e:
