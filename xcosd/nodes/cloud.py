@@ -97,6 +97,7 @@ class CloudNode:
         self._last_seen: dict[bytes, float] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._metrics: Any = None
+        self._closed = False
         self._started_at = 0.0
         self.counters: dict[str, Any] = {
             "sessions_opened": 0, "sessions_closed": 0, "sessions_timed_out": 0,
@@ -141,7 +142,11 @@ class CloudNode:
         return self
 
     async def close(self) -> None:
-        """Stop serving: cancel the tasks, close the socket, stop the worker thread."""
+        """Stop serving: cancel the tasks, close the socket, stop the worker thread.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

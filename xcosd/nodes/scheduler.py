@@ -200,6 +200,8 @@ class Scheduler:
         return score_batch(self.model, batch) if batch else []
 
     async def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
         if self._task is not None:
             self._task.cancel()
