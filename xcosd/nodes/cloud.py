@@ -103,7 +103,7 @@ class CloudNode:
             "sessions_opened": 0, "sessions_closed": 0, "sessions_timed_out": 0,
             "sessions_failed": 0, "rounds": 0, "draft_tokens": 0, "accepted_tokens": 0,
             "emitted_tokens": 0, "follow_ups": 0, "messages": 0, "errors_sent": 0,
-            "dropped": 0, "peers_dropped": 0, "errors_by_code": {},
+            "dropped": 0, "peers_dropped": 0, "internal_errors": 0, "errors_by_code": {},
         }
 
     # -- lifecycle -------------------------------------------------------------
@@ -191,6 +191,7 @@ class CloudNode:
             try:
                 await self._handle(peer, frames)
             except Exception:  # a bug must not take the cloud down
+                self.counters["internal_errors"] += 1
                 log.exception("handling a message from %s failed", bytes(peer).hex())
 
     async def _handle(self, peer: bytes, frames: list[bytes]) -> None:

@@ -25,6 +25,7 @@ Session phases::
 from __future__ import annotations
 
 import codecs
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,6 +148,23 @@ class EdgeHandshake:
 # ------------------------------------------------------------------------ drafter
 
 
+def _draft_prompt(model: LanguageModel, prompt: str) -> list[int]:
+    """The prompt in draft ids. The draft only conditions on it, so a prompt the draft
+    tokenizer cannot fully cover is split around the bytes it lacks (worse drafts,
+    never a wrong output: the cloud tokenises the prompt for the target)."""
+    if not prompt:
+        return []
+    try:
+        return [int(i) for i in model.tokenize(prompt)]
+    except VocabError:
+        vocab = model.vocab
+        out: list[int] = []
+        for ch in prompt:
+            with contextlib.suppress(VocabError):
+                out.extend(vocab.encode_bytes(ch.encode("utf-8")))
+        return out
+
+
 class Drafter:
     """The device's draft model, kept in step with the generation in draft ids.
 
@@ -160,7 +178,7 @@ class Drafter:
         self.model = model
         self.vmap = vmap
         self.params = params
-        self.prompt_ids = list(model.tokenize(prompt)) if prompt else []
+        self.prompt_ids = _draft_prompt(model, prompt)
         self.session: Session | None = None
         self.length = len(self.prompt_ids)  # draft context length once settled
         self._keep: int | None = None
