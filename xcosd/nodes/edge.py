@@ -359,10 +359,13 @@ class EdgeNode:
                        method: str | None = None, codec: str | None = None,
                        draft_len: int | None = None, temperature: float | None = None,
                        top_k: int | None = None, top_p: float | None = None,
-                       seed: int | None = None, **method_options: Any) -> GenerationResult:
+                       seed: int | None = None, on_text: Callable[[str], None] | None = None,
+                       **method_options: Any) -> GenerationResult:
         """Generate up to ``max_new_tokens`` target tokens after ``prompt`` (stops early at
-        the target's end-of-sequence token). ``token_ids`` are target ids."""
-        return await self._generate(prompt, max_new_tokens, None, method=method, codec=codec,
+        the target's end-of-sequence token). ``token_ids`` are target ids. ``on_text``,
+        if given, is called with each piece of text as it is committed (streaming
+        with the full result at the end)."""
+        return await self._generate(prompt, max_new_tokens, on_text, method=method, codec=codec,
                                     draft_len=draft_len, temperature=temperature, top_k=top_k,
                                     top_p=top_p, seed=seed, options=method_options)
 
