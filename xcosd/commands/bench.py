@@ -164,20 +164,21 @@ def _add_methods(bsub: Any) -> None:
 
 
 def run_methods(args: argparse.Namespace) -> int:
-    from ..bench import methods as mb
+    from ..bench.methods import MethodsConfig, format_report, plot_report
+    from ..bench.methods import run_methods as run_grid
 
-    cfg = mb.MethodsConfig(
+    cfg = MethodsConfig(
         pairs=_split(args.pairs), methods=_split(args.methods), codecs=_split(args.codecs),
         warpers=_split(args.warpers), prompts=args.prompts, tokens=args.tokens,
         real_tokens=args.real_tokens, draft_len=args.draft_len,
         rates_mbps=[float(x) for x in _split(args.rates)], rtt_ms=args.rtt_ms,
         tv_trials=args.tv_trials, tv_contexts=args.tv_contexts, live_rate_mbps=args.live_rate,
         live=args.live, seed=args.seed)
-    rep = mb.run_methods(cfg, progress=args.progress)
+    rep = run_grid(cfg, progress=args.progress)
     rep["command"] = "xcosd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "xcosd bench methods"
-    print(mb.format_report(rep))
+    print(format_report(rep))
     if args.plots:
-        mb.plot_report(rep, args.plots)
+        plot_report(rep, args.plots)
     if args.json:
         _write_json(args.json, rep)
     return 0

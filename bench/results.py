@@ -1,0 +1,390 @@
+"""Write ``docs/RESULTS.md`` and its plots (``docs/img/*.png``) from ``bench/out/*.json``.
+
+    .venv/bin/python -m bench.results
+
+Nothing in RESULTS.md is typed by hand: every number comes from the JSON the
+benches wrote, and every sentence that compares numbers is computed from them
+(which method is fastest at a rate, whether a TV is above its noise ...). Missing
+JSON files are reported as missing, not invented.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from xcosd.bench import plots
+from xcosd.bench.load import SCALING_HEADER, scaling_rows
+from xcosd.bench.methods import format_report, merge_reports
+from xcosd.bench.report import machine, table
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out"
+DOC = ROOT / "docs" / "RESULTS.md"
+IMG = ROOT / "docs" / "img"
+
+#: a TV estimate counts as "above noise" beyond this many standard errors
+TV_SIGMAS = 3.0
+
+
+def _load(name: str) -> Any:
+    p = OUT / name
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _img(path: Path, alt: str) -> str:
+    return f"![{alt}](img/{path.name})"
+
+
+def _f(v: float | None, spec: str = ".1f") -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+# ------------------------------------------------------------------ sections
+
+
+def section_machine(run: Any, rep_machine: dict[str, Any] | None) -> list[str]:
+    m = rep_machine or machine()
+    lines = ["## Machine and commands", "",
+             f"- CPU: {m.get('cpu_model')}, {m.get('nproc')} usable cores "
+             f"(`nproc`), {m.get('memory_gib')} GiB memory; {m.get('platform')}",
+             f"- Python {m.get('python')}, numpy {m.get('numpy')}, torch {m.get('torch')}, "
+             f"pyzmq {m.get('pyzmq')}, xcosd {m.get('xcosd')}",
+             "- The machine is shared and noisy: compare numbers within one run (ratios), not "
+             "across runs.", ""]
+    if run:
+        lines += ["`make bench` ran these steps (`python` is the project's virtualenv "
+                  "interpreter):", ""]
+        rows = [[s["name"], f"`{s['command']}`", s["rc"], f"{s['wall_s']:.0f}"]
+                for s in run["steps"]]
+        lines += [table(rows, ["step", "command", "exit", "seconds"], markdown=True), "",
+                  f"Total: {run['total_s'] / 60:.1f} minutes.", ""]
+    else:
+        lines += ["(bench/out/run_all.json is missing: the steps were run by hand.)", ""]
+    return lines
+
+
+def section_load(rep: Any) -> list[str]:
+    if rep is None:
+        return ["## Load test", "", "bench/out/load.json is missing.", ""]
+    c = rep["config"]
+    paths = plots.load_plots(rep, IMG)
+    lat = [[name, *(f"{rep[key][q]:.1f}" for q in ("p50", "p90", "p99", "max")),
+            rep[key]["count"]]
+           for name, key in (("per token", "token_latency_ms"), ("round", "round_latency_ms"),
+                             ("time to first token", "ttft_ms"),
+                             ("time per output token", "tpot_ms"),
+                             ("queue wait (cloud)", "queue_wait_ms"))]
+    pd = rep["per_device_tokens_per_s"]
+    err = ", ".join(f"{k} {v}" for k, v in rep["errors"].items())
+    idl = rep.get("ideal") or {}
+    errs = "**zero errors**" if rep["errors_total"] == 0 else f"{rep['errors_total']} errors"
+    lines = [
+        f"## Load test: {rep['devices']} devices", "",
+        f"Command: `{rep.get('command', 'xcosd bench load')}`", "",
+        f"{rep['devices']} closed-loop devices ({c['procs']} device process(es), each device a "
+        f"real `EdgeNode` with its own {c['transport']} connection) against one `CloudNode` "
+        f"serving `{c['target']}` (draft `{rep['draft']}`), method {c['method']}/{c['codec']}, "
+        f"{c['max_new_tokens']} tokens per generation, batching "
+        f"{'on (max ' + str(c['max_batch']) + ')' if c['batching'] else 'off'}; "
+        f"{c['warmup_s']:g} s warm-up excluded, {rep['window_s']:.1f} s measured.", "",
+        table([["tokens/s (aggregate)", f"{rep['tokens_per_s']:,.1f}"],
+               ["rounds/s (aggregate)", f"{rep['rounds_per_s']:,.1f}"],
+               ["tokens/s per device (min / p50 / max)",
+                f"{pd['min']:.1f} / {pd['p50']:.1f} / {pd['max']:.1f}"],
+               ["acceptance rate / mean acceptance length",
+                f"{rep['acceptance_rate']:.3f} / {rep['mean_acceptance_length']:.2f}"],
+               ["bytes per token up / down (wire)",
+                f"{rep['bytes']['up_per_token']:.1f} / {rep['bytes']['down_per_token']:.1f}"],
+               ["cloud batches / mean size / busy",
+                f"{rep['batches']} / {rep['mean_batch_size']:.1f} / "
+                f"{100 * rep['cloud']['busy_fraction']:.0f}%"],
+               ["ideal tokens/s (cost model) / efficiency",
+                f"{_f(idl.get('tokens_per_s'), ',.1f')} / {_f(idl.get('efficiency'), '.2f')}"],
+               ["errors", f"{rep['errors_total']} ({err})"]],
+              ["metric", "value"], markdown=True), "",
+        table(lat, ["latency (ms)", "p50", "p90", "p99", "max", "samples"], markdown=True), "",
+        *(_img(p, p.stem) for p in paths), "",
+        (f"The run finished with {errs} "
+         f"over {rep['generations']['started']} generations. Per-token latency is a round's "
+         f"wall time divided by the tokens it committed (one sample per token); its median "
+         f"{rep['token_latency_ms']['p50']:.1f} ms is below the median round latency "
+         f"{rep['round_latency_ms']['p50']:.1f} ms because each round commits "
+         f"{rep['tokens_per_round']:.2f} tokens on average. The cloud ran "
+         f"{rep['batches']} batches of {rep['mean_batch_size']:.1f} sessions on average "
+         f"and was computing {100 * rep['cloud']['busy_fraction']:.0f}% of the window; the "
+         f"rest of each round is queueing ({rep['queue_wait_ms']['p50']:.1f} ms median) and "
+         f"the devices' own drafting and messaging."), "",
+    ]
+    return lines
+
+
+def section_scaling(sc: Any) -> list[str]:
+    if sc is None:
+        return ["## Scaling", "", "bench/out/load_scaling.json is missing.", ""]
+    path = plots.scaling_plot(sc, IMG / "load_scaling.png")
+    rows = scaling_rows(sc)
+    shown = [[r[0], r[1], f"{r[2]:,.1f}", _f(r[3], ",.1f"), _f(r[4], ".2f"), f"{r[5]:.1f}",
+              f"{r[6]:.1f}", f"{r[7]:.1f}", r[8], _f(r[9], ".2f")] for r in rows]
+    base = sc["base"]
+    pts = sc["points"]
+    on = {p["devices"]: p for p in pts if p["config"]["batching"]}
+    off = {p["devices"]: p for p in pts if not p["config"]["batching"]}
+    gains = {n: on[n]["tokens_per_s"] / off[n]["tokens_per_s"]
+             for n in on if n in off and off[n]["tokens_per_s"] > 0}
+    best_n = max(gains, key=lambda n: gains[n]) if gains else None
+    effs = [(p["devices"], p["config"]["batching"], (p.get("ideal") or {}).get("efficiency"))
+            for p in pts]
+    effs_on = [(n, e) for n, b, e in effs if b and e is not None]
+    total_err = sum(p["errors_total"] for p in pts)
+    a_ms = 1e3 * ((pts[0].get("ideal") or {}).get("a_s") or 0.0)
+    b_ms = 1e3 * ((pts[0].get("ideal") or {}).get("b_s") or 0.0)
+    para = [
+        f"Target `{base['target']}`: every target call costs a = {a_ms:g} ms plus "
+        f"b = {b_ms:g} ms per returned row (a session with d drafts returns d + 1 rows). "
+        "For a batch of B sessions with r rows each and L tokens per round, the ideal "
+        "closed-loop throughput is B·L / (a + b·B·r) with B = min(devices, max batch) "
+        "(B = 1 without batching); *efficiency* is measured / ideal, the share of the cost "
+        "model's best that the scheduler, the protocol and the devices deliver.",
+    ]
+    if gains:
+        para.append(
+            "Batching multiplies throughput by "
+            + ", ".join(f"{gains[n]:.2f}x at {n}" for n in sorted(gains))
+            + f" devices (largest at {best_n}). Without batching the cloud serves one "
+            "session per call, so throughput stays flat at the single-session rate however "
+            "many devices wait.")
+    if effs_on:
+        lo = min(effs_on, key=lambda t: t[1])
+        hi = max(effs_on, key=lambda t: t[1])
+        fill = ", ".join(f"{100 * on[n]['mean_batch_size'] / min(n, on[n]['config']['max_batch']):.0f}%"
+                         f" at {n}" for n in sorted(on) if n > 1)
+        para.append(
+            f"With batching, efficiency ranges from {lo[1]:.2f} ({lo[0]} devices) to "
+            f"{hi[1]:.2f} ({hi[0]} devices). The mean batch holds {fill} of the devices the "
+            "ideal assumes in every batch: closed-loop devices whose verdict arrives while a "
+            "batch computes wait for the next one, so batches are smaller than the device "
+            "count and the fixed cost a is paid more often than in the ideal.")
+    para.append(f"Errors over the whole sweep: {total_err}.")
+    return ["## Scaling: devices x batching", "",
+            f"Command: `{sc.get('command', 'xcosd bench load --scaling ...')}` "
+            f"({base['duration_s']:g} s measured after {base['warmup_s']:g} s warm-up per point).",
+            "", table(shown, SCALING_HEADER, markdown=True), "", _img(path, "scaling"), "",
+            " ".join(para), ""]
+
+
+def _fastest(records: list[dict[str, Any]], rate: str, lossless_only: bool) -> dict[str, Any]:
+    pool = [r for r in records if r["lossless"] or not lossless_only]
+    return max(pool, key=lambda r: r["modeled_tokens_per_s"].get(rate, 0.0))
+
+
+def _significant(r: dict[str, Any]) -> bool:
+    return (r["tv_to_target"] is not None and r["tv_stderr"] is not None
+            and r["tv_to_target"] > TV_SIGMAS * max(r["tv_stderr"], 1e-12)
+            and r["tv_to_target"] > 0.005)
+
+
+def section_methods(rep: Any) -> list[str]:
+    if rep is None:
+        return ["## Methods", "", "No bench/out/methods*.json.", ""]
+    recs = rep["records"]
+    paths = plots_methods(rep)
+    lines = ["## Methods x codecs x warpers", ""]
+    for run in rep.get("runs", []):
+        lines.append(f"- `{run.get('command')}` ({_f(run.get('elapsed_s'), '.0f')} s)")
+    lines += ["",
+              "Columns: acceptance rate (accepted / drafted), L (mean acceptance length, "
+              "1 + accepted / rounds), target calls per token, wire bytes per token up and "
+              "down (frames plus ZMTP framing, session open and close included), downlink "
+              "bytes per round with a rejection, follow-up round trips per token, the "
+              "measured TV of the output to the target (± standard error; see below), "
+              "modeled tokens/s at each downlink rate with "
+              f"{rep['config']['rtt_ms']:g} ms RTT, and tokens/s measured live through real "
+              "nodes over ZeroMQ with the link emulator.", "",
+              format_report(rep, markdown=True), ""]
+    lines += [_img(p, p.stem) for p in paths] + [""]
+    lines += ["### What the tables show", ""]
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in recs:
+        groups.setdefault((r["pair"], r["warper"]), []).append(r)
+    for (pair, w), rows in groups.items():
+        rates = sorted(rows[0]["modeled_tokens_per_s"], key=float)
+        f32 = {r["method"]: r for r in rows if r["codec"] == "f32"}
+        parts = []
+        fast = []
+        for rate in rates:
+            a = _fastest(rows, rate, True)
+            b = _fastest(rows, rate, False)
+            s = (f"at {rate} Mbps the fastest lossless configuration is {a['method']}/"
+                 f"{a['codec']} ({a['modeled_tokens_per_s'][rate]:.1f} tokens/s)")
+            if b is not a:
+                s += (f", the fastest overall {b['method']}/{b['codec']} "
+                      f"({b['modeled_tokens_per_s'][rate]:.1f}, lossy)")
+            fast.append(s)
+        parts.append("Modeled throughput: " + "; ".join(fast) + ".")
+        sf = f32.get("straightforward")
+        for m in ("xcosd", "xcosd-e"):
+            if sf and m in f32 and sf["downlink_bytes_per_token"] > 0:
+                parts.append(
+                    f"{m} sends {f32[m]['downlink_bytes_per_token'] / sf['downlink_bytes_per_token']:.3g}x "
+                    f"the downlink bytes per token of straightforward (both f32: "
+                    f"{f32[m]['downlink_bytes_per_token']:,.0f} vs "
+                    f"{sf['downlink_bytes_per_token']:,.0f} B/token).")
+        ar = f32.get("ar")
+        if ar:
+            spec = [r for m, r in f32.items() if m != "ar" and r["cloud_calls_per_token"] > 0]
+            if spec:
+                lo = min(spec, key=lambda r: r["cloud_calls_per_token"])
+                hi = max(spec, key=lambda r: r["cloud_calls_per_token"])
+                parts.append(
+                    f"Cloud target calls per token: ar {ar['cloud_calls_per_token']:.2f}; the "
+                    f"drafting methods {lo['cloud_calls_per_token']:.2f} ({lo['method']}) to "
+                    f"{hi['cloud_calls_per_token']:.2f} ({hi['method']}), i.e. "
+                    f"{ar['cloud_calls_per_token'] / hi['cloud_calls_per_token']:.1f}-"
+                    f"{ar['cloud_calls_per_token'] / lo['cloud_calls_per_token']:.1f}x fewer.")
+        sig = sorted({f"{r['method']}/{r['codec']}" for r in rows if _significant(r)})
+        clean = [r for r in rows if r["lossless"] and r["tv_to_target"] is not None
+                 and (r["tv_commit"] or 0.0) == 0.0]
+        if any(r["tv_to_target"] is not None for r in rows):
+            worst = max((abs(r["tv_to_target"]) / max(r["tv_stderr"], 1e-12) for r in clean
+                         if r["tv_stderr"]), default=0.0)
+            parts.append(
+                f"Measured TV above {TV_SIGMAS:g} standard errors: "
+                + (", ".join(sig) if sig else "none")
+                + f". Lossless methods with an exact commit (p* = p) stay within "
+                f"{worst:.1f} standard errors of 0.")
+        live = [r for r in rows if r.get("live")]
+        if live:
+            ratios = [r["live"]["tokens_per_s"] / r["modeled_tokens_per_s"][
+                f"{r['live']['rate_mbps']:g}"] for r in live
+                if r["modeled_tokens_per_s"].get(f"{r['live']['rate_mbps']:g}")]
+            if ratios:
+                parts.append(
+                    f"Live runs at {live[0]['live']['rate_mbps']:g} Mbps reach "
+                    f"{min(ratios):.2f}-{max(ratios):.2f}x the modeled tokens/s (the live "
+                    "path adds the event loop, the draft thread hop and real sleeps).")
+        lines += [f"**{pair}, {w}.** " + " ".join(parts), ""]
+    lines += [
+        "### How the TV to the target is measured", "",
+        "At a few fixed contexts (the prompts), the method's own server and device halves "
+        "run thousands of one-draft rounds on the real model rows, and we record the first "
+        "token each round emits; for a lossless method its law P is exactly the warped "
+        "target row p. The plug-in TV of an empirical distribution over 10^5 tokens is "
+        "dominated by sampling noise, so we use a held-out *witness set*: TV(P, p) = "
+        "max_A P(A) − p(A); half of the trials choose A = {x : P̂(x) > p(x)}, the other "
+        "half estimate P(A) − p(A), and the halves swap roles. This is unbiased for a "
+        "lower bound of TV (exactly 0 in expectation for an exact method) and comes with a "
+        "standard error. Rejections are the costly part, so only a random subset of them "
+        "is resolved, each weighted by rejected / resolved in its half; the estimate stays "
+        "unbiased. `tv_commit` in the JSON is TV(p, p*), the distance the commit rule "
+        "predicts for a lossless method with a lossy codec.", ""]
+    return lines
+
+
+def plots_methods(rep: dict[str, Any]) -> list[Path]:
+    from xcosd.bench.methods import plot_report
+
+    return plot_report(rep, IMG)
+
+
+def section_transport(tr: Any) -> list[str]:
+    if tr is None:
+        return ["## Framework overhead", "", "bench/out/transport.json is missing.", ""]
+    rows = []
+    for payload, block in tr["payloads"].items():
+        res = block["results"]
+        bare = res.get("bare pyzmq", {})
+        for name, v in res.items():
+            rows.append([payload, name, f"{v['p50_us']:.0f}", f"{v['p99_us']:.0f}",
+                         f"{v['msgs_per_s']:,.0f}",
+                         _f(v.get("p50_vs_bare"), ".2f") if name != "bare pyzmq" else "1",
+                         _f(v.get("msgs_per_s_vs_bare"), ".2f") if name != "bare pyzmq" else "1"])
+        del bare
+    zmq_ratios = [(p, b["results"]["xcosd zmq"]["p50_vs_bare"]) for p, b in tr["payloads"].items()
+                  if "xcosd zmq" in b["results"]]
+    text = ("A round trip through xcosd's framing over ZeroMQ takes "
+            + ", ".join(f"{r:.2f}x the bare pyzmq round trip for {p}" for p, r in zmq_ratios)
+            + " (median; same machine, same run). Link emulation and the models add far more "
+            "per round than this.") if zmq_ratios else ""
+    return ["## Framework overhead: xcosd transport vs bare pyzmq", "",
+            "From `python -m bench.transport` (bench/out/transport.json, "
+            f"{tr.get('loop', 'asyncio')} loop).", "",
+            table(rows, ["payload", "stack", "RTT p50 µs", "RTT p99 µs", "msgs/s pipelined",
+                         "p50 vs bare", "msgs/s vs bare"], markdown=True), "", text, ""]
+
+
+def section_codecs(cd: Any) -> list[str]:
+    if cd is None:
+        return []
+    lines = ["## Codecs on real rows", "",
+             f"From `python -m bench.codecs` ({cd['rows']} rows of the {cd['source']}; "
+             f"|V_C| = {cd['n_common']:,}, |V_T| = {cd['n_target']:,}).", ""]
+    for w, block in cd["warpers"].items():
+        rows = [[name, f"{v['bytes_hr']:,.0f}", f"{v['bytes_full']:,.0f}",
+                 f"{v['encode_us']:,.0f}", f"{v['decode_us']:,.0f}", f"{v['tv_full_mean']:.2e}"]
+                for name, v in block["codecs"].items()]
+        lines += [f"**{w}** (mean non-zeros per row {block['nonzero_mean']:,.0f})", "",
+                  table(rows, ["codec", "HR bytes", "full bytes", "encode µs", "decode µs",
+                               "TV(p, p*)"], markdown=True), ""]
+    return lines
+
+
+def section_models(md: Any) -> list[str]:
+    if md is None:
+        return []
+    rows = [[n, f"{v['draft_step_ms']:.3f}", f"{v['verify_ms']:.3f}"]
+            for n, v in md.get("backends", {}).items()]
+    lines = ["## Model costs", "", "From `python -m bench.models` (bench/out/models.json).", "",
+             table(rows, ["backend", "draft step ms", f"verify d+1={md.get('d', 4) + 1} ms"],
+                   markdown=True), ""]
+    a = md.get("acceptance")
+    if a:
+        lines += [f"Default pair acceptance ({a['draft']} -> {a['target']}, {a['method']}, T=1, "
+                  f"d={a['d']}, {a['rounds']} rounds): acceptance rate "
+                  f"{a['acceptance_rate']:.3f}, mean acceptance length "
+                  f"{a['mean_acceptance_length']:.2f}.", ""]
+    return lines
+
+
+def sizes_note(run: Any) -> list[str]:
+    return ["## Sizes used", "",
+            "To fit `make bench` in about 15 minutes on 2 cores the sizes are small: the "
+            "load tests measure 4 s (scaling points) and 8 s (64 devices) after 2 s of "
+            "warm-up; the methods grid runs 6 prompts x 48 tokens at T=1 and greedy (every "
+            "method and codec), 3 prompts x 32 tokens at top-p 0.95 and top-k 50 (5 codecs: "
+            "warping a 128k-256k row costs tens of ms), the real pair 1 prompt x 12 tokens "
+            "(f32, T=1); the TV uses 2000 (1500 at top-p/top-k, 600 for the real pair) "
+            "one-draft rounds per context at 3 contexts (1 for the real pair). Small samples "
+            "make acceptance rates noisy by a few percent; the commands above take larger "
+            "sizes (`--prompts`, `--tokens`, `--tv-trials`, `--duration`).", ""]
+
+
+def main() -> int:
+    IMG.mkdir(parents=True, exist_ok=True)
+    run = _load("run_all.json")
+    load = _load("load.json")
+    scaling = _load("load_scaling.json")
+    method_files = sorted(OUT.glob("methods*.json"))
+    methods = merge_reports([json.loads(p.read_text()) for p in method_files]) if method_files else None
+    rep_machine = (load or scaling or methods or {}).get("machine") if (load or scaling or methods) else None
+    doc = ["# xcosd benchmark results", "",
+           "Generated by `bench/results.py` from `bench/out/*.json` (written by "
+           "`make bench`, i.e. `python -m bench.run_all`). Do not edit by hand: rerun "
+           "`make bench`.", ""]
+    doc += section_machine(run, rep_machine)
+    doc += section_load(load)
+    doc += section_scaling(scaling)
+    doc += section_methods(methods)
+    doc += section_transport(_load("transport.json"))
+    doc += section_codecs(_load("codecs.json"))
+    doc += section_models(_load("models.json"))
+    doc += sizes_note(run)
+    DOC.write_text("\n".join(doc).rstrip() + "\n")
+    print(f"wrote {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""Everything ``make bench`` runs, in order, then ``docs/RESULTS.md``.
+
+    .venv/bin/python -m bench.run_all [--skip-real] [--only STEP,...]
+
+Each step is a separate process (a crash or a hung model cannot take the others
+down) whose exact command line, exit status and wall time are saved in
+``bench/out/run_all.json``; ``bench/results.py`` prints them in RESULTS.md. The
+sizes below were chosen so the whole run fits in about 15 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out"
+IMG = ROOT / "docs" / "img"
+PY = sys.executable
+XCOSD = [PY, "-m", "xcosd"]
+
+ALL_LOSSLESS_AND_LOSSY = "ar,sd-uplink,straightforward,xcosd,xcosd-e,target-resample,greedy-resample,uhlm"
+
+
+def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
+    """(name, argv) of every step."""
+    out = str(OUT)
+    s: list[tuple[str, list[str]]] = [
+        ("models", [PY, "-m", "bench.models", "--rounds", "200"]),
+        ("codecs", [PY, "-m", "bench.codecs", "--rows", "8"]),
+        ("transport", [PY, "-m", "bench.transport"]),
+        ("load-scaling", [*XCOSD, "bench", "load", "--scaling", "1,4,16,64,256", "--duration", "4",
+                          "--warmup", "2", "--json", f"{out}/load_scaling.json",
+                          "--no-progress"]),
+        ("load-64", [*XCOSD, "bench", "load", "-n", "64", "--duration", "8", "--warmup", "2",
+                     "--json", f"{out}/load.json", "--no-progress"]),
+        # every method x codec at T=1 and greedy: cheap warpers, the full grid
+        ("methods-dense", [*XCOSD, "bench", "methods", "--warpers", "T=1,greedy",
+                           "--prompts", "6", "--tokens", "48", "--tv-trials", "2000",
+                           "--json", f"{out}/methods_dense.json", "--no-progress"]),
+        # top-p / top-k: warping a 128k-256k row costs tens of ms, so fewer codecs and
+        # tokens (the codecs that matter for sparse rows)
+        ("methods-truncated", [*XCOSD, "bench", "methods", "--warpers", "top-p 0.95,top-k 50",
+                               "--codecs", "f32,q8,sparse,sparse+zstd,topk:64",
+                               "--prompts", "3", "--tokens", "32", "--tv-trials", "1500",
+                               "--live", "none", "--json", f"{out}/methods_truncated.json",
+                               "--no-progress"]),
+    ]
+    if not skip_real:
+        s.append(("methods-real", [*XCOSD, "bench", "methods", "--pairs", "real", "--methods",
+                                   "ar,straightforward,xcosd,xcosd-e,target-resample",
+                                   "--codecs", "f32", "--warpers", "T=1", "--prompts", "1",
+                                   "--real-tokens", "12", "--tv-trials", "600",
+                                   "--tv-contexts", "1", "--live", "none",
+                                   "--json", f"{out}/methods_real.json", "--no-progress"]))
+    s.append(("results", [PY, "-m", "bench.results"]))
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench.run_all", description=__doc__.splitlines()[0])
+    ap.add_argument("--skip-real", action="store_true",
+                    help="skip the SmolLM2 -> Gemma-3 pair (its two models load in minutes)")
+    ap.add_argument("--only", default=None, help="comma list of step names")
+    args = ap.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    IMG.mkdir(parents=True, exist_ok=True)
+    only = set(args.only.split(",")) if args.only else None
+    log_path = OUT / "run_all.json"
+    done: dict[str, dict[str, object]] = {}
+    if only is not None and log_path.exists():
+        done = {s["name"]: s for s in json.loads(log_path.read_text()).get("steps", [])}
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "MPLBACKEND": "Agg"}
+    t_all = time.perf_counter()
+    failed = 0
+    for name, cmd in steps(args.skip_real):
+        if only is not None and name not in only:
+            continue
+        shown = " ".join(shlex.quote(c) for c in cmd).replace(PY, "python")
+        print(f"== {name}: {shown}", flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.call(cmd, cwd=ROOT, env=env)
+        wall = time.perf_counter() - t0
+        print(f"== {name}: exit {rc} in {wall:.1f} s", flush=True)
+        failed += rc != 0
+        done[name] = {"name": name, "command": shown, "rc": rc, "wall_s": wall}
+        order = [n for n, _ in steps(args.skip_real)]
+        log = {"steps": sorted(done.values(), key=lambda s: order.index(str(s["name"]))
+                               if s["name"] in order else 99),
+               "total_s": sum(float(s["wall_s"]) for s in done.values())}  # type: ignore[arg-type]
+        log_path.write_text(json.dumps(log, indent=1))
+    print(f"== all steps in {time.perf_counter() - t_all:.1f} s, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
