@@ -85,7 +85,9 @@ class EdgeNode:
     ``M``, ``hr_presample``, ``threshold``) are defaults that every call may
     override; so are the sampling parameters. ``target_vocab``: the target's
     vocabulary if the device has it (else it is fetched from the cloud once per
-    connection). ``link``: emulate a link (a :class:`~xcosd.transport.LinkSpec`);
+    connection); ``vocab_map``: a ready :class:`~xcosd.vocab.VocabMap` (draft, target),
+    so many edges on one machine build it once. ``link``: emulate a link (a
+    :class:`~xcosd.transport.LinkSpec`);
     ``model_link``: the link used for modeled time (defaults to ``link``).
     ``curve``: a :class:`~xcosd.transport.CurveClient`. ``draft_thread``: draft in a
     worker thread so the event loop stays free (default: yes, except for the cheap
@@ -97,7 +99,8 @@ class EdgeNode:
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  transport: str = "zmq", link: LinkSpec | None = None,
                  model_link: LinkSpec | None = None, curve: Any = None,
-                 target_vocab: Vocabulary | None = None, heartbeat_s: float | None = None,
+                 target_vocab: Vocabulary | None = None, vocab_map: VocabMap | None = None,
+                 heartbeat_s: float | None = None,
                  timeout_s: float = 15.0, connect_timeout_s: float = 30.0,
                  busy_retry_s: float = 0.05, name: str = "xcosd-edge",
                  max_message_bytes: int = 256 << 20, draft_thread: bool | None = None,
@@ -124,7 +127,11 @@ class EdgeNode:
         self.limits = Limits(max_bytes=max_message_bytes, max_frames=4096,
                              max_header_bytes=16 << 20)
         self._transport_options = dict(transport_options or {})
-        self._handshake = EdgeHandshake(self._build_map, target_vocab, name)
+        if vocab_map is not None:
+            if vocab_map.draft.fingerprint != draft.vocab.fingerprint:
+                raise ValueError("vocab_map was built for another draft vocabulary")
+            target_vocab = vocab_map.target
+        self._handshake = EdgeHandshake(self._build_map, target_vocab, name, vocab_map)
         self._space: Space | None = None
         self._conn: Connection | None = None
         self._epoch = 0
