@@ -28,13 +28,12 @@ P_MIN = 1e-3
 
 async def _counts(method: str, codec: str, n: int, **options: object) -> tuple[Counter, dict]:
     target, draft = pair()
-    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", max_batch=64) as cloud:
-        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as e1, \
-                xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as e2:
-            edges = (e1, e2)
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", max_batch=64,
+                               max_sessions=2 * n) as cloud:
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as edge:
             results = await asyncio.gather(*[
-                edges[i % 2].generate(PROMPT, max_new_tokens=2, seed=50_000 + i, method=method,
-                                      codec=codec, **options) for i in range(n)])
+                edge.generate(PROMPT, max_new_tokens=2, seed=50_000 + i, method=method,
+                              codec=codec, **options) for i in range(n)])
         stats = cloud.stats()
     counts = Counter((r.token_ids[0], r.token_ids[1]) for r in results)
     return counts, stats
