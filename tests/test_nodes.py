@@ -137,3 +137,25 @@ async def test_prometheus_endpoint() -> None:
     drafted = [ln for ln in body.splitlines()
                if ln.startswith("xcosd_spec_decode_num_draft_tokens_total ")]
     assert float(drafted[0].split()[1]) > 0
+
+
+async def test_curve_admits_allowlisted_devices_only() -> None:
+    from xcosd.errors import TransportError
+
+    target, draft = pair()
+    server, device, stranger = (xcosd.KeyPair.generate() for _ in range(3))
+    curve = xcosd.CurveServer(server, {device.public})
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", curve=curve) as cloud:
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint,
+                                  curve=xcosd.CurveClient(device, server.public)) as edge:
+            res = await edge.generate("ab", max_new_tokens=8, seed=1)
+            assert len(res.token_ids) == 8
+            # CURVE framing is counted in the wire bytes
+            assert res.stats.uplink_bytes > 8 * res.stats.messages_up
+        intruder = xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, connect_timeout_s=0.6,
+                                  timeout_s=0.3,
+                                  curve=xcosd.CurveClient(stranger, server.public))
+        with pytest.raises(TransportError):
+            await intruder.start()
+        await intruder.close()
+        assert cloud.stats()["sessions_opened"] == 1
