@@ -30,7 +30,7 @@ ALL_LOSSLESS_AND_LOSSY = "ar,sd-uplink,straightforward,xcosd,xcosd-e,target-resa
 
 def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
     """(name, argv) of every step."""
-    out = str(OUT)
+    out = "bench/out"  # relative: every step runs in the repository root
     s: list[tuple[str, list[str]]] = [
         ("models", [PY, "-m", "bench.models", "--rounds", "200"]),
         ("codecs", [PY, "-m", "bench.codecs", "--rows", "8"]),

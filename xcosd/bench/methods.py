@@ -27,7 +27,7 @@ from typing import Any
 from ..methods import METHODS
 from ..models.base import LanguageModel
 from ..transport import LinkSpec
-from ..vocab import VocabMap
+from ..vocab import VocabMap, Vocabulary
 from .grid import CODECS, RATES_MBPS, RTT_MS, WARPERS, all_methods, codecs_for
 from .local import LocalLink, LocalStats
 from .report import machine, table
@@ -95,7 +95,30 @@ def load_pair(name: str) -> tuple[LanguageModel, LanguageModel]:
 
     if name == "embedded":
         return default_pair()
-    return load_model("smollm2-135m"), load_model("gemma3-270m")
+    draft = load_model("smollm2-135m")
+    draft.vocab = distinct_roles(draft.vocab)
+    return draft, load_model("gemma3-270m")
+
+
+def distinct_roles(vocab: Vocabulary) -> Vocabulary:
+    """``vocab`` with at most one role per special token.
+
+    SmolLM2's tokenizer names ``<|im_end|>`` both ``eos`` and ``pad``; Gemma-3 has two
+    tokens for them, so :class:`~xcosd.vocab.VocabMap` pairs one draft id with two
+    target ids and the cloud refuses that map. Keeping only the first role of each
+    id (``eos`` before ``pad``) gives a valid one-to-one map.
+    """
+    seen: set[int] = set()
+    roles: dict[str, int] = {}
+    for role in sorted(vocab.roles, key=lambda r: (r != "eos", r != "bos", r)):
+        i = vocab.roles[role]
+        if i not in seen:
+            roles[role] = i
+            seen.add(i)
+    if len(roles) == len(vocab.roles):
+        return vocab
+    return Vocabulary(vocab.name, vocab.tokens, special=vocab.special_ids, roles=roles,
+                      encoder=getattr(vocab, "_encoder", None))
 
 
 def link_for(rate_mbps: float, rtt_ms: float) -> LinkSpec:

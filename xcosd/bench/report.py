@@ -101,7 +101,7 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str], *, markdown: boo
         if isinstance(v, bool) or v is None:
             return "" if v is None else str(v)
         if isinstance(v, float):
-            return format(v, floatfmt)
+            return f"{v:,.0f}" if abs(v) >= 1000 else format(v, floatfmt)
         return str(v)
 
     body = [[cell(v) for v in r] for r in rows]
