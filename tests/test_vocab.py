@@ -126,3 +126,16 @@ def test_cli_vocab_json(capsys):
 def test_unknown_vocabulary():
     with pytest.raises(VocabError, match="unknown vocabulary"):
         Vocabulary.load("no-such-vocab")
+
+
+def test_roles_pair_one_to_one():
+    # one draft token playing eos and eot (and pad), two distinct target tokens
+    draft = Vocabulary("d", [b"a", b"b", b"<end>"], special=[2],
+                       roles={"eos": 2, "eot": 2, "pad": 2})
+    target = Vocabulary("t", [b"<pad>", b"<eos>", b"<eot>", b"a", b"c"], special=[0, 1, 2],
+                        roles={"pad": 0, "eos": 1, "eot": 2})
+    vm = VocabMap(draft, target)
+    assert vm.common_target_ids.tolist() == [1, 3]
+    assert vm.common_draft_ids.tolist() == [2, 0]
+    assert len(set(vm.common_draft_ids.tolist())) == vm.n_common
+    assert vm.other_mask.tolist() == [True, False, True, False, True]

@@ -43,8 +43,11 @@ _QUICKTOK_ROLES: dict[str, dict[str, str]] = {
     "o200k_base": {"eos": "<|endoftext|>"},
 }
 
-#: Roles matched across vocabularies (special tokens are matched by role, not bytes).
+#: Roles a Vocabulary may name.
 SPECIAL_ROLES = ("bos", "eos", "pad", "eot")
+#: Roles that put a special token in V_C (matched by role, not bytes), in priority
+#: order. Only tokens a model *generates* belong there: bos and pad never are.
+MATCHED_ROLES = ("eos", "eot")
 
 
 class Vocabulary:
@@ -271,8 +274,9 @@ class VocabMap:
     """V_C, V_O and the id translation between a draft and a target vocabulary.
 
     V_C holds every regular (non-special) token both vocabularies spell with the
-    same bytes, plus special tokens whose role both vocabularies define (an EOS is
-    an EOS whatever its text). Its fixed order, "V_C order", is ascending target id.
+    same bytes, plus the generated special tokens whose role both vocabularies
+    define (an EOS is an EOS whatever its text), paired one to one. Its fixed
+    order, "V_C order", is ascending target id.
     V_O is every other used target id.
     """
 
@@ -284,9 +288,18 @@ class VocabMap:
             pairs = [(d, t_index[b]) for b, d in d_index.items() if b in t_index]
         else:
             pairs = [(d_index[b], t) for b, t in t_index.items() if b in d_index]
-        for role in SPECIAL_ROLES:
+        # Generated special tokens are matched by role, one to one: a tokenizer that
+        # uses one token for two roles (SmolLM2's <|im_end|> is eos and pad) pairs it
+        # once, with the first role both sides define.
+        used_d = {d for d, _ in pairs}
+        used_t = {t for _, t in pairs}
+        for role in MATCHED_ROLES:
             if role in draft.roles and role in target.roles:
-                pairs.append((draft.roles[role], target.roles[role]))
+                d_id, t_id = draft.roles[role], target.roles[role]
+                if d_id not in used_d and t_id not in used_t:
+                    pairs.append((d_id, t_id))
+                    used_d.add(d_id)
+                    used_t.add(t_id)
         arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
         order = np.argsort(arr[:, 1], kind="stable")
         self.common_draft_ids: np.ndarray = np.ascontiguousarray(arr[order, 0])
