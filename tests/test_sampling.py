@@ -85,3 +85,38 @@ def test_params_validation():
     with pytest.raises(ValueError):
         SamplingParams(top_p=0)
     assert SamplingParams(temperature=0).label() == "greedy"
+
+
+def _reference_top(p: np.ndarray, k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """Full-sort reference: descending probability, ties by lowest id."""
+    out = p.astype(np.float64).copy()
+    for r in range(p.shape[0]):
+        order = sorted(range(p.shape[1]), key=lambda i: (-p[r, i], i))
+        keep = order[:k] if k else order
+        if top_p < 1.0:
+            total, acc, kept = p[r].sum(), 0.0, []
+            for i in order:
+                if acc >= top_p * total and kept:
+                    break
+                kept.append(i)
+                acc += p[r, i]
+            keep = kept
+        mask = np.zeros(p.shape[1], dtype=bool)
+        mask[keep] = True
+        out[r, ~mask] = 0
+    return (out / out.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def test_top_k_top_p_match_a_full_sort_including_ties():
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        size = int(rng.integers(2, 600))
+        p = rng.dirichlet(np.ones(size) * rng.choice([0.05, 1.0]), size=2)
+        if trial % 2:
+            p = np.round(p, 3) + 1e-3  # many exact ties
+        p = p / p.sum(axis=-1, keepdims=True)
+        k = int(rng.integers(1, size + 1))
+        assert np.allclose(warp(p, SamplingParams(top_k=k)), _reference_top(p, k=k), atol=1e-7)
+        tp = float(rng.choice([0.3, 0.9, 0.95, 0.999]))
+        assert np.allclose(warp(p, SamplingParams(top_p=tp)), _reference_top(p, top_p=tp),
+                           atol=1e-7)

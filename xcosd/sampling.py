@@ -120,24 +120,53 @@ def _descending_order(p: np.ndarray) -> np.ndarray:
     return np.argsort(-p, axis=-1, kind="stable")
 
 
+def _top_order(row: np.ndarray, m: int) -> np.ndarray:
+    """The ids of the ``m`` largest entries of ``row``, ordered as
+    :func:`_descending_order` orders them (descending, ties by lowest id).
+
+    A partition finds the ``m``-th largest value in linear time; only the entries
+    at or above it (all of its ties included, so the tie rule is exact) are sorted.
+    """
+    n = row.shape[0]
+    if m >= n:
+        return np.argsort(-row, kind="stable")
+    threshold = np.partition(row, n - m)[n - m]
+    cand = np.flatnonzero(row >= threshold)  # ascending ids
+    return cand[np.argsort(-row[cand], kind="stable")][:m]
+
+
 def _keep_top_k(p: np.ndarray, k: int) -> np.ndarray:
-    order = _descending_order(p)
-    drop = order[:, k:]
-    out = p.copy()
-    np.put_along_axis(out, drop, 0.0, axis=-1)
+    out = np.zeros_like(p)
+    for r in range(p.shape[0]):
+        keep = _top_order(p[r], k)
+        out[r, keep] = p[r, keep]
     return out
 
 
 def _keep_top_p(p: np.ndarray, top_p: float) -> np.ndarray:
-    order = _descending_order(p)
-    sorted_p = np.take_along_axis(p, order, axis=-1)
-    total = sorted_p.sum(axis=-1, keepdims=True)
-    before = np.cumsum(sorted_p, axis=-1) - sorted_p  # mass strictly before each token
-    drop_sorted = before >= top_p * total  # keep the smallest prefix reaching top_p
-    drop_sorted[:, 0] = False
-    drop = np.zeros(p.shape, dtype=bool)
-    np.put_along_axis(drop, order, drop_sorted, axis=-1)
-    return np.where(drop, 0.0, p)
+    """Keep the smallest prefix (descending order) whose mass reaches ``top_p``.
+
+    Looks at the largest 256 entries first and widens only when they do not hold
+    ``top_p`` of the mass, so a peaked row never pays for a full sort.
+    """
+    out = np.zeros_like(p)
+    n = p.shape[-1]
+    for r in range(p.shape[0]):
+        row = p[r]
+        total = row.sum()
+        m = min(n, 256)
+        while True:
+            order = _top_order(row, m)
+            sorted_p = row[order]
+            before = np.cumsum(sorted_p) - sorted_p  # mass strictly before each token
+            drop = before >= top_p * total
+            if drop.any() or m >= n:
+                break
+            m = min(n, 4 * m)
+        drop[0] = False
+        keep = order[~drop]
+        out[r, keep] = row[keep]
+    return out
 
 
 def sample_index(weights: np.ndarray, rng: np.random.Generator) -> int:
