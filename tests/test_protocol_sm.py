@@ -79,3 +79,25 @@ def test_first_two_tokens_follow_the_target(link: LocalLink, method: str) -> Non
     p, tv = chisquare_vs(counts, law, n)
     assert p > 1e-3, (method, p, tv)
     assert tv < 4 / np.sqrt(n) * 2
+
+
+@pytest.mark.parametrize("method", ["xcosd", "xcosd-e", "straightforward", "sd-uplink", "uhlm"])
+def test_the_draft_context_stays_in_step(link: LocalLink, method: str) -> None:
+    """After a generation the draft model's context is the prompt plus each emitted
+    target token in draft spelling (V_C by id, V_O re-tokenised from its bytes)."""
+    es = link.session(method, prompt="abca", max_new_tokens=30, seed=5)
+    for m in link.to_cloud(es.open()):
+        es.receive(m)
+    while not es.done:
+        pending = link.to_cloud(es.next_draft())
+        while pending:
+            out = es.receive(pending.pop(0))
+            for s in out.send:
+                pending += link.to_cloud(s)
+    es.drafter._apply()
+    want = list(es.drafter.prompt_ids)
+    for t in es.token_ids:
+        want += es._draft_ids(t, {})
+    assert es.drafter.session is not None and es.drafter.session.ids == want
+    assert any(es.space.to_common[t] < 0 for t in es.token_ids)  # V_O tokens were in it
+    link.to_cloud(es.close())
