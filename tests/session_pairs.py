@@ -121,8 +121,29 @@ def chisquare_vs(counts: dict[tuple[int, int], int], law: dict[tuple[int, int], 
     return p, tv
 
 
-__all__ = ["DRAFT_EOS", "TARGET_EOS", "bigram_model", "chisquare_vs", "first_two_law",
-           "greedy_decode", "itertools", "pair"]
+async def closed_sessions_settle(cloud, timeout: float = 5.0) -> dict:
+    """The cloud's stats once every session the edges closed is freed: ``close`` is
+    fire-and-forget, so the cloud may still be reading the last ones."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout
+    while cloud.stats()["sessions_active"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return cloud.stats()
+
+
+__all__ = [
+    "DRAFT_EOS",
+    "TARGET_EOS",
+    "bigram_model",
+    "chisquare_vs",
+    "closed_sessions_settle",
+    "first_two_law",
+    "greedy_decode",
+    "itertools",
+    "pair",
+]
 
 
 # ----------------------------------------------------------------- no-network wiring

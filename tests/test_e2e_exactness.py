@@ -20,7 +20,7 @@ from xcosd.methods import LOSSLESS, Space, get_method
 from xcosd.sampling import SamplingParams
 from xcosd.vocab import VocabMap
 
-from .session_pairs import chisquare_vs, first_two_law, pair
+from .session_pairs import chisquare_vs, closed_sessions_settle, first_two_law, pair
 
 PROMPT = "c"
 P_MIN = 1e-3
@@ -34,7 +34,7 @@ async def _counts(method: str, codec: str, n: int, **options: object) -> tuple[C
             results = await asyncio.gather(*[
                 edge.generate(PROMPT, max_new_tokens=2, seed=50_000 + i, method=method,
                               codec=codec, **options) for i in range(n)])
-        stats = cloud.stats()
+        stats = await closed_sessions_settle(cloud)
     counts = Counter((r.token_ids[0], r.token_ids[1]) for r in results)
     return counts, stats
 

@@ -12,7 +12,7 @@ from xcosd.errors import VocabError
 from xcosd.methods import METHODS
 from xcosd.vocab import Vocabulary
 
-from .session_pairs import TARGET_EOS, greedy_decode, pair
+from .session_pairs import TARGET_EOS, closed_sessions_settle, greedy_decode, pair
 
 
 async def test_64_edges_against_one_cloud_greedy() -> None:
@@ -28,7 +28,7 @@ async def test_64_edges_against_one_cloud_greedy() -> None:
                 e.generate(prompts[i % 8], max_new_tokens=24) for i, e in enumerate(edges)])
         finally:
             await asyncio.gather(*[e.close() for e in edges])
-        stats = cloud.stats()
+        stats = await closed_sessions_settle(cloud)
     for i, r in enumerate(results):
         assert r.token_ids == greedy_decode(target, prompts[i % 8], 24), i
         assert r.text == target.vocab.decode(r.token_ids).decode()
