@@ -101,3 +101,27 @@ def test_the_draft_context_stays_in_step(link: LocalLink, method: str) -> None:
     assert es.drafter.session is not None and es.drafter.session.ids == want
     assert any(es.space.to_common[t] < 0 for t in es.token_ids)  # V_O tokens were in it
     link.to_cloud(es.close())
+
+
+def test_session_closed_while_its_round_is_scored() -> None:
+    """A session closed between the draft and the batched forward pass must not
+    break the batch: its outcome is an error the node drops, the others go on."""
+    from xcosd.nodes.scheduler import score_batch
+    from xcosd.protocol import ScoreNeeded
+
+    link = LocalLink(*pair())
+    sessions = [link.session("xcosd", seed=i) for i in range(2)]
+    needs = []
+    for es in sessions:
+        for m in link.to_cloud(es.open()):
+            es.receive(m)
+        out = link.cloud.receive(link.wire(es.next_draft()))
+        needs += [ev for ev in out.events if isinstance(ev, ScoreNeeded)]
+    assert len(needs) == 2
+    link.cloud.end(needs[0].session, "closed")  # the edge went away mid-round
+    outcomes = score_batch(link.target, needs)
+    assert outcomes[0].error is not None and outcomes[0].error.code == "state"
+    assert outcomes[1].error is None
+    assert link.cloud.scored(needs[0].session, outcomes[0]).send == []
+    [verdict] = link.cloud.scored(needs[1].session, outcomes[1]).send
+    assert verdict.TYPE == "verdict"

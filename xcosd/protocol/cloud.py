@@ -257,7 +257,9 @@ class CloudSession:
         forward pass. Never raises: a failure comes back as ``error``.
         """
         draft = self.draft
-        assert draft is not None
+        if draft is None:  # closed while its round was being scored: nothing to verify
+            return RoundOutcome(0, TokenReply(0), None,
+                                ProtocolError("session closed during scoring", code="state"))
         m, sp = self.method, self.space
         try:
             rows = np.asarray(rows, dtype=np.float32)
@@ -266,7 +268,7 @@ class CloudSession:
                 raise InvalidDistribution(
                     f"target returned rows {rows.shape}, expected {(d + 1, sp.target_size)}")
             p = warp(rows, self.params)
-            p_star = np.stack([m.commit_row(p[i], sp) for i in range(d + 1)])
+            p_star = m.commit_rows(p, sp)
             n = m.verify(p_star, draft, sp, self.rng) if d else 0
             if n == d:
                 return RoundOutcome(n, m.bonus(p_star[d], self.rng), None)

@@ -106,7 +106,7 @@ def space_from_upload(msg: VocabMapUpload, target: Vocabulary) -> Space:
     """The cloud's :class:`Space` for an uploaded V_C map, after checking it.
 
     V_C target ids must be strictly ascending used ids of ``target``; draft ids must
-    be inside the draft vocabulary; the fingerprint must be the one the
+    be distinct and inside the draft vocabulary; the fingerprint must be the one the
     arrays give. Anything else is refused with a typed error.
     """
     ct, cd = msg.common_target_ids, msg.common_draft_ids
@@ -116,10 +116,10 @@ def space_from_upload(msg: VocabMapUpload, target: Vocabulary) -> Space:
         raise ProtocolError("vmap: a V_C id is outside the target vocabulary", code="bad_token")
     if np.any(np.diff(ct) <= 0):
         raise ProtocolError("vmap: V_C target ids must be strictly ascending", code="bad_field")
-    # draft ids may repeat: one draft special token can play two roles (eos and eot)
-    # that the target spells with two ids
-    if int(cd.max()) >= msg.draft_size:
-        raise ProtocolError("vmap: a draft id is outside the draft vocabulary", code="bad_token")
+    # one to one: a draft id drafts exactly one target token (VocabMap pairs roles so)
+    if int(cd.max()) >= msg.draft_size or np.unique(cd).shape[0] != cd.shape[0]:
+        raise ProtocolError("vmap: draft ids must be distinct ids of the draft vocabulary",
+                            code="bad_token")
     used = np.array([b is not None for b in target.tokens], dtype=bool)
     if not np.all(used[ct]):
         raise ProtocolError("vmap: V_C names an unused target id", code="bad_token")
