@@ -251,3 +251,13 @@ def test_registry_names() -> None:
             get_codec(bad)
     assert get_codec("topk:5").k == 5  # type: ignore[attr-defined]
     assert get_codec("q8:log").name == "q8"
+
+
+def test_q8_commit_is_idempotent_when_the_grid_choice_would_change() -> None:
+    # committed on one log grid, this vector's cost model prefers another on re-encoding
+    v = np.array([0.25, 0.25, 0.01, 1.0, 0.375, 0.625, 0.1875, 0.125] + [0.75] * 6,
+                 dtype=np.float32)
+    for name in ("q8", "q8+zstd"):
+        c = get_codec(name)
+        once = c.commit(v)
+        assert once.tobytes() == c.commit(once).tobytes()

@@ -165,10 +165,34 @@ class Q8(Codec):
         steps = _choose_steps(v32, scale) if self.kind == "log" else 0
         levels = self._levels(scale, steps)
         codes = self._codes(v32, scale, steps)
+        if self.kind == "log" and not np.array_equal(levels[codes], v32):
+            # A vector that already lies on another grid (a committed vector) keeps
+            # it, so that commit(commit(v)) == commit(v) whatever the cost model says.
+            exact = self._exact_grid(v32, scale, steps)
+            if exact is not None:
+                steps, levels = exact, self._levels(scale, exact)
+                codes = self._codes(v32, scale, steps)
         codes[levels[codes] == 0] = 0  # levels that decode to 0 are sent as 0
         codes[v32 == scale] = 255  # the maximum is kept exactly
         param = _LOG_STEPS.index(steps) if steps else 0
         return _HEAD.pack(scale, param) + codes.tobytes()
+
+    def _exact_grid(self, v32: np.ndarray, scale: float, tried: int) -> int | None:
+        """A log grid on which every entry of ``v32`` is exactly a level, if any.
+
+        A raw model row fails on its first few entries, so the full check runs
+        only for vectors that really came out of this codec.
+        """
+        nz = v32[v32 > 0]
+        sample = nz[:64]
+        for steps in _LOG_STEPS:
+            if steps == tried:
+                continue
+            lv = self._levels(scale, steps)
+            if (np.array_equal(lv[self._codes(sample, scale, steps)], sample)
+                    and np.array_equal(lv[self._codes(nz, scale, steps)], nz)):
+                return steps
+        return None
 
     def decode(self, data: Buffer, n: int) -> np.ndarray:
         mv = memoryview(data).cast("B")
