@@ -125,3 +125,22 @@ def test_session_closed_while_its_round_is_scored() -> None:
     assert link.cloud.scored(needs[0].session, outcomes[0]).send == []
     [verdict] = link.cloud.scored(needs[1].session, outcomes[1]).send
     assert verdict.TYPE == "verdict"
+
+
+def test_greedy_draft_whose_top_token_is_draft_only_still_drafts() -> None:
+    from xcosd.methods import Space, get_method
+    from xcosd.models import TableModel
+    from xcosd.protocol import Drafter
+    from xcosd.vocab import VocabMap
+
+    def draft_probs(ctx):
+        return np.array([0.06, 0.04, 0.9])  # "zz" is the draft's favourite, absent from V_C
+
+    draft = TableModel([b"a", b"b", b"zz"], draft_probs)
+    target = TableModel([b"a", b"b", b"c"], lambda ctx: np.array([0.5, 0.3, 0.2]))
+    vmap = VocabMap(draft.vocab, target.vocab)
+    drafter = Drafter(draft, vmap, SamplingParams(temperature=0), "")
+    ids, q_raw, _ = drafter.draft(3, get_method("xcosd"), Space.from_vocab_map(vmap),
+                                  np.random.default_rng(0))
+    assert ids.tolist() == [0, 0, 0]  # greedy over V_C: "a"
+    assert all(q.tolist() == [1.0, 0.0] for q in q_raw)

@@ -218,7 +218,13 @@ class Drafter:
             try:
                 q = restrict_to_common(warp(row, self.params), cd)
             except InvalidDistribution:
-                break
+                # The warped draft has no mass on V_C (greedy picked a draft-only
+                # token, say): warp the draft's V_C part instead. Any proposal on V_C
+                # keeps the output exact; this one keeps drafting.
+                try:
+                    q = warp(restrict_to_common(row, cd), self.params)
+                except InvalidDistribution:
+                    break
             qr = method.draft_row(q)
             c = sample_index(qr, rng)
             ids.append(int(space.common_ids[c]))
