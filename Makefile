@@ -34,7 +34,7 @@ setup-real: $(REAL_STAMP)
 
 # the tests include the real pair's (marked slow/real): about 2 minutes on one core
 test: setup setup-real
-	$(BIN)/python -m pytest -q -n $(JOBS); rc=$$?; \
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo 'pytest ran no tests' >&2; exit 1; fi; exit $$rc
 
 demo: setup

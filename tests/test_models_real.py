@@ -38,6 +38,11 @@ def pair():
     return load_model("smollm2-135m"), load_model("gemma3-270m")
 
 
+#: every test on the real pair runs in one xdist worker, so the models load once
+real_group = pytest.mark.xdist_group("real-pair")
+
+
+@real_group
 @pytest.mark.slow
 @pytest.mark.real
 @needs_real
@@ -60,6 +65,7 @@ def test_real_vocabularies_and_their_common_vocabulary(pair) -> None:
         assert draft.tokenizer.decode([d]) == word == target.tokenizer.decode([t])
 
 
+@real_group
 @pytest.mark.slow
 @pytest.mark.real
 @needs_real
@@ -86,3 +92,34 @@ def test_real_models_cache_rollback_and_batching(pair) -> None:
         # a sensible continuation from an empty prompt
         r = m.score([(m.start([]), [])])[0][0]
         assert abs(float(r.sum()) - 1) < 1e-4
+
+
+@real_group
+@pytest.mark.slow
+@pytest.mark.real
+@needs_real
+async def test_real_pair_over_zeromq_equals_the_targets_greedy_decode(pair) -> None:
+    """SmolLM2 drafts, Gemma-3 verifies, over real ZeroMQ: at T = 0 the text is
+    exactly Gemma's own greedy continuation, for a lossless method."""
+    import xcosd
+
+    draft, target = pair
+    prompt, n = "The capital of France is", 12
+    s = target.start(target.tokenize(prompt))
+    expected: list[int] = []
+    stops = {target.vocab.roles[r] for r in ("eos", "eot") if r in target.vocab.roles}
+    for _ in range(n):
+        tok = int(np.argmax(target.score([(s, [])])[0][-1]))
+        expected.append(tok)
+        if tok in stops:
+            break
+        target.append(s, [tok])
+    target.end(s)
+    async with (
+        xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud,
+        xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, method="xcosd-e",
+                       target_vocab=target.vocab) as edge,
+    ):
+        res = await edge.generate(prompt, max_new_tokens=n, temperature=0.0, seed=1)
+    assert [t for t in res.token_ids if t not in stops] == [t for t in expected if t not in stops]
+    assert res.stats.drafted > 0 and res.stats.accepted > 0
