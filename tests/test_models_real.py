@@ -33,6 +33,7 @@ def test_missing_package_names_what_to_install(monkeypatch) -> None:
 
 @pytest.fixture(scope="module")
 def pair():
+    """The pair, from the model cache after the first run (a GGUF load is ~90 s)."""
     from xcosd.models import load_model
 
     return load_model("smollm2-135m"), load_model("gemma3-270m")

@@ -139,3 +139,162 @@ def test_bad_ids_and_paths(model: TransformersModel, tmp_path) -> None:
         TransformersModel.from_pretrained(tmp_path)
     with pytest.raises(ModelError):
         TransformersModel.from_gguf(tmp_path / "missing.gguf")
+
+
+# -- GGUF files and the model cache ---------------------------------------------------
+
+
+def write_tiny_gguf(path, *, layers: int = 2, hidden: int = 64, seed: int = 0):
+    """A random-weight Llama in GGUF form, written with the ``gguf`` package: Q8_0
+    matrices (so loading really dequantises) over the byte-level test tokenizer."""
+    import json
+
+    gguf = pytest.importorskip("gguf")
+    tok = byte_level_tokenizer()
+    tokens = [""] * len(tok)
+    for text, i in tok.get_vocab().items():
+        tokens[i] = text
+    merges = [m if isinstance(m, str) else " ".join(m)
+              for m in json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(2 * hidden)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_rope_dimension_count(hidden // 4)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t.startswith("<|") else gguf.TokenType.NORMAL
+                       for t in tokens])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tok.bos_token_id)
+    w.add_eos_token_id(tok.eos_token_id)
+    w.add_add_bos_token(True)
+    rng = np.random.default_rng(seed)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+
+    def matrix(name: str, rows: int, cols: int, scale: float) -> None:
+        a = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        w.add_tensor(name, gguf.quants.quantize(a, q8), raw_dtype=q8)
+
+    def norm(name: str) -> None:
+        w.add_tensor(name, (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+
+    matrix("token_embd.weight", len(tokens), hidden, 1.0)
+    matrix("output.weight", len(tokens), hidden, 0.5)
+    norm("output_norm.weight")
+    for i in range(layers):
+        norm(f"blk.{i}.attn_norm.weight")
+        norm(f"blk.{i}.ffn_norm.weight")
+        for part, rows, cols in (("attn_q", hidden, hidden), ("attn_k", hidden // 2, hidden),
+                                 ("attn_v", hidden // 2, hidden), ("attn_output", hidden, hidden),
+                                 ("ffn_gate", 2 * hidden, hidden), ("ffn_up", 2 * hidden, hidden),
+                                 ("ffn_down", hidden, 2 * hidden)):
+            matrix(f"blk.{i}.{part}.weight", rows, cols, 0.2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-q8.gguf")
+
+
+@pytest.fixture
+def cache_root(tmp_path, monkeypatch):
+    root = tmp_path / "xcosd-cache"
+    monkeypatch.setenv("XCOSD_CACHE", str(root))
+    monkeypatch.delenv("XCOSD_NO_MODEL_CACHE", raising=False)
+    return root
+
+
+def entries(root) -> list:
+    hf = root / "hf"
+    return sorted(hf.iterdir()) if hf.is_dir() else []
+
+
+def assert_same_model(a: TransformersModel, b: TransformersModel) -> None:
+    """Same weights bit for bit, same vocabulary, same start state, same rows."""
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+    assert a.vocab.tokens == b.vocab.tokens and a.vocab.special_ids == b.vocab.special_ids
+    assert a.vocab.roles == b.vocab.roles and a.vocab.name == b.vocab.name == a.name == b.name
+    assert (a._start, a._add_bos, a._pad) == (b._start, b._add_bos, b._pad)
+    ids = a.tokenize(TEXT)
+    assert ids == b.tokenize(TEXT)
+    ra = a.score([(a.start(ids[:6]), ids[6:14])])[0]
+    rb = b.score([(b.start(ids[:6]), ids[6:14])])[0]
+    np.testing.assert_allclose(ra, rb, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_gguf_is_converted_once_and_then_loaded_from_the_cache(tiny_gguf, cache_root) -> None:
+    fresh = TransformersModel.from_gguf(tiny_gguf, cache=False)
+    assert entries(cache_root) == []
+    assert fresh.vocab.size == len(fresh.tokenizer) and fresh._add_bos
+    first = TransformersModel.from_gguf(tiny_gguf)  # converts and writes the entry
+    (entry,) = entries(cache_root)
+    assert entry.name.startswith("tiny-q8-")
+    assert (entry / "model.safetensors").is_file() and (entry / "tokenizer.json").is_file()
+    cached = load_model(str(tiny_gguf))
+    assert isinstance(cached, TransformersModel)
+    assert cached.model.config._name_or_path == str(entry)  # read from the entry, not the file
+    assert entries(cache_root) == [entry]  # no leftover temporary directories
+    assert_same_model(fresh, first)
+    assert_same_model(fresh, cached)
+    # the dtype is part of the key: bfloat16 is another entry, in bfloat16
+    half = TransformersModel.from_gguf(tiny_gguf, dtype="bfloat16")
+    assert half.model.dtype == torch.bfloat16 and len(entries(cache_root)) == 2
+    again = TransformersModel.from_gguf(tiny_gguf, dtype="bfloat16")
+    assert str(again.model.config._name_or_path).startswith(str(cache_root))
+    assert_same_model(half, again)
+
+
+@pytest.mark.slow
+def test_model_cache_opt_out_and_broken_or_stale_entries(tiny_gguf, tmp_path, cache_root,
+                                                         monkeypatch) -> None:
+    from xcosd.models import model_cache
+
+    monkeypatch.setenv("XCOSD_NO_MODEL_CACHE", "1")
+    TransformersModel.from_gguf(tiny_gguf)
+    assert entries(cache_root) == []
+    monkeypatch.delenv("XCOSD_NO_MODEL_CACHE")
+    TransformersModel.from_gguf(tiny_gguf)
+    (entry,) = entries(cache_root)
+    # an unreadable entry: the GGUF file is loaded instead and the entry rewritten
+    (entry / "model.safetensors").write_bytes(b"not safetensors")
+    m = TransformersModel.from_gguf(tiny_gguf)
+    assert "xcosd-cache" not in str(m.model.config._name_or_path)
+    assert entries(cache_root) == [entry] and (entry / "model.safetensors").stat().st_size > 1000
+    cached = TransformersModel.from_gguf(tiny_gguf)
+    assert cached.model.config._name_or_path == str(entry)
+    assert_same_model(m, cached)
+    # another process won the race: storing again keeps its entry and leaves no temp dir
+    _, ident = model_cache.entry_dir(tiny_gguf, torch.float32)
+    assert not model_cache.store(entry, ident, cached.model, cached.tokenizer, cached.vocab)
+    assert entries(cache_root) == [entry]
+    # the file changes (a copy with a new mtime stands in for a rewrite): a new entry
+    # replaces the old one
+    moved = tmp_path / tiny_gguf.name
+    moved.write_bytes(tiny_gguf.read_bytes())
+    key_a = model_cache.entry_dir(moved, torch.float32)[0]
+    TransformersModel.from_gguf(moved)
+    import os
+
+    st = moved.stat()
+    os.utime(moved, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    key_b = model_cache.entry_dir(moved, torch.float32)[0]
+    assert key_a != key_b
+    TransformersModel.from_gguf(moved)
+    assert set(entries(cache_root)) == {entry, key_b}

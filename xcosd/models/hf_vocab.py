@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -107,6 +108,16 @@ def token_to_bytes(token: str, family: str) -> bytes:
     return token.replace("\u2581", " ").encode("utf-8")
 
 
+def hf_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    """Text -> ids with the tokenizer itself, no special tokens added: prompts get
+    exactly the ids the model was trained on."""
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    return encode
+
+
 def vocabulary_from_hf(tokenizer: Any, name: str | None = None) -> Vocabulary:
     """Convert a Hugging Face tokenizer to a :class:`Vocabulary` of bytes.
 
@@ -147,8 +158,4 @@ def vocabulary_from_hf(tokenizer: Any, name: str | None = None) -> Vocabulary:
             break
     if name is None:
         name = str(getattr(tokenizer, "name_or_path", "") or "hf").rstrip("/").split("/")[-1] or "hf"
-
-    def encode(text: str) -> list[int]:
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
-    return Vocabulary(name, tokens, special=special, roles=roles, encoder=encode)
+    return Vocabulary(name, tokens, special=special, roles=roles, encoder=hf_encoder(tokenizer))

@@ -73,7 +73,9 @@ def real_model_path(name: str) -> Path:
 def load_model(spec: str, **kw: Any) -> LanguageModel:
     """A model by spec (see the module docstring). Keyword arguments go to the
     backend: ``corpus=[paths]``, ``cache=``, ``alpha=`` for n-grams; ``device=``,
-    ``dtype=`` for transformers; ``a=``, ``b=``, ``busy=`` for synthetic models."""
+    ``dtype=``, ``cache=False`` (skip the converted-GGUF cache, see
+    :mod:`xcosd.models.model_cache`) for transformers; ``a=``, ``b=``, ``busy=``
+    for synthetic models."""
     if spec in ("default-draft", "default-target"):
         from .default import default_draft, default_target
 

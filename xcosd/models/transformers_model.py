@@ -44,6 +44,7 @@ import torch
 
 from ..errors import ModelError
 from ..vocab import Vocabulary
+from . import model_cache
 from .base import Session
 from .hf_vocab import vocabulary_from_hf
 
@@ -117,10 +118,14 @@ class TransformersModel:
     def from_pretrained(cls, path: str | Path, *, gguf_file: str | None = None,
                         device: str = "cpu", dtype: str | torch.dtype | None = None,
                         name: str | None = None, attn_implementation: str | None = None,
-                        threads: int | None = None, **kw: Any) -> TransformersModel:
+                        threads: int | None = None, cache: bool | None = None,
+                        **kw: Any) -> TransformersModel:
         """Load a local model directory (``config.json``, weights, tokenizer), or
         the GGUF file ``gguf_file`` inside ``path``. Never downloads.
 
+        A GGUF file is converted once and kept in the model cache
+        (:mod:`xcosd.models.model_cache`); ``cache=False`` (or
+        ``$XCOSD_NO_MODEL_CACHE=1``) loads it from the file every time.
         ``threads`` sets torch's intra-op thread count (process-wide): on a small,
         shared CPU one thread per forward is often faster than oversubscribing.
         """
@@ -134,20 +139,35 @@ class TransformersModel:
         td = _DTYPES.get(dtype) if isinstance(dtype, str) else dtype
         if isinstance(dtype, str) and td is None:
             raise ModelError(f"unknown dtype {dtype!r}: use one of {sorted(_DTYPES)}")
+        td = td if td is not None else torch.float32
+        default = Path(gguf_file).stem if gguf_file else Path(path).name
         extra: dict[str, Any] = {"local_files_only": True}
-        if gguf_file is not None:
-            extra["gguf_file"] = gguf_file
         if attn_implementation is not None:
             extra["attn_implementation"] = attn_implementation
+        entry = None
+        if gguf_file is not None and model_cache.enabled(cache):
+            try:
+                entry, ident = model_cache.entry_dir(Path(path) / gguf_file, td)
+            except OSError as e:
+                log.warning("model cache unavailable for %s: %s", gguf_file, e)
+            else:
+                hit = model_cache.load(entry, ident, name=name or default, dtype=td,
+                                       **{k: v for k, v in extra.items()
+                                          if k != "local_files_only"}, **kw)
+                if hit is not None:
+                    return cls(hit[0], hit[1], name=name or default, vocab=hit[2], device=device)
+        if gguf_file is not None:
+            extra["gguf_file"] = gguf_file
         try:
             tok = AutoTokenizer.from_pretrained(str(path), **extra)
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path), dtype=td if td is not None else torch.float32, **extra, **kw)
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=td, **extra, **kw)
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             raise ModelError(f"cannot load a causal LM from {path}"
                              f"{' / ' + gguf_file if gguf_file else ''}: {e}") from e
-        default = Path(gguf_file).stem if gguf_file else Path(path).name
-        return cls(model, tok, name=name or default, device=device)
+        out = cls(model, tok, name=name or default, device=device)
+        if entry is not None:
+            model_cache.store(entry, ident, out.model, tok, out.vocab)
+        return out
 
     @classmethod
     def from_gguf(cls, file: str | Path, **kw: Any) -> TransformersModel:
