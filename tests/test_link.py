@@ -107,3 +107,16 @@ async def test_link_listener_delays_each_peer_on_its_own_link() -> None:
     assert end is None  # the peer's end passes through the link too
     await b.close()
     await lst.close()
+
+
+async def test_link_recv_keeps_failing_after_the_link_closes() -> None:
+    from xcosd.errors import TransportError
+    from xcosd.transport.memory import memory_pair
+
+    lst, conn = await memory_pair()
+    c = LinkConnection(conn, LinkSpec.of())
+    await lst.close()
+    for _ in range(2):  # a retry must fail too, not wait forever
+        with pytest.raises(TransportError):
+            await asyncio.wait_for(c.recv(), 2.0)
+    await c.close()

@@ -138,6 +138,8 @@ class _Outbox:
 
     def put(self, frames: Frames, overhead: int) -> None:
         if self.error is not None:
+            if isinstance(self.error, TransportError):
+                raise self.error  # keep the inner transport's code (e.g. unreachable)
             raise TransportError(f"link send failed: {self.error}", code="closed")
         loop = asyncio.get_running_loop()
         msg = [bytes(f) for f in frames]  # the caller may reuse its buffers
@@ -215,9 +217,9 @@ class LinkConnection(Connection):
         if delay > 0:
             await asyncio.sleep(delay)
         _, item = self._head
-        self._head = None
         if isinstance(item, BaseException):
-            raise item
+            raise item  # the head stays: the link is over, every later recv fails too
+        self._head = None
         return item
 
     async def close(self) -> None:
