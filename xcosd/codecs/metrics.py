@@ -25,14 +25,11 @@ def total_variation(p: np.ndarray, q: np.ndarray) -> float:
 
 
 def committed(codec: Codec, p: np.ndarray) -> np.ndarray:
-    """``p* = normalise(commit(p))`` (float64 sum, float32 result, as the methods do)."""
-    if codec.exact:  # the methods skip renormalising exact rows (xcosd.methods.commit)
-        return np.asarray(p, dtype=np.float32)
-    c = codec.commit(np.asarray(p, dtype=np.float32))
-    total = float(np.sum(c, dtype=np.float64))
-    if not total > 0:
-        raise InvalidDistribution(f"{codec.name} committed a vector with no mass")
-    return (c.astype(np.float64) / total).astype(np.float32)
+    """``p* = normalise(commit(p))``: exactly what the methods commit
+    (:func:`xcosd.methods.commit.committed_full`)."""
+    from ..methods.commit import committed_full  # methods import codecs: import late
+
+    return committed_full(codec, p)
 
 
 def tv_distance(p: np.ndarray, p_star: np.ndarray | Codec) -> float:

@@ -167,6 +167,9 @@ def store(entry: Path, ident: dict[str, Any], model: Any, tokenizer: Any,
             return False
         log.warning("cannot write model cache entry %s: %s", entry, e)
         return False
+    except Exception as e:  # save_pretrained refusing a model must not fail the load
+        log.warning("cannot write model cache entry %s: %s", entry, e)
+        return False
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -122,6 +122,3 @@ class Meter:
             "total": {"up": asdict(self.total("up")), "down": asdict(self.total("down"))},
         }
 
-
-def frames_payload(frames: Sequence[Buffer]) -> int:
-    return sum(frame_len(f) for f in frames)

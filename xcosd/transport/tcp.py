@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import logging
 from urllib.parse import urlsplit
@@ -149,7 +150,7 @@ class TcpListener(Listener):
             self._server = await asyncio.start_server(self._accept, host, port,
                                                       limit=READ_CHUNK)
         except OSError as e:
-            code = "address_in_use" if e.errno == 98 else "bind"
+            code = "address_in_use" if e.errno == errno.EADDRINUSE else "bind"
             raise TransportError(f"cannot bind {endpoint}: {e}", code=code) from e
         sockname = self._server.sockets[0].getsockname()
         self.endpoint = _format(sockname[0], sockname[1])
