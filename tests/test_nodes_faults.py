@@ -5,6 +5,7 @@ endpoint mid-generation loses and repeats no token."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -117,3 +118,51 @@ async def test_cloud_restart_mid_generation_loses_no_token() -> None:
         await cloud.close()
         if restarted is not None:
             await restarted.close()
+
+
+class _SlowStart:
+    """A target whose first-round set-up (``start``) is slow, counting starts/ends."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self.inner, self.delay = inner, delay
+        self.name, self.vocab = inner.name, inner.vocab
+        self.starts = self.ends = 0
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.inner.tokenize(text)
+
+    def start(self, prompt_ids: Sequence[int]) -> Any:
+        time.sleep(self.delay)
+        self.starts += 1
+        return self.inner.start(prompt_ids)
+
+    def score(self, batch: Any) -> Any:
+        return self.inner.score(batch)
+
+    def append(self, session: Any, ids: Sequence[int]) -> None:
+        self.inner.append(session, ids)
+
+    def rollback(self, session: Any, length: int) -> None:
+        self.inner.rollback(session, length)
+
+    def end(self, session: Any) -> None:
+        self.ends += 1
+        self.inner.end(session)
+
+
+async def test_session_closed_during_its_first_round_frees_its_model_state() -> None:
+    from .session_pairs import pair
+
+    target, draft = pair()
+    slow = _SlowStart(target, 0.4)
+    async with (
+        xcosd.CloudNode(target=slow, bind="tcp://127.0.0.1:0") as cloud,
+        xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, method="xcosd",
+                       target_vocab=target.vocab) as edge,
+    ):
+        task = asyncio.create_task(edge.generate("ab", max_new_tokens=8, seed=0))
+        await asyncio.sleep(0.2)  # the cloud is inside start() for this session
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert slow.starts == 1 and slow.ends == 1

@@ -91,9 +91,9 @@ def warp(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
     Returns float32 rows that sum to 1. Temperature is applied in log space
     (``softmax(log p / T)``), so tiny probabilities do not underflow first.
     """
-    p = np.asarray(probs, dtype=np.float64)
     if params.identity:
         return np.asarray(probs, dtype=np.float32)
+    p = np.asarray(probs, dtype=np.float64)
     single = p.ndim == 1
     p = np.atleast_2d(p)
     if params.greedy:

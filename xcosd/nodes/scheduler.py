@@ -151,7 +151,7 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-verify")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        self._to_free: list[Any] = []
+        self._to_free: list[CloudSession] = []
         self._current: Future[Any] | None = None
         self.in_flight = 0
 
@@ -182,14 +182,17 @@ class Scheduler:
     def free(self, session: CloudSession) -> None:
         """Free the model state of a finished session. The worker thread does it
         before its next batch, so it never races a batch that still uses it."""
-        handle, session.handle = session.handle, None
-        if handle is not None:
-            self._to_free.append(handle)
-            self._wake.set()
+        # The handle is read in the worker, not here: on a first round the worker
+        # creates it during the batch, and reading it now would miss (and leak) it.
+        self._to_free.append(session)
+        self._wake.set()
 
     def _free_pending(self) -> None:
         while self._to_free:
-            handle = self._to_free.pop()
+            session = self._to_free.pop()
+            handle, session.handle = session.handle, None
+            if handle is None:
+                continue
             try:
                 self.model.end(handle)
             except Exception:

@@ -272,8 +272,11 @@ class CloudSession:
             n = m.verify(p_star, draft, sp, self.rng) if d else 0
             if n == d:
                 return RoundOutcome(n, m.bonus(p_star[d], self.rng), None)
-            state = RejectState(p_raw=p[n], p_star=p_star[n], rejected=int(draft.ids[n]),
-                                q_common=m.server_q(draft, n, sp))
+            # copies: views would keep the whole (d+1) x |V_T| block alive until the
+            # device's next draft
+            p_n = p[n].copy()
+            state = RejectState(p_raw=p_n, p_star=p_n if p_star is p else p_star[n].copy(),
+                                rejected=int(draft.ids[n]), q_common=m.server_q(draft, n, sp))
             return RoundOutcome(n, m.on_reject(state, sp, self.rng), state)
         except XcosdError as e:
             return RoundOutcome(0, TokenReply(0), None, e)
