@@ -111,9 +111,14 @@ class Vocabulary:
         return token_id in self.special_ids
 
     @cached_property
+    def used_mask(self) -> np.ndarray:
+        """Bool mask over ids: True for every id that has a token (special or not)."""
+        return np.array([b is not None for b in self.tokens], dtype=bool)
+
+    @cached_property
     def regular_mask(self) -> np.ndarray:
         """Bool mask over ids: True for used, non-special ids."""
-        m = np.array([b is not None for b in self.tokens], dtype=bool)
+        m = self.used_mask.copy()
         if self.special_ids:
             m[np.fromiter(self.special_ids, dtype=np.int64)] = False
         return m
@@ -310,8 +315,7 @@ class VocabMap:
         self.target_to_draft[self.common_target_ids] = self.common_draft_ids
         self.common_mask = np.zeros(target.size, dtype=bool)
         self.common_mask[self.common_target_ids] = True
-        used = np.array([b is not None for b in target.tokens], dtype=bool)
-        self.other_mask = used & ~self.common_mask
+        self.other_mask = target.used_mask & ~self.common_mask
         #: position of each target id in V_C order (-1 outside V_C)
         self.target_to_common = np.full(target.size, -1, dtype=np.int64)
         self.target_to_common[self.common_target_ids] = np.arange(self.n_common)

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..codecs.frames import Limits, decode_message, message_bytes, stream_overhead
 from ..errors import ProtocolError, TransportError, XcosdError
-from ..methods import Method, Space, get_method
+from ..methods import FullVectorReply, HybridReply, Method, Space, get_method
 from ..models.base import ContextModel, LanguageModel
 from ..protocol import pack
 from ..protocol.edge import (
@@ -548,7 +548,11 @@ class EdgeNode:
                 st.cloud_compute_s += reply.compute_us / 1e6
             if isinstance(reply, Error) and reply.code != "busy":
                 raise exception_for(reply.code, reply.message)
-            out = es.receive(reply)
+            if isinstance(getattr(reply, "reply", None), FullVectorReply | HybridReply):
+                # decoding a vocabulary-sized vector and its residual: off the loop
+                out = await self._in_worker(es.receive, reply)
+            else:
+                out = es.receive(reply)
             for m in out.send:
                 await self._send(m, st, trace)
             settled = False

@@ -153,7 +153,6 @@ class Scheduler:
         self._closed = False
         self._to_free: list[CloudSession] = []
         self._current: Future[Any] | None = None
-        self.in_flight = 0
 
     # -- node side -------------------------------------------------------------
 
@@ -260,12 +259,8 @@ class Scheduler:
                 continue
             now = time.perf_counter()
             waits = [now - r.enqueued_at for r in batch]
-            self.in_flight = len(batch)
             t0 = time.perf_counter()
-            try:
-                outcomes = await self._in_worker(self._job, batch)
-            finally:
-                self.in_flight = 0
+            outcomes = await self._in_worker(self._job, batch)
             compute = time.perf_counter() - t0
             self.stats.record(len(batch), compute, waits)
             for req, outcome in zip(batch, outcomes, strict=True):

@@ -167,7 +167,6 @@ class CloudConfig:
         self.stop_ids = tuple(sorted({target_vocab.roles[r] for r in ("eos", "eot")
                                       if r in target_vocab.roles}))
         self._table: VocabTable | None = None
-        self._used = np.array([b is not None for b in target_vocab.tokens], dtype=bool)
 
     @property
     def table(self) -> VocabTable:

@@ -120,7 +120,7 @@ def space_from_upload(msg: VocabMapUpload, target: Vocabulary) -> Space:
     if int(cd.max()) >= msg.draft_size or np.unique(cd).shape[0] != cd.shape[0]:
         raise ProtocolError("vmap: draft ids must be distinct ids of the draft vocabulary",
                             code="bad_token")
-    used = np.array([b is not None for b in target.tokens], dtype=bool)
+    used = target.used_mask
     if not np.all(used[ct]):
         raise ProtocolError("vmap: V_C names an unused target id", code="bad_token")
     fp = map_fingerprint(target.size, msg.draft_size, ct, cd)
