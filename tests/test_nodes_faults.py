@@ -22,10 +22,11 @@ from .session_pairs import greedy_decode, pair
 
 
 class SlowModel:
-    """A target that takes ``delay`` seconds per batched call and counts its sessions."""
+    """A target that takes ``delay`` seconds per batched call (and ``start_delay`` to
+    set up a session) and counts its sessions."""
 
-    def __init__(self, inner: Any, delay: float) -> None:
-        self.inner, self.delay = inner, delay
+    def __init__(self, inner: Any, delay: float, start_delay: float = 0.0) -> None:
+        self.inner, self.delay, self.start_delay = inner, delay, start_delay
         self.name, self.vocab = inner.name, inner.vocab
         self.started = 0
         self.ended = 0
@@ -34,6 +35,7 @@ class SlowModel:
         return self.inner.tokenize(text)
 
     def start(self, prompt_ids: Sequence[int]) -> Any:
+        time.sleep(self.start_delay)
         self.started += 1
         return self.inner.start(prompt_ids)
 
@@ -120,41 +122,11 @@ async def test_cloud_restart_mid_generation_loses_no_token() -> None:
             await restarted.close()
 
 
-class _SlowStart:
-    """A target whose first-round set-up (``start``) is slow, counting starts/ends."""
-
-    def __init__(self, inner: Any, delay: float) -> None:
-        self.inner, self.delay = inner, delay
-        self.name, self.vocab = inner.name, inner.vocab
-        self.starts = self.ends = 0
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.inner.tokenize(text)
-
-    def start(self, prompt_ids: Sequence[int]) -> Any:
-        time.sleep(self.delay)
-        self.starts += 1
-        return self.inner.start(prompt_ids)
-
-    def score(self, batch: Any) -> Any:
-        return self.inner.score(batch)
-
-    def append(self, session: Any, ids: Sequence[int]) -> None:
-        self.inner.append(session, ids)
-
-    def rollback(self, session: Any, length: int) -> None:
-        self.inner.rollback(session, length)
-
-    def end(self, session: Any) -> None:
-        self.ends += 1
-        self.inner.end(session)
-
-
 async def test_session_closed_during_its_first_round_frees_its_model_state() -> None:
     from .session_pairs import pair
 
     target, draft = pair()
-    slow = _SlowStart(target, 0.4)
+    slow = SlowModel(target, 0.0, start_delay=0.4)
     async with (
         xcosd.CloudNode(target=slow, bind="tcp://127.0.0.1:0") as cloud,
         xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, method="xcosd",
@@ -165,4 +137,4 @@ async def test_session_closed_during_its_first_round_frees_its_model_state() -> 
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    assert slow.starts == 1 and slow.ends == 1
+    assert slow.started == 1 and slow.ended == 1
