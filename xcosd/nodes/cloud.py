@@ -284,16 +284,29 @@ class CloudNode:
         self.counters["peers_dropped"] += 1
         self._apply_events(conn.drop(reason))
 
+    async def reap(self, now: float | None = None) -> int:
+        """Drop every peer silent for more than ``timeout_s`` as of ``now`` (default:
+        ``time.monotonic()``) and free its sessions; return how many were dropped.
+
+        The reaper task calls this periodically. It is public so a test can make a
+        timeout happen at a moment it chooses (a ``now`` past the deadline, with a
+        ``timeout_s`` the reaper itself never reaches) instead of sleeping through a
+        short timeout and racing the reaper to observe the state before it.
+        """
+        cutoff = (time.monotonic() if now is None else now) - self.timeout_s
+        silent = [p for p, t in self._last_seen.items() if t < cutoff]
+        for peer in silent:
+            await self._drop_peer(peer, "timeout")
+            if self._listener is not None:
+                with contextlib.suppress(Exception):
+                    await self._listener.close_peer(peer)
+        return len(silent)
+
     async def _reap_loop(self) -> None:
         period = max(0.05, min(1.0, self.timeout_s / 4))
         while True:
             await asyncio.sleep(period)
-            cutoff = time.monotonic() - self.timeout_s
-            for peer in [p for p, t in self._last_seen.items() if t < cutoff]:
-                await self._drop_peer(peer, "timeout")
-                if self._listener is not None:
-                    with contextlib.suppress(Exception):
-                        await self._listener.close_peer(peer)
+            await self.reap()
 
     # -- stats -----------------------------------------------------------------------
 
