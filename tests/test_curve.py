@@ -17,6 +17,8 @@ from xcosd.errors import TransportError
 from xcosd.transport import CurveClient, CurveServer, KeyPair, connect, listen, load_allowlist
 from xcosd.transport.zeromq import zmtp_overhead
 
+from .helpers.waits import HANG_S
+
 QUIET = 0.5  # seconds a refused peer is given to (not) get a message through
 
 
@@ -36,10 +38,10 @@ async def test_allowlisted_device_round_trips(keys: dict[str, KeyPair]) -> None:
         c = await connect(lst.endpoint, curve=CurveClient(keys["device"],
                                                           keys["server"].public))
         await c.send(encode_message({"t": "hello"}, [b"x" * 300]))
-        peer, frames = await asyncio.wait_for(lst.recv(), 5)
+        peer, frames = await asyncio.wait_for(lst.recv(), HANG_S)
         assert frames is not None and decode_message(frames)[0] == {"t": "hello"}
         await lst.send(peer, encode_message({"t": "ok"}))
-        assert decode_message(await asyncio.wait_for(c.recv(), 5))[0] == {"t": "ok"}
+        assert decode_message(await asyncio.wait_for(c.recv(), HANG_S))[0] == {"t": "ok"}
         # CURVE framing is metered: 33 bytes of box per frame on top of ZMTP's
         up = lst.meter.up["hello"]
         assert up.wire - up.payload == zmtp_overhead(frames, curve=True)
@@ -81,7 +83,7 @@ async def test_unknown_key_is_refused_and_admit_lets_it_in(keys: dict[str, KeyPa
         server.admit(keys["stranger"].public)
         c = await connect(lst.endpoint, curve=stranger)
         await c.send([b"\x80"])
-        _, frames = await asyncio.wait_for(lst.recv(), 5)
+        _, frames = await asyncio.wait_for(lst.recv(), HANG_S)
         assert frames == [b"\x80"]
         await c.close()
 
@@ -114,5 +116,5 @@ async def test_cli_generates_usable_keys(tmp_path: Path,
     async with await listen("tcp://127.0.0.1:0", curve=server) as lst:
         c = await connect(lst.endpoint, curve=client)
         await c.send([b"\x80"])
-        assert (await asyncio.wait_for(lst.recv(), 5))[1] == [b"\x80"]
+        assert (await asyncio.wait_for(lst.recv(), HANG_S))[1] == [b"\x80"]
         await c.close()

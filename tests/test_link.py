@@ -21,6 +21,8 @@ from xcosd.transport import (
 )
 from xcosd.transport.link import DelayLine, OneWay
 
+from .helpers.waits import HANG_S, until
+
 
 def test_message_latency_is_half_rtt_plus_transfer() -> None:
     assert message_latency(1000, 8000.0, 0.1) == pytest.approx(0.05 + 1.0)
@@ -70,7 +72,7 @@ async def test_link_connection_delays_and_keeps_order(kind: str) -> None:
             await c.send(m)
         got = []
         for _ in msgs:
-            peer, frames = await asyncio.wait_for(lst.recv(), 5)
+            peer, frames = await asyncio.wait_for(lst.recv(), HANG_S)
             assert frames is not None
             got.append(decode_message(frames)[0]["i"])
         first_arrival = loop.time() - t0
@@ -80,7 +82,7 @@ async def test_link_connection_delays_and_keeps_order(kind: str) -> None:
         assert first_arrival >= modeled - 1e-3
         await lst.send(peer, encode_message({"t": "v"}, [bytes(100)]))
         t1 = loop.time()
-        assert decode_message(await asyncio.wait_for(c.recv(), 5))[0] == {"t": "v"}
+        assert decode_message(await asyncio.wait_for(c.recv(), HANG_S))[0] == {"t": "v"}
         assert loop.time() - t1 >= 0.02 - 1e-3
         assert c.meter is c.inner.meter and c.meter.up["d"].messages == 5
         await c.close()
@@ -88,22 +90,28 @@ async def test_link_connection_delays_and_keeps_order(kind: str) -> None:
 
 async def test_link_listener_delays_each_peer_on_its_own_link() -> None:
     spec = LinkSpec.of(up_bps=1e6, down_bps=1e6, rtt_s=0.02)
-    lst = LinkListener(await listen("tcp://127.0.0.1:0", transport="tcp"), spec)
-    a = await connect(lst.endpoint, transport="tcp")
-    b = await connect(lst.endpoint, transport="tcp")
+    inner = await listen("tcp://127.0.0.1:0", transport="tcp")
+    a = await connect(inner.endpoint, transport="tcp")
+    b = await connect(inner.endpoint, transport="tcp")
+    # Both messages wait in the TCP listener, A's first, before the link reads them:
+    # it then takes them in back to back, so their arrival times differ only by
+    # their links (a shared serialiser would hold B 160 ms behind A), never by how
+    # fast this machine moved B's bytes.
     await a.send(encode_message({"t": "big"}, [bytes(20_000)]))  # 160 ms on A's link
-    await asyncio.sleep(0.01)
+    await until(lambda: "big" in inner.meter.up, "A's message to reach the listener")
     await b.send(encode_message({"t": "small"}))
-    first = decode_message((await asyncio.wait_for(lst.recv(), 5))[1] or [])[0]
-    second_peer, second = await asyncio.wait_for(lst.recv(), 5)
+    await until(lambda: "small" in inner.meter.up, "B's message to reach the listener")
+    lst = LinkListener(inner, spec)
+    first = decode_message((await asyncio.wait_for(lst.recv(), HANG_S))[1] or [])[0]
+    second_peer, second = await asyncio.wait_for(lst.recv(), HANG_S)
     assert first == {"t": "small"}  # B is not stuck behind A's big message
     assert second is not None and decode_message(second)[0] == {"t": "big"}
     t = asyncio.get_running_loop().time()
     await lst.send(second_peer, encode_message({"t": "reply"}))
-    assert decode_message(await asyncio.wait_for(a.recv(), 5))[0] == {"t": "reply"}
+    assert decode_message(await asyncio.wait_for(a.recv(), HANG_S))[0] == {"t": "reply"}
     assert asyncio.get_running_loop().time() - t >= 0.01 - 1e-3
     await a.close()
-    _, end = await asyncio.wait_for(lst.recv(), 5)
+    _, end = await asyncio.wait_for(lst.recv(), HANG_S)
     assert end is None  # the peer's end passes through the link too
     await b.close()
     await lst.close()
@@ -118,5 +126,5 @@ async def test_link_recv_keeps_failing_after_the_link_closes() -> None:
     await lst.close()
     for _ in range(2):  # a retry must fail too, not wait forever
         with pytest.raises(TransportError):
-            await asyncio.wait_for(c.recv(), 2.0)
+            await asyncio.wait_for(c.recv(), HANG_S)
     await c.close()

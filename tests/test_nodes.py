@@ -12,6 +12,7 @@ from xcosd.errors import VocabError
 from xcosd.methods import METHODS
 from xcosd.vocab import Vocabulary
 
+from .helpers.waits import HANG_S
 from .session_pairs import TARGET_EOS, closed_sessions_settle, greedy_decode, pair
 
 
@@ -28,7 +29,7 @@ async def test_64_edges_against_one_cloud_greedy() -> None:
                 e.generate(prompts[i % 8], max_new_tokens=24) for i, e in enumerate(edges)])
         finally:
             await asyncio.gather(*[e.close() for e in edges])
-        stats = await closed_sessions_settle(cloud)
+        stats = await closed_sessions_settle(cloud, HANG_S)
     for i, r in enumerate(results):
         assert r.token_ids == greedy_decode(target, prompts[i % 8], 24), i
         assert r.text == target.vocab.decode(r.token_ids).decode()
@@ -91,7 +92,7 @@ async def test_wrong_target_vocabulary_is_refused() -> None:
     other = Vocabulary("other", [b"x", b"y", b"z"])
     async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud:
         edge = xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, target_vocab=other,
-                              connect_timeout_s=2)
+                              connect_timeout_s=HANG_S)  # only bounds a hang
         with pytest.raises(VocabError):
             await edge.start()
         await edge.close()

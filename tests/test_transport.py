@@ -18,6 +18,8 @@ from xcosd.errors import TransportError
 from xcosd.transport import Meter, connect, listen
 from xcosd.transport.zeromq import zmtp_overhead
 
+from .helpers.waits import HANG_S
+
 KINDS = ["zmq", "tcp", "memory"]
 
 
@@ -45,7 +47,7 @@ async def _echo_round_trips(kind: str) -> None:
         await c.send(encode_message({"t": "ping", "i": i}, [big[: 10 ** i], b"x" * i]))
     seen = {}
     for _ in conns:
-        peer, frames = await asyncio.wait_for(lst.recv(), 5)
+        peer, frames = await asyncio.wait_for(lst.recv(), HANG_S)
         assert frames is not None
         header, bufs = decode_message(frames)
         assert header["t"] == "ping"
@@ -56,7 +58,7 @@ async def _echo_round_trips(kind: str) -> None:
         await lst.send(peer, encode_message({"t": "pong", "i": i}, [big]))
     assert len(set(seen.values())) == 3
     for i, c in enumerate(conns):
-        header, bufs = decode_message(await asyncio.wait_for(c.recv(), 5))
+        header, bufs = decode_message(await asyncio.wait_for(c.recv(), HANG_S))
         assert header == {"t": "pong", "i": i}
         assert np.array_equal(np.frombuffer(bufs[0], dtype=np.float32), big)
     for c in conns:
@@ -79,7 +81,7 @@ async def test_order_is_kept(kind: str) -> None:
             await c.send(encode_message({"t": "n", "i": i}, [bytes(i)]))
         got = []
         for _ in range(200):
-            _, frames = await asyncio.wait_for(lst.recv(), 5)
+            _, frames = await asyncio.wait_for(lst.recv(), HANG_S)
             assert frames is not None
             got.append(decode_message(frames)[0]["i"])
         assert got == list(range(200))
@@ -95,10 +97,10 @@ async def test_meter_counts_wire_bytes_by_type(kind: str) -> None:
         down = encode_message({"t": "verdict"}, [bytes(5)])
         await c.send(up)
         await c.send(up)
-        peer, _ = await asyncio.wait_for(lst.recv(), 5)
+        peer, _ = await asyncio.wait_for(lst.recv(), HANG_S)
         await lst.recv()
         await lst.send(peer, down)
-        await asyncio.wait_for(c.recv(), 5)
+        await asyncio.wait_for(c.recv(), HANG_S)
         payload_up = sum(len(bytes(f)) for f in up)
         over = {"zmq": zmtp_overhead(up), "tcp": stream_overhead(3), "memory": 0}[kind]
         for m in (lst_meter, conn_meter):
@@ -133,9 +135,9 @@ async def test_peer_end_surfaces_after_its_messages(kind: str) -> None:
         c = await connect(lst.endpoint, transport=kind)
         await c.send(encode_message({"t": "bye"}))
         await c.close()
-        peer, frames = await asyncio.wait_for(lst.recv(), 5)
+        peer, frames = await asyncio.wait_for(lst.recv(), HANG_S)
         assert frames is not None and decode_message(frames)[0]["t"] == "bye"
-        peer2, end = await asyncio.wait_for(lst.recv(), 5)
+        peer2, end = await asyncio.wait_for(lst.recv(), HANG_S)
         assert (peer2, end) == (peer, None)
         with pytest.raises(TransportError):
             await lst.send(peer, [b"\x80"])
@@ -146,10 +148,10 @@ async def test_listener_can_drop_a_peer(kind: str) -> None:
     async with await listen(_ep(kind), transport=kind) as lst:
         c = await connect(lst.endpoint, transport=kind)
         await c.send([b"\x80"])
-        peer, _ = await asyncio.wait_for(lst.recv(), 5)
+        peer, _ = await asyncio.wait_for(lst.recv(), HANG_S)
         await lst.close_peer(peer)
         with pytest.raises(TransportError) as e:
-            await asyncio.wait_for(c.recv(), 5)
+            await asyncio.wait_for(c.recv(), HANG_S)
         assert e.value.code == "closed"
         await c.close()
 
@@ -159,10 +161,10 @@ async def test_listener_close_ends_connections(kind: str) -> None:
     lst = await listen(_ep(kind), transport=kind)
     c = await connect(lst.endpoint, transport=kind)
     await c.send([b"\x80"])
-    await asyncio.wait_for(lst.recv(), 5)
+    await asyncio.wait_for(lst.recv(), HANG_S)
     await lst.close()
     with pytest.raises(TransportError):
-        await asyncio.wait_for(c.recv(), 5)
+        await asyncio.wait_for(c.recv(), HANG_S)
     await c.close()
 
 
@@ -170,10 +172,11 @@ async def test_listener_close_ends_connections(kind: str) -> None:
 async def test_pending_recv_ends_on_close(kind: str) -> None:
     lst = await listen(_ep(kind), transport=kind)
     waiter = asyncio.ensure_future(lst.recv())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one turn of the loop: the waiter runs into its recv
+    assert not waiter.done()  # nothing was sent: it is pending when the close comes
     await lst.close()
     with pytest.raises((TransportError, asyncio.CancelledError)):
-        await asyncio.wait_for(waiter, 5)
+        await asyncio.wait_for(waiter, HANG_S)
 
 
 async def test_tcp_oversized_length_prefix_drops_peer_before_body() -> None:
@@ -184,9 +187,9 @@ async def test_tcp_oversized_length_prefix_drops_peer_before_body() -> None:
         # claims a 1 GB frame and sends none of it
         writer.write(struct.pack(">II", 2, 1) + b"\x80" + struct.pack(">I", 1 << 30))
         await writer.drain()
-        _, end = await asyncio.wait_for(lst.recv(), 5)
+        _, end = await asyncio.wait_for(lst.recv(), HANG_S)
         assert end is None
-        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the listener
+        assert await asyncio.wait_for(reader.read(), HANG_S) == b""  # closed by the listener
         writer.close()
 
 
@@ -203,7 +206,7 @@ async def test_tcp_connection_refuses_oversized_reply() -> None:
     port = server.sockets[0].getsockname()[1]
     c = await connect(f"tcp://127.0.0.1:{port}", transport="tcp")
     with pytest.raises(Exception) as e:
-        await asyncio.wait_for(c.recv(), 5)
+        await asyncio.wait_for(c.recv(), HANG_S)
     assert getattr(e.value, "code", None) == "too_large"
     srv_done.set()
     await c.close()
@@ -237,15 +240,15 @@ async def test_zmq_closing_leaves_no_task_behind() -> None:
         lst = await listen("tcp://127.0.0.1:0")
         c = await connect(lst.endpoint)
         await c.send([b"\x80"])
-        peer, _ = await asyncio.wait_for(lst.recv(), 5)
+        peer, _ = await asyncio.wait_for(lst.recv(), HANG_S)
         await lst.send(peer, [b"\x80"])
-        await asyncio.wait_for(c.recv(), 5)
+        await asyncio.wait_for(c.recv(), HANG_S)
         await c.close()
         await lst.close()
     lst = await listen("tcp://127.0.0.1:0", transport="tcp")
     c = await connect(lst.endpoint, transport="tcp")
     await c.send([b"\x80"])
-    await asyncio.wait_for(lst.recv(), 5)
+    await asyncio.wait_for(lst.recv(), HANG_S)
     await c.close()
     await lst.close()
     await asyncio.sleep(0)
