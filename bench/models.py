@@ -190,6 +190,21 @@ PROMPT = ("Return a new list containing all items from the iterable in ascending
           "A custom key function can be supplied to customize the sort order, and the")
 
 
+def time_vocab_map(draft: str, target: str, runs: int = 3) -> dict[str, Any]:
+    """Milliseconds to build the V_C map between two real vocabularies (median): the
+    edge pays it once per connection when it is not given a ready map."""
+    from xcosd.vocab import Vocabulary
+
+    d, t = Vocabulary.load(draft), Vocabulary.load(target)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        VocabMap(d, t)
+        times.append(time.perf_counter() - t0)
+    return {"draft": draft, "target": target, "runs": runs,
+            "build_ms": 1e3 * statistics.median(times)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.models", description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=400, help="rounds for the acceptance measurement")
@@ -218,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("smollm2-135m", "gemma3-270m"):
             backends[name] = load_model(name)
     result["backends"] = {n: time_backend(m, PROMPT) for n, m in backends.items()}
+    result["vocab_map"] = time_vocab_map("llama3", "qwen")
     if not args.quick:
         acc = measure_acceptance(draft, target, rounds=args.rounds)
         vmap = VocabMap(draft.vocab, target.vocab)
@@ -232,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'backend':44} {'draft step ms':>14} {'verify d+1 ms':>14}")
     for n, r in result["backends"].items():
         print(f"{n:44} {r['draft_step_ms']:14.3f} {r['verify_ms']:14.3f}")
+    vm = result["vocab_map"]
+    print(f"V_C map {vm['draft']} -> {vm['target']}: built in {vm['build_ms']:.0f} ms "
+          f"(median of {vm['runs']})")
     if "training" in result:
         t = result["training"]
         print(f"default pair: first run {t['first_run_s']:.1f} s, cached {t['cached_s']:.2f} s")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -74,12 +73,10 @@ def test_map_is_consistent_by_bytes(vocabs):
     assert vm.draft_to_target[d.roles["eos"]] == t.roles["eos"]
 
 
-def test_map_builds_fast_and_fingerprint_is_stable(vocabs):
+def test_map_fingerprint_is_stable(vocabs):
+    # how fast the map builds is measured in bench/, never asserted here
     d, t = vocabs["llama3"], vocabs["qwen"]
-    t0 = time.perf_counter()
     a = VocabMap(d, t)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 1.0, elapsed  # generous: typically ~0.1 s
     assert a.fingerprint == VocabMap(d, t).fingerprint
     assert a.fingerprint != VocabMap(vocabs["cl100k"], t).fingerprint
 
