@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,57 +19,13 @@ import numpy as np
 import xcosd
 from xcosd.errors import TransportError
 from xcosd.methods.base import Draft
-from xcosd.protocol import DraftMsg, EdgeHandshake, Open, pack, unpack
+from xcosd.protocol import DraftMsg, Open, pack
 from xcosd.transport import connect
-from xcosd.vocab import VocabMap
 
+from .helpers.gated import GatedModel
+from .helpers.raw import handshake, reply
 from .helpers.waits import HANG_S, until
 from .session_pairs import greedy_decode, pair
-
-
-class GatedModel:
-    """A target whose ``start`` and/or ``score`` calls wait at a gate until the test
-    opens it, so the test can act while the cloud's worker is inside one; it says
-    when a call is in progress and counts the sessions it started and ended."""
-
-    def __init__(self, inner: Any, *, hold_start: bool = False,
-                 hold_score: bool = False) -> None:
-        self.inner, self.hold_start, self.hold_score = inner, hold_start, hold_score
-        self.name, self.vocab = inner.name, inner.vocab
-        self.gate = threading.Event()
-        self.in_start = threading.Event()
-        self.in_score = threading.Event()
-        self.started = 0
-        self.ended = 0
-
-    def _hold(self, held: bool) -> None:
-        if held and not self.gate.wait(HANG_S):
-            raise RuntimeError("the test never opened the gate")
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.inner.tokenize(text)
-
-    def start(self, prompt_ids: Sequence[int]) -> Any:
-        self.in_start.set()
-        self._hold(self.hold_start)
-        handle = self.inner.start(prompt_ids)
-        self.started += 1
-        return handle
-
-    def score(self, batch: Any) -> list[np.ndarray]:
-        self.in_score.set()
-        self._hold(self.hold_score)
-        return self.inner.score(batch)
-
-    def append(self, session: Any, ids: Sequence[int]) -> None:
-        self.inner.append(session, ids)
-
-    def rollback(self, session: Any, length: int) -> None:
-        self.inner.rollback(session, length)
-
-    def end(self, session: Any) -> None:
-        self.ended += 1
-        self.inner.end(session)
 
 
 async def test_a_device_that_vanishes_mid_round_is_freed() -> None:
@@ -82,17 +36,10 @@ async def test_a_device_that_vanishes_mid_round_is_freed() -> None:
                                timeout_s=HANG_S) as cloud:
         try:
             conn = await connect(cloud.endpoint)
-            hs = EdgeHandshake(lambda tv: VocabMap(draft.vocab, tv))
-            pending = [hs.hello()]
-            while not hs.ready:
-                for m in pending:
-                    await conn.send(pack(m))
-                pending = hs.receive(unpack(await asyncio.wait_for(conn.recv(), HANG_S)))
-            vmap = hs.vmap
-            assert vmap is not None
+            vmap = await handshake(conn, draft)
             await conn.send(pack(Open(1, 0, vmap.fingerprint, "xcosd", "f32", {}, 1.0, 0, 1.0,
                                       1, "ab", 50)))
-            assert unpack(await asyncio.wait_for(conn.recv(), HANG_S)).TYPE == "opened"
+            assert (await reply(conn)).TYPE == "opened"
             c = int(vmap.common_target_ids[0])
             await conn.send(pack(DraftMsg(1, 1, 0, None, Draft(
                 ids=np.array([c, c]), q_values=np.array([0.5, 0.5], dtype=np.float32)))))
