@@ -10,11 +10,12 @@ in closed form.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import numpy as np
 
 from xcosd.models import TableModel
-from xcosd.sampling import SamplingParams, warp
+from xcosd.sampling import SamplingParams, check_distribution
 
 TARGET_TOKENS = [b"a", b"b", b"c", b"d", b"ab", b"bc", b"cd", b"abc", b"<eos>"]
 DRAFT_TOKENS = [b"a", b"b", b"c", b"d", b"ab", b"ca", b"dd", b"<eos>"]
@@ -32,19 +33,31 @@ def _bigram_table(size: int, eos: int, seed: int, eos_mass: float, alpha: float)
     return table.astype(np.float32)
 
 
+class BigramModel(TableModel):
+    """A TableModel whose next row is ``table[last token]`` (row ``size`` for the
+    empty context). The table is checked once here, so scoring a row is a copy: the
+    high-N law tests run hundreds of thousands of rounds through it."""
+
+    def __init__(self, tokens: list[bytes], table: np.ndarray, eos: int, *, name: str) -> None:
+        check_distribution(table, what=f"{name} table", size=len(tokens))
+        if table.shape[0] != len(tokens) + 1:
+            raise ValueError("a bigram table has one row per token plus the start row")
+        self.table = np.ascontiguousarray(table, dtype=np.float32)
+        self._start = len(tokens)
+        super().__init__(tokens, self._next, eos_id=eos, name=name)
+
+    def _next(self, ctx: list[int]) -> np.ndarray:
+        return self.table[ctx[-1] if ctx else self._start]
+
+    def _fill_row(self, context: Sequence[int], out: np.ndarray) -> None:
+        out[:] = self.table[context[-1] if len(context) else self._start]
+
+
 def bigram_model(tokens: list[bytes], eos: int, *, seed: int, eos_mass: float = 0.0,
-                 alpha: float = 1.0, name: str) -> TableModel:
-    """A TableModel whose next row is a fixed function of the last token (row
-    ``size`` for the empty context)."""
-    size = len(tokens)
-    table = _bigram_table(size, eos, seed, eos_mass, alpha)
-
-    def next_probs(ctx: list[int]) -> np.ndarray:
-        return table[ctx[-1] if ctx else size]
-
-    model = TableModel(tokens, next_probs, eos_id=eos, name=name)
-    model.table = table  # type: ignore[attr-defined]
-    return model
+                 alpha: float = 1.0, name: str) -> BigramModel:
+    """A bigram model over ``tokens`` with Dirichlet(``alpha``) rows."""
+    return BigramModel(tokens, _bigram_table(len(tokens), eos, seed, eos_mass, alpha), eos,
+                       name=name)
 
 
 def pair(*, eos_mass: float = 0.0, seed: int = 0) -> tuple[TableModel, TableModel]:
@@ -56,30 +69,6 @@ def pair(*, eos_mass: float = 0.0, seed: int = 0) -> tuple[TableModel, TableMode
     return target, draft
 
 
-def first_two_law(target: TableModel, prompt: str, params: SamplingParams,
-                  commit=None) -> dict[tuple[int, int], float]:
-    """Exact law of the first two target tokens after ``prompt`` (``commit``: a
-    function applied to each warped row, for lossy codecs' committed law)."""
-    ctx = target.tokenize(prompt)
-
-    def row(c: list[int]) -> np.ndarray:
-        p = warp(np.asarray(target.next_probs(c), dtype=np.float32), params)
-        if commit is not None:
-            p = commit(p)
-        return np.asarray(p, dtype=np.float64)
-
-    p1 = row(ctx)
-    law: dict[tuple[int, int], float] = {}
-    for a in range(target.vocab.size):
-        if p1[a] <= 0:
-            continue
-        p2 = row([*ctx, a])
-        for b in range(target.vocab.size):
-            if p2[b] > 0:
-                law[(a, b)] = float(p1[a] * p2[b])
-    return law
-
-
 def greedy_decode(target: TableModel, prompt: str, n: int) -> list[int]:
     ctx = target.tokenize(prompt)
     out: list[int] = []
@@ -89,36 +78,6 @@ def greedy_decode(target: TableModel, prompt: str, n: int) -> list[int]:
         if t == TARGET_EOS:
             break
     return out
-
-
-def chisquare_vs(counts: dict[tuple[int, int], int], law: dict[tuple[int, int], float],
-                 n: int) -> tuple[float, float]:
-    """(chi-square p-value, total variation) of ``counts`` against ``law``; cells with
-    expected count < 5 are pooled; a count outside the law's support gives p = 0."""
-    from scipy.stats import chisquare
-
-    if any(k not in law for k in counts):
-        return 0.0, 1.0
-    keys = sorted(law, key=lambda k: -law[k])
-    obs, exp = [], []
-    pool_o, pool_e = 0.0, 0.0
-    for k in keys:
-        e = law[k] * n
-        if e < 5:
-            pool_o += counts.get(k, 0)
-            pool_e += e
-        else:
-            obs.append(counts.get(k, 0))
-            exp.append(e)
-    if pool_e > 0:
-        obs.append(pool_o)
-        exp.append(pool_e)
-    exp_arr = np.array(exp)
-    exp_arr *= sum(obs) / exp_arr.sum()
-    p = float(chisquare(obs, exp_arr).pvalue)
-    tv = 0.5 * sum(abs(counts.get(k, 0) / n - law.get(k, 0.0))
-                   for k in set(law) | set(counts))
-    return p, tv
 
 
 async def closed_sessions_settle(cloud, timeout: float = 5.0) -> dict:
@@ -136,10 +95,9 @@ async def closed_sessions_settle(cloud, timeout: float = 5.0) -> dict:
 __all__ = [
     "DRAFT_EOS",
     "TARGET_EOS",
+    "BigramModel",
     "bigram_model",
-    "chisquare_vs",
     "closed_sessions_settle",
-    "first_two_law",
     "greedy_decode",
     "itertools",
     "pair",

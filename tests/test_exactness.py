@@ -53,21 +53,6 @@ def test_first_token_vo_heavy_100k(variant):
         assert sum(r.fallbacks for r in rounds) > 1_000  # HR fallback really ran
 
 
-@pytest.mark.parametrize("variant", LOSSLESS, ids=_id)
-@pytest.mark.parametrize("d", [4, 8])
-def test_first_and_second_token(variant, d):
-    name, opts = variant
-    target, draft, common = random_pair(d, seed=d)
-    rounds = run_rounds(name, opts, target, draft, common, 20_000, seed=100 + d)
-    assert_exact([r.tokens[0] for r in rounds], target[0], f"{_id(variant)} d={d} first")
-    second = [r.tokens[1] for r in rounds if len(r.tokens) > 1]
-    if name == "ar":
-        assert not second
-        return
-    assert len(second) > 4_000
-    assert_exact(second, target[1], f"{_id(variant)} d={d} second")
-
-
 @pytest.mark.parametrize("variant", RESAMPLING, ids=_id)
 def test_resampling_when_z_is_close_to_zero(variant):
     name, opts = variant
