@@ -202,8 +202,11 @@ class StreamDecoder:
     ``feed(data)`` returns the messages completed so far. A frame count over
     ``max_frames``, a header length over ``max_header_bytes`` or a running total
     over ``max_bytes`` raises ``too_large`` as soon as its prefix is read, so a
-    hostile length never makes the receiver buffer the body. After an error the
-    stream is out of sync and must be closed.
+    hostile length never makes the receiver buffer the body. Messages completed
+    before the error in the same data are still returned, and the error is held
+    back until the next ``feed`` or :meth:`check`: a valid message is not lost
+    because a bad one arrived in the same read. After an error the stream is out
+    of sync and must be closed.
     """
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
@@ -214,21 +217,41 @@ class StreamDecoder:
         self._need: int | None = None  # length of the frame being read
         self._frames: list[bytes] = []
         self._total = 0
+        self._error: ProtocolError | None = None
 
     @property
     def pending(self) -> int:
         """Bytes received but not yet part of a complete message."""
         return len(self._buf) - self._pos + self._total
 
+    def check(self) -> None:
+        """Raise the framing error held back behind messages already returned."""
+        if self._error is not None:
+            raise self._error
+
     def feed(self, data: Buffer) -> list[list[bytes]]:
+        self.check()
         self._buf += data
         out: list[list[bytes]] = []
+        try:
+            self._parse(out)
+        except ProtocolError as e:
+            self._error = e
+            if not out:
+                raise
+            return out
+        if self._pos:
+            del self._buf[:self._pos]
+            self._pos = 0
+        return out
+
+    def _parse(self, out: list[list[bytes]]) -> None:
         lim = self.limits
         while True:
             avail = len(self._buf) - self._pos
             if self._count is None:
                 if avail < 4:
-                    break
+                    return
                 (count,) = _U32.unpack_from(self._buf, self._pos)
                 self._pos += 4
                 if count == 0:
@@ -240,7 +263,7 @@ class StreamDecoder:
                 continue
             if self._need is None:
                 if avail < 4:
-                    break
+                    return
                 (need,) = _U32.unpack_from(self._buf, self._pos)
                 self._pos += 4
                 if not self._frames and need > lim.max_header_bytes:
@@ -253,7 +276,7 @@ class StreamDecoder:
                 self._need = need
                 continue
             if avail < self._need:
-                break
+                return
             end = self._pos + self._need
             self._frames.append(bytes(self._buf[self._pos:end]))
             self._total += self._need
@@ -261,7 +284,3 @@ class StreamDecoder:
             if len(self._frames) == self._count:
                 out.append(self._frames)
                 self._count, self._frames, self._total = None, [], 0
-        if self._pos:
-            del self._buf[:self._pos]
-            self._pos = 0
-        return out

@@ -94,6 +94,11 @@ class TcpConnection(Connection):
             if self._closed:
                 raise TransportError("connection is closed", code="closed")
             try:
+                self._decoder.check()  # an error held back behind delivered messages
+            except ProtocolError:
+                await self.close()
+                raise
+            try:
                 data = await self._reader.read(READ_CHUNK)
             except (ConnectionError, OSError) as e:
                 await self.close()
@@ -176,6 +181,7 @@ class TcpListener(Listener):
                 for msg in decoder.feed(data):
                     self.meter.record("up", msg, stream_overhead(len(msg)))
                     await self._inbox.put((peer, msg))
+                decoder.check()  # an error behind those messages ends the peer now
         except ProtocolError as e:
             log.warning("dropping TCP peer %s: %s (%s)", peer.hex(), e, e.code)
         except (ConnectionError, OSError) as e:
