@@ -41,7 +41,14 @@ from ..protocol.cloud import (
     SessionClosed,
     SessionOpened,
 )
-from ..protocol.messages import DraftMsg, Message, ServerLimits, from_wire, session_of
+from ..protocol.messages import (
+    MAX_HEADER_BYTES,
+    DraftMsg,
+    Message,
+    ServerLimits,
+    from_wire,
+    session_of,
+)
 from ..transport import LinkListener, LinkSpec, Listener, listen
 from .scheduler import Scheduler
 
@@ -82,7 +89,10 @@ class CloudNode:
         self.timeout_s = timeout_s
         self.limits = ServerLimits(max_message_bytes, max_sessions, max_draft, heartbeat_s,
                                    timeout_s)
-        self.frame_limits = Limits(max_bytes=max_message_bytes, max_frames=64 + max_draft)
+        # the header bound admits the longest legal prompt: refused as too_large, a
+        # prompt could not be answered on its session and its edge would wait forever
+        self.frame_limits = Limits(max_bytes=max_message_bytes, max_frames=64 + max_draft,
+                                   max_header_bytes=MAX_HEADER_BYTES)
         self.server_id = secrets.token_hex(8)
         self.config = CloudConfig(target.vocab, target.tokenize, self.limits, self.server_id,
                                   methods=methods, default_options=method_options)

@@ -46,6 +46,16 @@ MAX_MESSAGE = 4096  # human-readable error text
 MAX_IDS = 1 << 22  # resume ids, V_C arrays
 MAX_BUFFERS = 4096
 MAX_OPTIONS = 16
+MAX_DRAFT = 1 << 16  # drafted ids per round (and accepted ones in a verdict)
+MAX_CANDIDATES = 1 << 16  # candidate ids per reply (and V_O spellings sent with them)
+MAX_STOP = 64  # stop ids in a welcome
+MAX_PIECE = 4096  # bytes of one V_O token's spelling
+#: The largest header a legal message needs: an ``open`` whose prompt has
+#: ``MAX_TEXT`` bytes, with every other field at its bound, fits with room to
+#: spare. A receiver that accepts prompts must use at least this as its
+#: ``max_header_bytes``, or it refuses legal prompts as ``too_large`` before it can
+#: tell which session they belong to.
+MAX_HEADER_BYTES = MAX_TEXT + (64 << 10)
 
 Header = dict[str, Any]
 Buffers = list[bytes]
@@ -97,6 +107,14 @@ def _str(h: Mapping[str, Any], key: str, t: str, maxlen: int = MAX_NAME,
         raise _bad(f"{t}: field {key!r} must be a string, got {type(v).__name__}")
     if len(v) > maxlen:
         raise _bad(f"{t}: field {key!r} longer than {maxlen}")
+    return v
+
+
+def _text(h: Mapping[str, Any], key: str, t: str, max_bytes: int) -> str:
+    """A string bounded in UTF-8 bytes (what it costs on the wire), not characters."""
+    v: str = _str(h, key, t, max_bytes)  # characters <= bytes: a cheap first cut
+    if len(v) * 4 > max_bytes and len(v.encode()) > max_bytes:
+        raise _bad(f"{t}: field {key!r} longer than {max_bytes} bytes of UTF-8")
     return v
 
 
@@ -222,7 +240,7 @@ class ServerLimits:
     def from_dict(cls, d: Any, t: str) -> ServerLimits:
         if not isinstance(d, dict):
             raise _bad(f"{t}: limits must be a map")
-        return cls(_int(d, "msg", t, 1), _int(d, "sess", t, 0), _int(d, "draft", t, 0, 1 << 16),
+        return cls(_int(d, "msg", t, 1), _int(d, "sess", t, 0), _int(d, "draft", t, 0, MAX_DRAFT),
                    _float(d, "hb", t, 0.0), _float(d, "to", t, 0.0))
 
 
@@ -255,7 +273,8 @@ class Welcome(Message):
         t = cls.TYPE
         _nbuf(buffers, 0, t)
         stop = _get(h, "stop", t)
-        if not isinstance(stop, list) or not all(type(x) is int for x in stop) or len(stop) > 64:
+        if (not isinstance(stop, list) or not all(type(x) is int for x in stop)
+                or len(stop) > MAX_STOP):
             raise _bad(f"{t}: stop must be a list of integers")
         return cls(_int(h, "v", t, 0, 1 << 31), _str(h, "sid", t), _str(h, "tname", t),
                    _str(h, "tfp", t), _int(h, "tsize", t, 1, 1 << 31), tuple(stop),
@@ -457,7 +476,7 @@ class Open(SessionMessage):
                    _str(h, "c", t), dict(opts), _float(h, "T", t, 0.0, 1e6),
                    _int(h, "k", t, 0, 1 << 31), _float(h, "p", t, 0.0, 1.0),
                    _int(h, "seed", t, 0, (1 << 64) - 1, optional=True),
-                   _str(h, "prompt", t, MAX_TEXT), _int(h, "max", t, 0, 1 << 31),
+                   _text(h, "prompt", t, MAX_TEXT), _int(h, "max", t, 0, 1 << 31),
                    bytes_to_ids(buffers[0], t, "resume ids"))
 
 
@@ -516,7 +535,7 @@ class DraftMsg(SessionMessage):
         mk = _bool(h, "mk", t, False)
         nv = _int(h, "nv", t, 0, MAX_BUFFERS, optional=True)
         _nbuf(buffers, 2 + int(mk) + (nv or 0), t)
-        ids = bytes_to_ids(buffers[0], t, "draft ids", max_n=1 << 16)
+        ids = bytes_to_ids(buffers[0], t, "draft ids", max_n=MAX_DRAFT)
         q = bytes_to_f32(buffers[1], t, "q values", ids.shape[0])
         check_probs(q, t, "q values")
         if ids.shape[0] and not float(q.min()) > 0.0:
@@ -564,12 +583,12 @@ def reply_from_wire(h: Mapping[str, Any], buffers: Sequence[bytes],
                     t: str) -> tuple[Reply, dict[int, bytes]]:
     kind = _str(h, "k", t)
     ob_raw = h.get("ob") or []
-    if not isinstance(ob_raw, list) or len(ob_raw) > 1 << 16:
+    if not isinstance(ob_raw, list) or len(ob_raw) > MAX_CANDIDATES:
         raise _bad(f"{t}: ob must be a list of [id, bytes] pairs")
     other: dict[int, bytes] = {}
     for pair in ob_raw:
         if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int
-                and isinstance(pair[1], bytes) and pair[0] >= 0 and len(pair[1]) <= 4096):
+                and isinstance(pair[1], bytes) and pair[0] >= 0 and len(pair[1]) <= MAX_PIECE):
             raise _bad(f"{t}: ob must be a list of [id, bytes] pairs")
         other[pair[0]] = pair[1]
     reply: Reply
@@ -586,7 +605,7 @@ def reply_from_wire(h: Mapping[str, Any], buffers: Sequence[bytes],
                                                             hi=(1 << 31) - 1))
     elif kind == "cand":
         _nbuf(buffers, 2, t)
-        ids = bytes_to_ids(buffers[0], t, "candidates", max_n=1 << 16)
+        ids = bytes_to_ids(buffers[0], t, "candidates", max_n=MAX_CANDIDATES)
         vals = bytes_to_f32(buffers[1], t, "candidate values", ids.shape[0])
         check_probs(vals, t, "candidate values")
         reply = CandidatesReply(ids=ids, values=vals)
@@ -619,7 +638,7 @@ class VerdictMsg(SessionMessage):
         t = cls.TYPE
         reply, other = reply_from_wire(h, buffers, t)
         us = _int(h, "us", t, optional=True) or 0
-        return cls(_int(h, "s", t), _int(h, "r", t), _int(h, "n", t, 0, 1 << 16), reply, other,
+        return cls(_int(h, "s", t), _int(h, "r", t), _int(h, "n", t, 0, MAX_DRAFT), reply, other,
                    us)
 
 
