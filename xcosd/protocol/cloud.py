@@ -54,6 +54,7 @@ from ..sampling import SamplingParams, warp
 from ..vocab import Vocabulary
 from .errors import error_code
 from .messages import (
+    MAX_CANDIDATES,
     PROTOCOL_VERSION,
     Close,
     DraftMsg,
@@ -438,6 +439,13 @@ class CloudConnection:
             raise ProtocolError(f"cannot serve method {msg.method!r} with codec "
                                 f"{msg.codec!r}: {e}", code="method") from e
         del params
+        k = getattr(method, "K", None)
+        if isinstance(k, int) and k > MAX_CANDIDATES:
+            # K candidates go out in one reply: more than the wire carries would be
+            # refused by the edge (and a hostile K could make the cloud allocate
+            # gigabytes when it samples them)
+            raise ProtocolError(f"method {msg.method!r}: K={k} exceeds the limit of "
+                                f"{MAX_CANDIDATES} candidates per reply", code="method")
         if msg.resume.shape[0] and int(msg.resume.max()) >= space.target_size:
             raise ProtocolError("resume ids outside the target vocabulary", code="bad_token")
         if cfg.sessions >= cfg.limits.max_sessions:
