@@ -21,7 +21,8 @@ from ..methods.base import Space
 from ..vocab import Vocabulary
 from .messages import VocabMapUpload, VocabTable
 
-#: a VocabTable's decompressed blob may not exceed this (a hostile table cannot blow memory)
+#: a VocabTable's token bytes (its decompressed blob) may not exceed this, so a hostile
+#: table cannot blow memory
 MAX_TABLE_BYTES = 64 << 20
 
 
@@ -63,18 +64,29 @@ def table_to_vocab(msg: VocabTable) -> Vocabulary:
     if len(msg.lengths) != 4 * kinds.shape[0]:
         raise ProtocolError("vocab: lengths do not match kinds", code="bad_field")
     lengths = np.frombuffer(msg.lengths, dtype="<i4").astype(np.int64)
-    if np.any(lengths < 0) or int(lengths.sum()) > MAX_TABLE_BYTES:
-        raise ProtocolError("vocab: bad token lengths", code="bad_field")
+    if np.any(lengths < 0):
+        raise ProtocolError("vocab: negative token lengths", code="bad_field")
+    total = int(lengths.sum())
+    if total > MAX_TABLE_BYTES:
+        raise ProtocolError(f"vocab: {total} bytes of tokens exceed the limit of "
+                            f"{MAX_TABLE_BYTES}", code="too_large")
     blob = msg.blob
     if msg.compressed:
         import zstandard
 
         try:
+            # zstd ignores max_output_size when the frame states its size: check the
+            # stated size first, or a few kilobytes could claim (and get) gigabytes
+            declared = zstandard.frame_content_size(blob)
+            if declared != -1 and declared != total:
+                raise ProtocolError(f"vocab: the compressed table holds {declared} bytes, "
+                                    f"its lengths say {total}",
+                                    code="too_large" if declared > total else "bad_field")
             blob = zstandard.ZstdDecompressor().decompress(
-                blob, max_output_size=MAX_TABLE_BYTES)
+                blob, max_output_size=max(total, 1))
         except zstandard.ZstdError as e:
             raise ProtocolError(f"vocab: bad compressed table ({e})", code="bad_field") from e
-    if len(blob) != int(lengths.sum()):
+    if len(blob) != total:
         raise ProtocolError("vocab: token bytes do not match lengths", code="bad_field")
     tokens: list[bytes | None] = []
     special: list[int] = []
