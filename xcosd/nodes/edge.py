@@ -479,12 +479,19 @@ class EdgeNode:
         if conn is None or not self._connected:
             raise _ConnectionLost(epoch)
         frames = pack(msg)
+        size = message_bytes(frames)
+        welcome = self._handshake.welcome
+        if welcome is not None and size > welcome.limits.max_message:
+            # the cloud would refuse it before it can tell whose it is, and this
+            # generation would wait for an answer that never comes: fail it here
+            raise ProtocolError(f"a {msg.TYPE} message of {size} bytes exceeds the cloud's "
+                                f"limit of {welcome.limits.max_message}", code="too_large")
         try:
             await conn.send(frames)
         except TransportError as e:
             self._lose(epoch)
             raise _ConnectionLost(epoch) from e
-        n = self._wire(frames)
+        n = size + self._overhead(frames)
         st.count("up", msg.TYPE, n)
         if trace is not None:
             trace.append(("up", n))
