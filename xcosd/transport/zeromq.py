@@ -10,7 +10,9 @@ Why these socket options:
 * ZMTP heartbeats (``HEARTBEAT_IVL``/``TIMEOUT``/``TTL``) drop dead links that TCP
   would keep half-open for minutes.
 * ``MAXMSGSIZE`` = the frame-codec limit: ZeroMQ drops a peer that sends a larger
-  frame before the bytes reach Python.
+  frame before the bytes reach Python. libzmq checks each frame, not the message:
+  a message of many frames under the limit is received whole, and its total is
+  then refused by the node's :func:`~xcosd.codecs.frames.check_limits`.
 
 Sends use ``copy=False``; pyzmq copies frames under ``copy_threshold`` anyway
 (zero-copy has a fixed cost), so big probability vectors go out without a copy.
