@@ -1,0 +1,137 @@
+"""The mutation harness (``bench/mutation.py``) itself: mutants are generated, applied
+and undone correctly, and the named mutants still match the code.
+
+The named mutants are text patches of real source lines; if someone rewrites such a
+line the patch would silently stop applying and the fault it stands for would no
+longer be tested, so each patch's old text must occur exactly once right now.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from bench.mutation import (
+    NAMED,
+    ROOT,
+    TEST_MAP,
+    applied,
+    generate_mutants,
+    mapped_tests,
+    named_mutant,
+    sample_mutants,
+    scope_files,
+)
+
+TINY = '''"""Docstring: 1 < 2 is not mutated."""
+
+LIMIT = 3
+
+
+def f(x: list[int], j: int, mass: float = 0.5) -> float:
+    """A docstring with numbers 0 and 1."""
+    if j >= len(x) and mass > 0:
+        raise ValueError(f"index {j + 1} out of range")
+    total = x[j] + LIMIT * 2
+    total += 1
+    return normalise(total) if not mass == 1 else total
+
+
+def g() -> None:
+    return None
+
+
+def __repr__(self) -> str:
+    return str(1 + 2)
+'''
+
+
+def _ops(mutants):
+    return {m.operator.split("->")[0].split(":")[0] for m in mutants}
+
+
+def test_generator_covers_the_operators_and_skips_text_and_types() -> None:
+    mutants = generate_mutants(TINY, "tiny.py")
+    ops = {m.operator for m in mutants}
+    for op in ("cmp:GtE->Gt", "cmp:Gt->GtE", "boolop:And->Or", "binop:Add->Sub",
+               "binop:Mult->Div", "aug:Add->Sub", "const:+1", "const:0->1", "const:1->0",
+               "if-neg", "return-None", "index->0", "index+1", "call-drop:normalise",
+               "not-drop", "cmp:Eq->NotEq"):
+        assert op in ops, op
+    assert all(m.line >= 3 for m in mutants)  # nothing in the module docstring
+    assert not any(m.line in (7, 9) for m in mutants)  # function docstring, raise message
+    assert not any(m.line >= 19 for m in mutants)  # __repr__
+    assert not any("list[" in m.new_line and "list[int]" not in m.new_line for m in mutants)
+    # ``return None`` in a function annotated ``-> None`` is not a mutant
+    assert not any(m.line == 16 for m in mutants)
+    # ids are unique and the same on a second run
+    ids = [m.id for m in mutants]
+    assert len(set(ids)) == len(ids)
+    assert ids == [m.id for m in generate_mutants(TINY, "tiny.py")]
+    assert ids[0].startswith("tiny.py:3:")
+
+
+def test_every_mutant_parses_and_changes_the_ast() -> None:
+    original = ast.dump(ast.parse(TINY))
+    for m in generate_mutants(TINY, "tiny.py"):
+        mutated = m.apply(TINY)
+        assert ast.dump(ast.parse(mutated)) != original, m.id
+        # the splice leaves every other line untouched
+        changed = [i for i, (a, b) in enumerate(zip(TINY.splitlines(), mutated.splitlines(),
+                                                    strict=True)) if a != b]
+        assert changed == [m.line - 1], m.id
+
+
+def test_scopes_limit_mutants_to_named_top_level_definitions() -> None:
+    only_f = generate_mutants(TINY, "tiny.py", frozenset({"f"}))
+    assert only_f and all(6 <= m.line <= 12 for m in only_f)  # default, body
+
+
+def test_applied_writes_the_mutant_and_restores_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.py"
+    path.write_text(TINY)
+    before = path.read_bytes()
+    m = next(m for m in generate_mutants(TINY, "tiny.py") if m.operator == "cmp:GtE->Gt")
+    with applied(path, m) as text:
+        assert path.read_text() == text == m.apply(TINY)
+        assert "if j > len(x)" in path.read_text()
+    assert path.read_bytes() == before
+    with pytest.raises(RuntimeError), applied(path, m):
+        raise RuntimeError("a crash mid-run still restores the file")
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("patch", NAMED, ids=[p.name for p in NAMED])
+def test_named_patch_matches_the_current_source_exactly_once(patch) -> None:
+    source = (ROOT / patch.path).read_text(encoding="utf-8")
+    assert source.count(patch.old) == 1, f"{patch.name} is stale: {patch.old!r}"
+    m = named_mutant(patch, source)
+    assert m.apply(source).count(patch.new) >= 1
+    ast.parse(m.apply(source))
+    assert patch.path in {p for p, _ in scope_files()}
+
+
+def test_stale_named_patch_is_an_error() -> None:
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        named_mutant(NAMED[0], "nothing to patch here")
+
+
+def test_sample_is_deterministic_and_spans_files() -> None:
+    mutants = generate_mutants(TINY, "a.py") + generate_mutants(TINY, "b.py")
+    s1 = sample_mutants(mutants, 6, seed=3)
+    assert [m.id for m in s1] == [m.id for m in sample_mutants(mutants, 6, seed=3)]
+    assert len(s1) == 6 and {m.path for m in s1} == {"a.py", "b.py"}
+    assert sample_mutants(mutants, 10_000, seed=3) == mutants
+
+
+def test_test_map_covers_the_scope_and_names_the_law_and_limit_tests() -> None:
+    for rel, _ in scope_files():
+        tests, missing = mapped_tests(rel)
+        assert tests or missing, rel
+    mapped = {t for _, tests in TEST_MAP for t in tests}
+    assert {"tests/test_law.py", "tests/test_limits.py", "tests/test_exactness.py",
+            "tests/test_protocol_sm.py", "tests/test_frames.py"} <= mapped
+    assert "tests/test_law.py" in mapped_tests("xcosd/protocol/edge.py")[0] + \
+        mapped_tests("xcosd/protocol/edge.py")[1]
