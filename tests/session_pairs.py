@@ -15,7 +15,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from xcosd.models import TableModel
+from xcosd.models.base import ContextModel
 from xcosd.sampling import SamplingParams, check_distribution
+from xcosd.vocab import VocabMap, Vocabulary
+
+from .helpers.waits import until
 
 TARGET_TOKENS = [b"a", b"b", b"c", b"d", b"ab", b"bc", b"cd", b"abc", b"<eos>"]
 DRAFT_TOKENS = [b"a", b"b", b"c", b"d", b"ab", b"ca", b"dd", b"<eos>"]
@@ -80,15 +84,10 @@ def greedy_decode(target: TableModel, prompt: str, n: int) -> list[int]:
     return out
 
 
-async def closed_sessions_settle(cloud, timeout: float = 5.0) -> dict:
+async def closed_sessions_settle(cloud) -> dict:
     """The cloud's stats once every session the edges closed is freed: ``close`` is
     fire-and-forget, so the cloud may still be reading the last ones."""
-    import asyncio
-    import time
-
-    deadline = time.monotonic() + timeout
-    while cloud.stats()["sessions_active"] and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
+    await until(lambda: not cloud.stats()["sessions_active"], "the closed sessions to be freed")
     return cloud.stats()
 
 
@@ -183,3 +182,52 @@ class LocalLink:
         self.to_cloud(es.close())
         es.drafter.end()
         return es
+
+
+# ----------------------------------------------------------- real vocabularies
+
+
+class SparseBigramModel(ContextModel):
+    """A bigram model over a real vocabulary (o200k, cl100k ...): the next row after
+    token ``a`` puts ``rows[a]`` on ``support`` (the start row after the empty
+    context or a token outside ``support``). Rows are full-width, as a real model's
+    are, so every id mapping and every 200k-entry vector path runs for real."""
+
+    def __init__(self, vocab: Vocabulary, support: np.ndarray, rows: np.ndarray,
+                 start: np.ndarray, *, name: str) -> None:
+        self.vocab = vocab
+        self.name = name
+        self.support = np.asarray(support, dtype=np.int64)
+        self.rows = np.asarray(rows, dtype=np.float32)
+        self.start_row = np.asarray(start, dtype=np.float32)
+        self._index = {int(t): i for i, t in enumerate(self.support)}
+        check_distribution(np.vstack([self.rows, self.start_row]), what=name)
+
+    def _fill_row(self, context: Sequence[int], out: np.ndarray) -> None:
+        out[:] = 0.0
+        i = self._index.get(int(context[-1])) if len(context) else None
+        out[self.support] = self.start_row if i is None else self.rows[i]
+
+
+def real_pair(seed: int = 0) -> tuple[SparseBigramModel, SparseBigramModel, VocabMap]:
+    """(target on o200k, draft on cl100k, their map): the target's support is 4 real
+    tokens in V_C and 4 in V_O (o200k tokens cl100k lacks), scattered over the ids;
+    the draft proposes the 4 V_C tokens plus 2 tokens o200k lacks."""
+    tv, dv = Vocabulary.load("o200k"), Vocabulary.load("cl100k")
+    vmap = VocabMap(dv, tv)
+    rng = np.random.default_rng(seed)
+    common = rng.choice(vmap.common_target_ids, 4, replace=False)
+    other = rng.choice(np.flatnonzero(vmap.other_mask), 4, replace=False)
+    t_support = np.concatenate([common, other])
+    draft_only = rng.choice(np.flatnonzero(~np.isin(np.arange(dv.size),
+                                                    vmap.common_draft_ids)
+                                           & dv.regular_mask), 2, replace=False)
+    d_support = np.concatenate([vmap.target_to_draft[common], draft_only])
+    k_t, k_d = t_support.shape[0], d_support.shape[0]
+    target = SparseBigramModel(tv, t_support, rng.dirichlet(0.8 * np.ones(k_t), k_t),
+                               rng.dirichlet(0.8 * np.ones(k_t)), name="o200k-bigram")
+    d_rows = rng.dirichlet(0.5 * np.ones(k_d), k_d)
+    # the draft's row follows the target token's draft spelling when it is in V_C
+    draft = SparseBigramModel(dv, d_support, d_rows, rng.dirichlet(0.5 * np.ones(k_d)),
+                              name="cl100k-bigram")
+    return target, draft, vmap

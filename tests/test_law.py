@@ -28,8 +28,8 @@ from xcosd.protocol import RoundVerified
 from xcosd.sampling import SamplingParams, warp
 from xcosd.vocab import VocabMap
 
-from .helpers.law import bigram_law, check_law, committed_row
-from .session_pairs import LocalLink, pair
+from .helpers.law import bigram_law, check_law, committed_row, markov_law
+from .session_pairs import LocalLink, pair, real_pair
 
 PROMPT = "c"
 TOKENS = 5
@@ -187,3 +187,34 @@ def test_the_pair_is_adversarial(link: LocalLink) -> None:
     joint = exact_law(link, "ar", "f32", T1)
     first_in_vo = joint.sum(axis=(1, 2, 3, 4))[vmap.other_mask].sum()
     assert vmap.n_other == 3 and first_in_vo > 0.3
+
+
+# -- real vocabularies: o200k target, cl100k draft -----------------------------------
+
+N_REAL = 1_500
+
+
+@pytest.fixture(scope="module")
+def real_link() -> LocalLink:
+    target, draft, _ = real_pair()
+    return LocalLink(target, draft)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["xcosd-e", "straightforward"])
+def test_real_vocabularies(real_link: LocalLink, variant: str) -> None:
+    """5-token generations whose every vector is 200k wide, V_C scattered over the real
+    ids. Built to catch any id-mapping error (a token off the target's support) and
+    TV 0.1 at one step (N = 1,500 over 8 support tokens)."""
+    target = real_link.target
+    seqs, rejected_at = generate(real_link, variant, "f32", T1, N_REAL, seed=7_000_000)
+    support = target.support  # type: ignore[attr-defined]
+    assert np.isin(seqs, support).all(), "a token off the target's support"
+    index = np.searchsorted(np.sort(support), seqs)
+    order = np.argsort(support)
+    rows = target.rows[order][:, order]  # type: ignore[attr-defined]
+    start = target.start_row[order]  # type: ignore[attr-defined]
+    report = check_law(index, markov_law(start / start.sum(), rows / rows.sum(1, keepdims=True),
+                                         TOKENS))
+    assert report.ok, f"{variant} on o200k <- cl100k: {report}"
+    assert (rejected_at[:DRAFT_LEN] > 0).all(), rejected_at
