@@ -129,3 +129,29 @@ def test_greedy_draft_whose_top_token_is_draft_only_still_drafts() -> None:
                                   np.random.default_rng(0))
     assert ids.tolist() == [0, 0, 0]  # greedy over V_C: "a"
     assert all(q.tolist() == [1.0, 0.0] for q in q_raw)
+
+
+def test_phases_move_only_along_their_tables(link: LocalLink) -> None:
+    """Every phase change goes through the transition tables: a step the table does
+    not list is a ``state`` error and leaves the phase as it was."""
+    from xcosd.errors import ProtocolError
+    from xcosd.protocol.cloud import CLOUD_TRANSITIONS, CloudPhase, CloudStep
+    from xcosd.protocol.edge import EDGE_TRANSITIONS, EdgePhase
+
+    es = link.session("xcosd-e", max_new_tokens=3)
+    assert es.phase is EdgePhase.NEW
+    with pytest.raises(ProtocolError) as e:
+        es.next_draft()  # not opened yet
+    assert e.value.code == "state" and es.phase is EdgePhase.NEW
+    for m in link.to_cloud(es.open()):
+        es.receive(m)
+    assert es.phase is EdgePhase.READY
+    es.close()
+    with pytest.raises(ProtocolError):
+        es.close()  # closed is final
+    assert es.phase is EdgePhase.CLOSED
+    assert {nxt for nxt in EDGE_TRANSITIONS.values()} == set(EdgePhase) - {EdgePhase.NEW}
+    # the cloud: closed is final, scoring is left only by a verdict
+    assert not any(p is CloudPhase.CLOSED for p, _ in CLOUD_TRANSITIONS)
+    assert {s for p, s in CLOUD_TRANSITIONS if p is CloudPhase.SCORING} == {
+        CloudStep.ACCEPTED, CloudStep.REJECTED, CloudStep.CLOSE}

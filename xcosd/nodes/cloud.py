@@ -259,7 +259,8 @@ class CloudNode:
                     c["sessions_failed"] += 1
                 c["follow_ups"] += ev.session.requests
                 if sched is not None:
-                    sched.cancel(ev.session)
+                    # its queued work, if any, is skipped when batches form (the
+                    # protocol closed the session); its model state is freed
                     sched.free(ev.session)
             elif isinstance(ev, Rejected):
                 by = c["errors_by_code"]

@@ -12,8 +12,9 @@ computes, batch *k + 1* fills up).
   protocol allows one round in flight), so no session can crowd others out.
 * Backpressure: :meth:`Scheduler.full` tells the node to refuse new work with a
   ``busy`` error once ``max_queue`` requests wait.
-* Cancellation: :meth:`Scheduler.cancel` drops a closed session's queued request;
-  a result for a session that closed while its batch ran is discarded by the
+* Cancellation: a closed session's queued request (the protocol closed it) is
+  skipped when batches form, in O(1) however long the queue is; a result for a
+  session that closed while its batch ran is discarded by the
   state machine, and the model state is freed in the worker thread
   (:meth:`Scheduler.free`), never concurrently with a batch.
 """
@@ -171,12 +172,6 @@ class Scheduler:
         req.enqueued_at = time.perf_counter()
         self._queue.append(req)
         self._wake.set()
-
-    def cancel(self, session: CloudSession) -> None:
-        """Drop ``session``'s queued work (it closed or vanished). The request stays in
-        the deque and is skipped when batches are formed (the session is marked
-        closed), so cancelling costs O(1) however long the queue is."""
-        session.phase = "closed"
 
     def free(self, session: CloudSession) -> None:
         """Free the model state of a finished session. The worker thread does it

@@ -16,11 +16,13 @@ token, else keep a :class:`~xcosd.methods.RejectState` and answer with the
 method's rejection payload, then serve follow-up requests until the device's next
 draft reports the token it resolved.
 
-Per session state (``phase``)::
+Per session state (:class:`CloudPhase`, changed only through
+:data:`CLOUD_TRANSITIONS`)::
 
-    idle ──draft──► scoring ──scored──► idle        (all accepted: bonus sent)
-      ▲                          └────► resolving   (rejection payload sent)
+    idle ──draft──► scoring ──accepted──► idle        (all accepted: bonus sent)
+      ▲                          └─rejected─► resolving   (rejection payload sent)
       └─────────────draft (with the resolved token)────┘   ◄─request/reply─┘
+    any ──close──► closed
 
 Hostile input never raises out of :meth:`CloudConnection.receive`: every refusal
 is an :class:`~xcosd.protocol.messages.Error` to the peer plus a
@@ -30,6 +32,7 @@ draft can be sent again).
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,6 +79,38 @@ from .messages import (
     Welcome,
 )
 from .vocab_transfer import space_from_upload, vocab_to_table
+
+# ------------------------------------------------------------------------ phases
+
+
+class CloudPhase(enum.Enum):
+    """Where one cloud session is in its round."""
+
+    IDLE = "idle"            # waiting for the next draft
+    SCORING = "scoring"      # the draft is with the scheduler
+    RESOLVING = "resolving"  # a rejection's payload went out; follow-ups may come
+    CLOSED = "closed"
+
+
+class CloudStep(enum.Enum):
+    """What moves a cloud session from one phase to the next."""
+
+    DRAFT = "draft"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    CLOSE = "close"
+
+
+#: Every legal move of a cloud session; anything else is a ``state`` error.
+CLOUD_TRANSITIONS: dict[tuple[CloudPhase, CloudStep], CloudPhase] = {
+    (CloudPhase.IDLE, CloudStep.DRAFT): CloudPhase.SCORING,
+    (CloudPhase.RESOLVING, CloudStep.DRAFT): CloudPhase.SCORING,
+    (CloudPhase.SCORING, CloudStep.ACCEPTED): CloudPhase.IDLE,
+    (CloudPhase.SCORING, CloudStep.REJECTED): CloudPhase.RESOLVING,
+    **{(p, CloudStep.CLOSE): CloudPhase.CLOSED
+       for p in (CloudPhase.IDLE, CloudPhase.SCORING, CloudPhase.RESOLVING)},
+}
+
 
 # ------------------------------------------------------------------------ events
 
@@ -221,7 +256,7 @@ class CloudSession:
         self.max_new_tokens = msg.max_new_tokens
         self.start_ids: list[int] | None = [*prompt_ids, *msg.resume.tolist()]
         self.prompt_tokens = len(prompt_ids)
-        self.phase = "idle"
+        self.phase = CloudPhase.IDLE
         self.last_seq = msg.seq
         self.next_round = 0
         self.round = -1
@@ -245,7 +280,16 @@ class CloudSession:
 
     @property
     def closed(self) -> bool:
-        return self.phase == "closed"
+        return self.phase is CloudPhase.CLOSED
+
+    def advance(self, event: CloudStep) -> None:
+        """Move to the phase :data:`CLOUD_TRANSITIONS` names for ``event``, or raise
+        ``state`` (the session keeps its phase)."""
+        nxt = CLOUD_TRANSITIONS.get((self.phase, event))
+        if nxt is None:
+            raise ProtocolError(f"session {self.s}: {event.value} is not allowed in phase "
+                                f"{self.phase.value}", code="state")
+        self.phase = nxt
 
     # -- in a worker thread -----------------------------------------------
 
@@ -338,12 +382,12 @@ class CloudConnection:
             assert isinstance(outcome.reply, TokenReply)
             session.pending = [int(outcome.reply.token)]
             session.final_token = None
-            session.phase = "idle"
+            session.advance(CloudStep.ACCEPTED)
         else:
             session.pending = []
             session.final_token = (int(outcome.reply.token)
                                    if isinstance(outcome.reply, TokenReply) else None)
-            session.phase = "resolving"
+            session.advance(CloudStep.REJECTED)
         msg = VerdictMsg(session.s, session.round, n, outcome.reply,
                          self._other_bytes(session.space, outcome.reply),
                          int(outcome.compute_s * 1e6))
@@ -353,7 +397,7 @@ class CloudConnection:
         """Close ``session`` (edge closed it, timed out, failed)."""
         if session.closed:
             return Output()
-        session.phase = "closed"
+        session.advance(CloudStep.CLOSE)
         session.draft = session.reject = None
         if self.sessions.get(session.s) is session:
             del self.sessions[session.s]
@@ -451,17 +495,23 @@ class CloudConnection:
         if cfg.sessions >= cfg.limits.max_sessions:
             raise ProtocolError(f"the cloud is at its limit of {cfg.limits.max_sessions} "
                                 "sessions; retry later", code="busy")
-        try:
-            prompt_ids = [int(i) for i in cfg.tokenize(msg.prompt)]
-        except XcosdError as e:
-            raise ProtocolError(f"cannot tokenise the prompt: {e.message}", code="bad_field") from e
+        if msg.prompt_ids is not None:  # a tokenised prompt: the context is exactly these ids
+            if msg.prompt_ids.shape[0] and int(msg.prompt_ids.max()) >= space.target_size:
+                raise ProtocolError("prompt ids outside the target vocabulary", code="bad_token")
+            prompt_ids = [int(i) for i in msg.prompt_ids.tolist()]
+        else:
+            try:
+                prompt_ids = [int(i) for i in cfg.tokenize(msg.prompt)]
+            except XcosdError as e:
+                raise ProtocolError(f"cannot tokenise the prompt: {e.message}",
+                                    code="bad_field") from e
         sess = CloudSession(self, msg, method, space, prompt_ids)
         self.sessions[msg.s] = sess
         cfg.sessions += 1
         return Output([Opened(msg.s, sess.prompt_tokens)], [SessionOpened(sess)])
 
     def _draft(self, sess: CloudSession, msg: DraftMsg) -> Output:
-        if sess.phase == "scoring":
+        if sess.phase is CloudPhase.SCORING:
             raise ProtocolError(f"session {sess.s}: round {sess.round} is still being "
                                 "verified", code="state")
         if msg.r != sess.next_round:
@@ -479,7 +529,7 @@ class CloudConnection:
             raise ProtocolError("a drafted id is not in V_C", code="bad_token")
         self._check_vectors(m, draft)
         append = list(sess.pending)
-        if sess.phase == "resolving":
+        if sess.phase is CloudPhase.RESOLVING:
             tok = msg.token
             if tok is None:
                 raise ProtocolError(f"session {sess.s}: the draft after a rejection must carry "
@@ -498,7 +548,7 @@ class CloudConnection:
         sess.reject = None
         sess.round = msg.r
         sess.next_round = msg.r + 1
-        sess.phase = "scoring"
+        sess.advance(CloudStep.DRAFT)
         return Output([], [req])
 
     @staticmethod
@@ -527,7 +577,7 @@ class CloudConnection:
             raise ProtocolError(f"resolved token {tok} has no probability", code="bad_token")
 
     def _request(self, sess: CloudSession, msg: RequestMsg) -> Output:
-        if sess.phase != "resolving" or msg.r != sess.round or sess.reject is None:
+        if sess.phase is not CloudPhase.RESOLVING or msg.r != sess.round or sess.reject is None:
             code = "replay" if msg.r < sess.round else "state"
             raise ProtocolError(f"session {sess.s}: no rejection to follow up in round "
                                 f"{msg.r}", code=code)

@@ -16,16 +16,20 @@ TLI distribution (the draft's warped row restricted to V_C,
 ``DeviceState(q_common=draft_row(q_j))`` and call ``method.resolve`` on each reply
 until it yields a token. The token travels to the cloud with the next draft.
 
-Session phases::
+Session phases (:class:`EdgePhase`, changed only through
+:data:`EDGE_TRANSITIONS`)::
 
     new ─open─► opening ─opened─► ready ─draft─► waiting ─verdict─► ready | done
                                                      └─► resolving ─reply─► ready | done
+    (open again from any live phase: resume after a cloud restart)
+    any ─close─► closed
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -286,6 +290,51 @@ class EdgeOutput:
     events: list[EdgeEvent] = field(default_factory=list)
 
 
+# ------------------------------------------------------------------------ phases
+
+
+class EdgePhase(enum.Enum):
+    """Where one generation is on the device."""
+
+    NEW = "new"
+    OPENING = "opening"      # ``open`` sent, waiting for ``opened``
+    READY = "ready"          # may draft the next round
+    WAITING = "waiting"      # the round's draft is out, waiting for the verdict
+    RESOLVING = "resolving"  # a rejection is being resolved (follow-ups)
+    DONE = "done"            # finished (length or stop); only ``close`` is left
+    CLOSED = "closed"
+
+
+class EdgeStep(enum.Enum):
+    """What moves a generation from one phase to the next."""
+
+    OPEN = "open"
+    OPENED = "opened"
+    DRAFT = "draft"
+    REJECTED = "rejected"
+    SETTLED = "settled"      # a round ended with tokens and the generation goes on
+    FINISHED = "finished"    # the generation reached its length or a stop token
+    CLOSE = "close"
+
+
+_LIVE = (EdgePhase.NEW, EdgePhase.OPENING, EdgePhase.READY, EdgePhase.WAITING,
+         EdgePhase.RESOLVING)
+
+#: Every legal move of a generation; anything else is a ``state`` error.
+EDGE_TRANSITIONS: dict[tuple[EdgePhase, EdgeStep], EdgePhase] = {
+    **{(p, EdgeStep.OPEN): EdgePhase.OPENING for p in _LIVE},
+    (EdgePhase.OPENING, EdgeStep.OPENED): EdgePhase.READY,
+    (EdgePhase.OPENING, EdgeStep.FINISHED): EdgePhase.DONE,
+    (EdgePhase.READY, EdgeStep.DRAFT): EdgePhase.WAITING,
+    (EdgePhase.WAITING, EdgeStep.REJECTED): EdgePhase.RESOLVING,
+    (EdgePhase.WAITING, EdgeStep.SETTLED): EdgePhase.READY,
+    (EdgePhase.WAITING, EdgeStep.FINISHED): EdgePhase.DONE,
+    (EdgePhase.RESOLVING, EdgeStep.SETTLED): EdgePhase.READY,
+    (EdgePhase.RESOLVING, EdgeStep.FINISHED): EdgePhase.DONE,
+    **{(p, EdgeStep.CLOSE): EdgePhase.CLOSED for p in (*_LIVE, EdgePhase.DONE)},
+}
+
+
 # ------------------------------------------------------------------------ session
 
 
@@ -317,7 +366,7 @@ class EdgeSession:
         dev, srv = ss.spawn(2)
         self.rng = np.random.default_rng(dev)
         self.server_seed = int(srv.generate_state(1, np.uint64)[0])
-        self.phase = "new"
+        self.phase = EdgePhase.NEW
         self.seq = 0
         self.round = 0
         self.token_ids: list[int] = []
@@ -338,7 +387,14 @@ class EdgeSession:
 
     @property
     def done(self) -> bool:
-        return self.phase in ("done", "closed")
+        return self.phase in (EdgePhase.DONE, EdgePhase.CLOSED)
+
+    def _advance(self, step: EdgeStep) -> None:
+        nxt = EDGE_TRANSITIONS.get((self.phase, step))
+        if nxt is None:
+            raise ProtocolError(f"session {self.s}: {step.value} is not allowed in phase "
+                                f"{self.phase.value}", code="state")
+        self.phase = nxt
 
     @property
     def remaining(self) -> int:
@@ -347,9 +403,9 @@ class EdgeSession:
     def open(self) -> Open:
         """The ``open`` message (again after a cloud restart: it then carries the tokens
         generated so far as ``resume``, and the round in flight is abandoned)."""
-        if self.phase in ("waiting", "resolving"):
+        if self.phase in (EdgePhase.WAITING, EdgePhase.RESOLVING):
             self.drafter.settle(self._base, [])
-        self.phase = "opening"
+        self._advance(EdgeStep.OPEN)
         self.seq = 0
         self.round = 0
         self._pending_token = None
@@ -360,7 +416,7 @@ class EdgeSession:
                     np.array(self.token_ids, dtype=np.int64))
 
     def close(self) -> Close:
-        self.phase = "closed"
+        self._advance(EdgeStep.CLOSE)
         self.seq += 1
         return Close(self.s, self.seq)
 
@@ -372,8 +428,8 @@ class EdgeSession:
 
     def next_draft(self) -> DraftMsg:
         """Draft this round (runs the draft model) and return its message."""
-        if self.phase != "ready":
-            raise ProtocolError(f"session {self.s}: cannot draft in phase {self.phase}",
+        if self.phase is not EdgePhase.READY:
+            raise ProtocolError(f"session {self.s}: cannot draft in phase {self.phase.value}",
                                 code="state")
         self._base = self.drafter.length
         ids, q_raw, q_rows = self.drafter.draft(self.round_length(), self.method, self.space,
@@ -384,12 +440,12 @@ class EdgeSession:
         self._trips = 0
         self.seq += 1
         self._draft_msg = DraftMsg(self.s, self.seq, self.round, self._pending_token, draft)
-        self.phase = "waiting"
+        self._advance(EdgeStep.DRAFT)
         return self._draft_msg
 
     def resend(self) -> DraftMsg:
         """The current round's draft again, with a fresh sequence number (after ``busy``)."""
-        assert self._draft_msg is not None and self.phase == "waiting"
+        assert self._draft_msg is not None and self.phase is EdgePhase.WAITING
         self.seq += 1
         m = self._draft_msg
         self._draft_msg = DraftMsg(m.s, self.seq, m.r, m.token, m.draft)
@@ -401,22 +457,23 @@ class EdgeSession:
         """Feed one cloud message for this session."""
         if isinstance(msg, Error):
             exc = exception_for(msg.code, msg.message)
-            if msg.code == "busy" and self.phase in ("waiting", "opening"):
+            if msg.code == "busy" and self.phase in (EdgePhase.WAITING, EdgePhase.OPENING):
                 return EdgeOutput([], [Retry(exc)])
             raise exc
-        if isinstance(msg, Opened) and self.phase == "opening":
-            self.phase = "ready" if self.remaining > 0 else "done"
+        if isinstance(msg, Opened) and self.phase is EdgePhase.OPENING:
+            self._advance(EdgeStep.OPENED if self.remaining > 0 else EdgeStep.FINISHED)
             out = EdgeOutput([], [SessionReady(msg.prompt_tokens)])
-            if self.phase == "done":
+            if self.phase is EdgePhase.DONE:
                 self.finish_reason = "length"
                 out.events.append(Finished("length"))
             return out
-        if isinstance(msg, VerdictMsg) and self.phase == "waiting" and msg.r == self.round:
+        if isinstance(msg, VerdictMsg) and self.phase is EdgePhase.WAITING and msg.r == self.round:
             return self._verdict(msg)
-        if isinstance(msg, FollowUp) and self.phase == "resolving" and msg.r == self.round:
+        if isinstance(msg, FollowUp) and self.phase is EdgePhase.RESOLVING and msg.r == self.round:
             self._trips += 1
             return self._resolve(msg.reply, msg.other_bytes)
-        raise ProtocolError(f"session {self.s}: unexpected {msg.TYPE!r} in phase {self.phase}",
+        raise ProtocolError(f"session {self.s}: unexpected {msg.TYPE!r} in phase "
+                            f"{self.phase.value}",
                             code="state")
 
     def _verdict(self, msg: VerdictMsg) -> EdgeOutput:
@@ -432,7 +489,7 @@ class EdgeSession:
                                     code="bad_field")
             return self._settle(int(msg.reply.token), msg.other_bytes)
         self._dev = DeviceState(q_common=self._q_rows[n], rejected=int(draft.ids[n]))
-        self.phase = "resolving"
+        self._advance(EdgeStep.REJECTED)
         return self._resolve(msg.reply, msg.other_bytes)
 
     def _resolve(self, reply: Reply, other: dict[int, bytes]) -> EdgeOutput:
@@ -494,11 +551,11 @@ class EdgeSession:
                                  final=reason is not None)
         events: list[EdgeEvent] = [TokensEmitted(emitted, text), settled]
         if reason is not None:
-            self.phase = "done"
+            self._advance(EdgeStep.FINISHED)
             self.finish_reason = reason
             events.append(Finished(reason))
         else:
-            self.phase = "ready"
+            self._advance(EdgeStep.SETTLED)
         return EdgeOutput([], events)
 
     def _piece(self, t: int, other: dict[int, bytes]) -> bytes:
