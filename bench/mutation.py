@@ -99,7 +99,7 @@ SCOPE: dict[str, frozenset[str] | None] = {
     "xcosd/methods/*.py": None,
     "xcosd/protocol/edge.py": None,
     "xcosd/protocol/cloud.py": None,
-    "xcosd/codecs/frames.py": frozenset({"check_limits", "StreamDecoder", "Limits"}),
+    "xcosd/wire/frames.py": frozenset({"check_limits", "StreamDecoder", "Limits"}),
 }
 
 #: tests that can observe a method's law, cheapest first: ``-x`` stops at the first
@@ -141,7 +141,7 @@ TEST_MAP: list[tuple[str, tuple[str, ...]]] = [
     ("xcosd/methods/*.py", METHOD_TESTS),
     ("xcosd/protocol/edge.py", PROTOCOL_TESTS),
     ("xcosd/protocol/cloud.py", PROTOCOL_TESTS),
-    ("xcosd/codecs/frames.py", FRAME_TESTS),
+    ("xcosd/wire/frames.py", FRAME_TESTS),
 ]
 
 
@@ -185,12 +185,12 @@ NAMED: tuple[NamedPatch, ...] = (
         "return normalise(dec, float(theta_o)), float(theta_o)",
         "theta_o* is left unnormalised while p*_C is normalised (lossy codecs)"),
     NamedPatch(
-        "stream-per-frame-limit", "xcosd/codecs/frames.py",
+        "stream-per-frame-limit", "xcosd/wire/frames.py",
         "if self._total + need > lim.max_bytes:",
         "if need > lim.max_bytes:",
         "the stream decoder checks each frame against max_bytes, not the running total"),
     NamedPatch(
-        "limit-off-by-one", "xcosd/codecs/frames.py",
+        "limit-off-by-one", "xcosd/wire/frames.py",
         "if total > limits.max_bytes:",
         "if total >= limits.max_bytes:",
         "check_limits refuses a message of exactly max_bytes"),
@@ -772,7 +772,7 @@ def markdown_section(data: dict[str, Any] | None) -> list[str]:
         "not show in plausible-looking output: the methods (`xcosd/methods/*.py`, the "
         "commit rule included), the edge and cloud state machines "
         "(`xcosd/protocol/edge.py`, `cloud.py`) and the frame limits "
-        "(`xcosd/codecs/frames.py`: `Limits`, `check_limits`, `StreamDecoder`). Mutants "
+        "(`xcosd/wire/frames.py`: `Limits`, `check_limits`, `StreamDecoder`). Mutants "
         "are generated from the AST (comparison, arithmetic and boolean operator swaps, "
         "constants 0<->1 and +1, negated conditions, `return None`, index shifts "
         "`x[j]` -> `x[0]` / `x[j + 1]`, dropped normalise / clamp calls), each with a "
@@ -786,7 +786,7 @@ def markdown_section(data: dict[str, Any] | None) -> list[str]:
         f"Regenerate with `{MAKE_COMMAND}` (the named mutants plus a deterministic "
         "sample, `MUTANTS=... SEED=...`); every generated mutant: "
         "`python -m bench.mutation` (hours on 2 cores); one file: "
-        "`python -m bench.mutation --files xcosd/codecs/frames.py`. The report is "
+        "`python -m bench.mutation --files xcosd/wire/frames.py`. The report is "
         "`bench/out/mutation.json`.", ""]
     if data is None:
         return [*lines, "Not run yet: the figures appear here after the run above.", ""]

@@ -29,8 +29,8 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from xcosd.codecs.frames import decode_message, encode_message
 from xcosd.transport import connect, listen
+from xcosd.wire.frames import decode_message, encode_message
 
 OUT = Path(__file__).resolve().parent / "out" / "transport.json"
 PAYLOADS = {"draft 32 B": 32, "hr 100 KB": 100_000}

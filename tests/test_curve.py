@@ -12,10 +12,10 @@ import zmq
 import zmq.asyncio
 
 from xcosd.cli import main
-from xcosd.codecs.frames import decode_message, encode_message
 from xcosd.errors import TransportError
 from xcosd.transport import CurveClient, CurveServer, KeyPair, connect, listen, load_allowlist
 from xcosd.transport.zeromq import zmtp_overhead
+from xcosd.wire.frames import decode_message, encode_message
 
 from .helpers.waits import HANG_S
 

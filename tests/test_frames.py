@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xcosd.codecs.frames import (
+from xcosd.errors import ProtocolError
+from xcosd.wire.frames import (
     Limits,
     StreamDecoder,
     decode_message,
@@ -21,7 +22,6 @@ from xcosd.codecs.frames import (
     message_type,
     stream_overhead,
 )
-from xcosd.errors import ProtocolError
 
 headers = st.dictionaries(st.text(max_size=8), st.one_of(
     st.integers(-2**63, 2**64 - 1), st.text(max_size=20), st.binary(max_size=20),

@@ -27,15 +27,6 @@ import zstandard
 from zmq.utils.monitor import parse_monitor_message
 
 import xcosd
-from xcosd.codecs.frames import (
-    DEFAULT_LIMITS,
-    Limits,
-    StreamDecoder,
-    check_limits,
-    decode_header,
-    decode_message,
-    encode_stream,
-)
 from xcosd.errors import ProtocolError
 from xcosd.methods.base import CandidatesReply, Draft
 from xcosd.protocol import (
@@ -73,6 +64,15 @@ from xcosd.protocol.messages import (
 from xcosd.protocol.vocab_transfer import MAX_TABLE_BYTES, table_to_vocab, vocab_to_table
 from xcosd.transport import connect, listen
 from xcosd.vocab import Vocabulary
+from xcosd.wire.frames import (
+    DEFAULT_LIMITS,
+    Limits,
+    StreamDecoder,
+    check_limits,
+    decode_header,
+    decode_message,
+    encode_stream,
+)
 
 from .helpers.gated import GatedModel
 from .helpers.raw import handshake, reply

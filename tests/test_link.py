@@ -9,7 +9,6 @@ import random
 
 import pytest
 
-from xcosd.codecs.frames import decode_message, encode_message, message_bytes
 from xcosd.transport import (
     LinkConnection,
     LinkListener,
@@ -20,6 +19,7 @@ from xcosd.transport import (
     sequence_latency,
 )
 from xcosd.transport.link import DelayLine, OneWay
+from xcosd.wire.frames import decode_message, encode_message, message_bytes
 
 from .helpers.waits import HANG_S, until
 

@@ -7,7 +7,6 @@ import msgpack
 import numpy as np
 import pytest
 
-from xcosd.codecs.frames import Limits
 from xcosd.errors import ProtocolError
 from xcosd.methods.base import Draft
 from xcosd.protocol import (
@@ -23,6 +22,7 @@ from xcosd.protocol import (
     unpack,
 )
 from xcosd.protocol.messages import ids_to_bytes
+from xcosd.wire.frames import Limits
 
 from .session_pairs import LocalLink, pair
 

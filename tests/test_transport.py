@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import uvloop
 
-from xcosd.codecs.frames import Limits, decode_message, encode_message, stream_overhead
 from xcosd.errors import TransportError
 from xcosd.transport import Meter, connect, listen
 from xcosd.transport.zeromq import zmtp_overhead
+from xcosd.wire.frames import Limits, decode_message, encode_message, stream_overhead
 
 from .helpers.waits import HANG_S
 

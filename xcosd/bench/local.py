@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..codecs.frames import message_bytes
 from ..methods import Space, get_method
 from ..models.base import LanguageModel
 from ..nodes.scheduler import score_batch
@@ -38,6 +37,7 @@ from ..sampling import SamplingParams
 from ..transport import LinkSpec, sequence_latency
 from ..transport.zeromq import zmtp_overhead
 from ..vocab import VocabMap
+from ..wire.frames import message_bytes
 
 Frames = list[Any]
 
@@ -98,7 +98,7 @@ class LocalLink:
         self._stats = LocalStats()
         pending = self._to_cloud(self.handshake.hello())
         while pending:
-            for m in self.handshake.receive(pending.pop(0)):
+            for m in self.handshake.receive(pending.pop(0)).send:
                 pending += self._to_cloud(m)
         if not self.handshake.ready:
             raise RuntimeError("the local handshake did not complete")

@@ -25,7 +25,6 @@ import time
 from types import TracebackType
 from typing import Any
 
-from ..codecs.frames import Limits, decode_message
 from ..errors import ProtocolError, TransportError
 from ..models.base import LanguageModel
 from ..protocol import pack
@@ -50,6 +49,7 @@ from ..protocol.messages import (
     session_of,
 )
 from ..transport import LinkListener, LinkSpec, Listener, listen
+from ..wire.frames import Limits, decode_message
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)

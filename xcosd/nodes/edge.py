@@ -27,7 +27,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
-from ..codecs.frames import Limits, decode_message, message_bytes, stream_overhead
 from ..errors import ProtocolError, TransportError, XcosdError
 from ..methods import FullVectorReply, HybridReply, Method, Space, get_method
 from ..models.base import ContextModel, LanguageModel
@@ -54,6 +53,7 @@ from ..sampling import SamplingParams
 from ..transport import LinkConnection, LinkSpec, connect, sequence_latency
 from ..transport.base import Connection
 from ..vocab import VocabMap, Vocabulary
+from ..wire.frames import Limits, decode_message, message_bytes, stream_overhead
 from .stats import GenerationResult, GenerationStats
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..codecs.frames import Limits, decode_message, encode_message
+from ..wire.frames import Limits, decode_message, encode_message
 from .cloud import (
     CloudConfig,
     CloudConnection,

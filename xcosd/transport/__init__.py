@@ -3,7 +3,7 @@
 ``listen`` (cloud) and ``connect`` (edge) pick the implementation by name;
 ``tcp://127.0.0.1:0`` binds a free port and the listener's ``.endpoint`` says which.
 Options common to all: ``meter=`` (a :class:`Meter` to count into) and, for
-ZeroMQ and TCP, ``limits=`` (a :class:`~xcosd.codecs.frames.Limits`). ZeroMQ also
+ZeroMQ and TCP, ``limits=`` (a :class:`~xcosd.wire.frames.Limits`). ZeroMQ also
 takes ``hwm``, ``heartbeat_ivl``, ``heartbeat_timeout``, ``copy_threshold`` and
 ``curve=`` (:class:`CurveServer` to listen, :class:`CurveClient` to connect).
 """

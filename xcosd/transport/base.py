@@ -2,7 +2,7 @@
 
 A transport moves *messages*, each a list of frames (``bytes``-like): the first
 frame is the msgpack header, the rest are raw binary buffers (see
-``xcosd.codecs.frames``). ZeroMQ carries them as multipart messages, TCP as
+``xcosd.wire.frames``). ZeroMQ carries them as multipart messages, TCP as
 length-prefixed frames, the in-memory pair as Python objects. The cloud side is a
 :class:`Listener` that talks to many peers, each named by an opaque ``peer`` id;
 the edge side is a :class:`Connection` to one cloud.

@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..codecs.frames import message_bytes
 from ..errors import TransportError
+from ..wire.frames import message_bytes
 from .base import Connection, Frames, Listener
 from .meter import Direction, Meter
 

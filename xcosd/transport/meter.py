@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ..codecs.frames import Buffer, frame_len, message_type
+from ..wire.frames import Buffer, frame_len, message_type
 
 Direction = Literal["up", "down"]
 

@@ -1,7 +1,7 @@
 """Raw TCP over asyncio streams, with the frame codec's length-prefixed framing.
 
 A message is ``u32 n_frames`` then ``u32 len | bytes`` per frame, big-endian (see
-:mod:`xcosd.codecs.frames`); :class:`~xcosd.codecs.frames.StreamDecoder` cuts the
+:mod:`xcosd.wire.frames`); :class:`~xcosd.wire.frames.StreamDecoder` cuts the
 stream back into messages and refuses an oversized count or length before
 reading its body. Any framing error ends that connection: after it the stream
 cannot be trusted to be in sync.
@@ -20,8 +20,8 @@ import itertools
 import logging
 from urllib.parse import urlsplit
 
-from ..codecs.frames import DEFAULT_LIMITS, Limits, StreamDecoder, encode_stream, stream_overhead
 from ..errors import ProtocolError, TransportError
+from ..wire.frames import DEFAULT_LIMITS, Limits, StreamDecoder, encode_stream, stream_overhead
 from .base import Connection, Frames, Listener
 from .meter import Meter
 

@@ -12,7 +12,7 @@ Why these socket options:
 * ``MAXMSGSIZE`` = the frame-codec limit: ZeroMQ drops a peer that sends a larger
   frame before the bytes reach Python. libzmq checks each frame, not the message:
   a message of many frames under the limit is received whole, and its total is
-  then refused by the node's :func:`~xcosd.codecs.frames.check_limits`.
+  then refused by the node's :func:`~xcosd.wire.frames.check_limits`.
 
 Sends use ``copy=False``; pyzmq copies frames under ``copy_threshold`` anyway
 (zero-copy has a fixed cost), so big probability vectors go out without a copy.
@@ -29,8 +29,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from ..codecs.frames import DEFAULT_LIMITS, Buffer, Limits, frame_len
 from ..errors import TransportError
+from ..wire.frames import DEFAULT_LIMITS, Buffer, Limits, frame_len
 from .base import Connection, Frames, Listener
 from .curve import ZAP_DOMAIN, CurveClient, CurveServer, apply_client, apply_server
 from .meter import Meter
