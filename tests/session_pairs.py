@@ -124,7 +124,7 @@ class LocalLink:
         self.events: list[object] = []
         pending = self.to_cloud(self.handshake.hello())
         while pending:
-            for m in self.handshake.receive(pending.pop(0)):
+            for m in self.handshake.receive(pending.pop(0)).send:
                 pending += self.to_cloud(m)
         assert self.handshake.ready
         self._next = 0

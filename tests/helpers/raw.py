@@ -20,7 +20,7 @@ async def handshake(conn: Connection, draft: Any) -> VocabMap:
     while not hs.ready:
         for m in pending:
             await conn.send(pack(m))
-        pending = hs.receive(unpack(await asyncio.wait_for(conn.recv(), HANG_S)))
+        pending = hs.receive(unpack(await asyncio.wait_for(conn.recv(), HANG_S))).send
     assert hs.vmap is not None
     return hs.vmap
 

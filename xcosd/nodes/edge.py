@@ -263,7 +263,7 @@ class EdgeNode:
             msg = await asyncio.wait_for(self._control.get(), left)
             if isinstance(msg, _Lost):
                 raise TransportError("connection lost during the handshake", code="closed")
-            pending = hs.receive(msg)
+            pending = hs.receive(msg).send
         vmap = hs.vmap
         assert vmap is not None
         if self._space is None or self._space.target_size != vmap.target.size:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,7 @@ from .messages import (
     VocabTable,
     Welcome,
 )
+from .output import Output
 from .vocab_transfer import space_from_upload, vocab_to_table
 
 # ------------------------------------------------------------------------ phases
@@ -166,18 +167,8 @@ class RoundVerified:
 
 
 Event = ScoreNeeded | SessionOpened | SessionClosed | Rejected | RoundVerified
-
-
-@dataclass
-class Output:
-    """What a state-machine step produced: messages to send and events for the node."""
-
-    send: list[Message] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-
-    def extend(self, other: Output) -> None:
-        self.send.extend(other.send)
-        self.events.extend(other.events)
+#: what :meth:`CloudConnection.receive` returns
+CloudOutput = Output[Event]
 
 
 # ------------------------------------------------------------------- shared config
@@ -344,7 +335,7 @@ class CloudConnection:
 
     # -- entry points ---------------------------------------------------------
 
-    def receive(self, msg: Message) -> Output:
+    def receive(self, msg: Message) -> CloudOutput:
         """Handle one message from the peer. Never raises on bad input."""
         s = getattr(msg, "s", None)
         try:
@@ -355,14 +346,14 @@ class CloudConnection:
             return self.refuse(error_code(e), str(e), s, getattr(msg, "r", None))
 
     def refuse(self, code: str, message: str, s: int | None = None,
-               r: int | None = None) -> Output:
+               r: int | None = None) -> CloudOutput:
         """An error to the peer and a :class:`Rejected` event."""
-        return Output([Error(code, message, s, r)], [Rejected(code, message, s)])
+        return CloudOutput([Error(code, message, s, r)], [Rejected(code, message, s)])
 
-    def scored(self, session: CloudSession, outcome: RoundOutcome) -> Output:
+    def scored(self, session: CloudSession, outcome: RoundOutcome) -> CloudOutput:
         """The scheduler's answer to a :class:`ScoreNeeded` for ``session``."""
         if session.closed or self.sessions.get(session.s) is not session:
-            return Output()  # closed meanwhile: drop the result
+            return CloudOutput()  # closed meanwhile: drop the result
         if outcome.error is not None:
             e = outcome.error
             out = self.refuse(e.code, f"round {session.round}: {e.message}", session.s,
@@ -391,46 +382,46 @@ class CloudConnection:
         msg = VerdictMsg(session.s, session.round, n, outcome.reply,
                          self._other_bytes(session.space, outcome.reply),
                          int(outcome.compute_s * 1e6))
-        return Output([msg], [RoundVerified(session, d, n)])
+        return CloudOutput([msg], [RoundVerified(session, d, n)])
 
-    def end(self, session: CloudSession, reason: str) -> Output:
+    def end(self, session: CloudSession, reason: str) -> CloudOutput:
         """Close ``session`` (edge closed it, timed out, failed)."""
         if session.closed:
-            return Output()
+            return CloudOutput()
         session.advance(CloudStep.CLOSE)
         session.draft = session.reject = None
         if self.sessions.get(session.s) is session:
             del self.sessions[session.s]
             self.config.sessions -= 1
-        return Output([], [SessionClosed(session, reason)])
+        return CloudOutput([], [SessionClosed(session, reason)])
 
-    def drop(self, reason: str = "timeout") -> Output:
+    def drop(self, reason: str = "timeout") -> CloudOutput:
         """The peer is gone: end every session."""
-        out = Output()
+        out = CloudOutput()
         for sess in list(self.sessions.values()):
             out.extend(self.end(sess, reason))
         return out
 
     # -- dispatch ---------------------------------------------------------------
 
-    def _dispatch(self, msg: Message) -> Output:
+    def _dispatch(self, msg: Message) -> CloudOutput:
         if isinstance(msg, Pong):
-            return Output()
+            return CloudOutput()
         if isinstance(msg, Hello):
             return self._hello(msg)
         if isinstance(msg, Error):
-            return Output([], [Rejected("peer_error", f"{msg.code}: {msg.message}", msg.s)])
+            return CloudOutput([], [Rejected("peer_error", f"{msg.code}: {msg.message}", msg.s)])
         if not self.greeted:
             # also for pings: an edge whose cloud restarted learns it from this error
             raise ProtocolError(f"{msg.TYPE} before hello", code="handshake")
         if isinstance(msg, Ping):
-            return Output([Pong(msg.n)])
+            return CloudOutput([Pong(msg.n)])
         if isinstance(msg, VocabRequest):
-            return Output([self.config.table])
+            return CloudOutput([self.config.table])
         if isinstance(msg, VocabMapUpload):
             space = space_from_upload(msg, self.config.vocab)
             self.config.remember(msg.fingerprint, space)
-            return Output([VocabMapAccepted(msg.fingerprint)])
+            return CloudOutput([VocabMapAccepted(msg.fingerprint)])
         if isinstance(msg, Open):
             return self._open(msg)
         if isinstance(msg, (DraftMsg, RequestMsg, Close)):
@@ -448,7 +439,7 @@ class CloudConnection:
             return out
         raise ProtocolError(f"the cloud does not accept {msg.TYPE!r}", code="unknown_type")
 
-    def _hello(self, msg: Hello) -> Output:
+    def _hello(self, msg: Hello) -> CloudOutput:
         if msg.version != PROTOCOL_VERSION:
             raise ProtocolError(f"protocol version {msg.version} is not supported; this cloud "
                                 f"speaks {PROTOCOL_VERSION}", code="version")
@@ -457,12 +448,12 @@ class CloudConnection:
         known = msg.map_fp is not None and cfg.space(msg.map_fp) is not None
         welcome = Welcome(PROTOCOL_VERSION, cfg.server_id, cfg.vocab.name, cfg.vocab.fingerprint,
                           cfg.vocab.size, cfg.stop_ids, cfg.limits, known)
-        out = Output([welcome])
+        out = CloudOutput([welcome])
         if msg.want_vocab:
             out.send.append(cfg.table)
         return out
 
-    def _open(self, msg: Open) -> Output:
+    def _open(self, msg: Open) -> CloudOutput:
         cfg = self.config
         if msg.s in self.sessions:
             raise ProtocolError(f"session {msg.s} is already open", code="session_exists")
@@ -508,9 +499,9 @@ class CloudConnection:
         sess = CloudSession(self, msg, method, space, prompt_ids)
         self.sessions[msg.s] = sess
         cfg.sessions += 1
-        return Output([Opened(msg.s, sess.prompt_tokens)], [SessionOpened(sess)])
+        return CloudOutput([Opened(msg.s, sess.prompt_tokens)], [SessionOpened(sess)])
 
-    def _draft(self, sess: CloudSession, msg: DraftMsg) -> Output:
+    def _draft(self, sess: CloudSession, msg: DraftMsg) -> CloudOutput:
         if sess.phase is CloudPhase.SCORING:
             raise ProtocolError(f"session {sess.s}: round {sess.round} is still being "
                                 "verified", code="state")
@@ -549,7 +540,7 @@ class CloudConnection:
         sess.round = msg.r
         sess.next_round = msg.r + 1
         sess.advance(CloudStep.DRAFT)
-        return Output([], [req])
+        return CloudOutput([], [req])
 
     @staticmethod
     def _check_vectors(m: Method, draft: Draft) -> None:
@@ -576,7 +567,7 @@ class CloudConnection:
         elif rej is None or not rej.p_star[tok] > 0:
             raise ProtocolError(f"resolved token {tok} has no probability", code="bad_token")
 
-    def _request(self, sess: CloudSession, msg: RequestMsg) -> Output:
+    def _request(self, sess: CloudSession, msg: RequestMsg) -> CloudOutput:
         if sess.phase is not CloudPhase.RESOLVING or msg.r != sess.round or sess.reject is None:
             code = "replay" if msg.r < sess.round else "state"
             raise ProtocolError(f"session {sess.s}: no rejection to follow up in round "
@@ -584,7 +575,7 @@ class CloudConnection:
         reply = sess.method.on_request(sess.reject, Request(msg.kind), sess.space, sess.rng)
         sess.requests += 1
         sess.final_token = int(reply.token) if isinstance(reply, TokenReply) else None
-        return Output([FollowUp(sess.s, msg.r, reply, self._other_bytes(sess.space, reply))])
+        return CloudOutput([FollowUp(sess.s, msg.r, reply, self._other_bytes(sess.space, reply))])
 
     def _other_bytes(self, space: Space, reply: Reply) -> dict[int, bytes]:
         """Bytes of every V_O token ``reply`` names (the device knows V_C only by id)."""

@@ -31,7 +31,7 @@ import codecs
 import contextlib
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -70,9 +70,22 @@ from .messages import (
     VocabTable,
     Welcome,
 )
+from .output import Output
 from .vocab_transfer import table_to_vocab, upload_for
 
 # ---------------------------------------------------------------------- handshake
+
+
+@dataclass
+class HandshakeDone:
+    """The connection is ready: sessions may open with this map."""
+
+    vmap: VocabMap
+    welcome: Welcome
+
+
+#: what :meth:`EdgeHandshake.receive` returns
+HandshakeOutput = Output[HandshakeDone]
 
 
 class EdgeHandshake:
@@ -101,8 +114,9 @@ class EdgeHandshake:
         mfp = self.vmap.fingerprint if self.vmap is not None else None
         return Hello(PROTOCOL_VERSION, self.node, tfp, mfp, self.target_vocab is None)
 
-    def receive(self, msg: Message) -> list[Message]:
-        """Feed a cloud message; returns what to send next. Raises the typed error on
+    def receive(self, msg: Message) -> HandshakeOutput:
+        """Feed a cloud message; returns what to send next, with a
+        :class:`HandshakeDone` event once sessions may open. Raises the typed error on
         a refusal or a vocabulary mismatch."""
         if isinstance(msg, Error):
             raise exception_for(msg.code, msg.message)
@@ -119,7 +133,7 @@ class EdgeHandshake:
                         f"({self.target_vocab.fingerprint})", code="vocab")
                 return self._after_vocab(msg.map_known)
             self._wait = "vocab"
-            return []
+            return HandshakeOutput()
         if isinstance(msg, VocabTable) and self._wait == "vocab":
             assert self.welcome is not None
             vocab = table_to_vocab(msg)
@@ -132,21 +146,24 @@ class EdgeHandshake:
             assert self.vmap is not None
             if msg.fingerprint != self.vmap.fingerprint:
                 raise VocabError("the cloud accepted another V_C map", code="vocab")
-            self.ready, self._wait = True, ""
-            return []
+            return self._done()
         raise ProtocolError(f"unexpected {msg.TYPE!r} during the handshake", code="state")
 
-    def _after_vocab(self, map_known: bool) -> list[Message]:
+    def _after_vocab(self, map_known: bool) -> HandshakeOutput:
         assert self.target_vocab is not None
         if self.vmap is None or self.vmap.target.fingerprint != self.target_vocab.fingerprint:
             self.vmap = self.build_map(self.target_vocab)
             map_known = False
         if map_known:
-            self.ready, self._wait = True, ""
-            return []
+            return self._done()
         self._wait = "vmap_ok"
         up: VocabMapUpload = upload_for(self.vmap)
-        return [up]
+        return HandshakeOutput([up])
+
+    def _done(self) -> HandshakeOutput:
+        assert self.vmap is not None and self.welcome is not None
+        self.ready, self._wait = True, ""
+        return HandshakeOutput([], [HandshakeDone(self.vmap, self.welcome)])
 
 
 # ------------------------------------------------------------------------ drafter
@@ -284,10 +301,8 @@ class Retry:
 EdgeEvent = TokensEmitted | RoundSettled | Finished | SessionReady | Retry
 
 
-@dataclass
-class EdgeOutput:
-    send: list[Message] = field(default_factory=list)
-    events: list[EdgeEvent] = field(default_factory=list)
+#: what :meth:`EdgeSession.receive` returns
+EdgeOutput = Output[EdgeEvent]
 
 
 # ------------------------------------------------------------------------ phases
