@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from xcosd.codecs import get_codec
-from xcosd.codecs.metrics import total_variation, tv_distance
 from xcosd.methods.base import Space
 from xcosd.methods.commit import committed_hybrid
+from xcosd.methods.distance import total_variation, tv_distance
 from xcosd.sampling import SamplingParams, warp
 from xcosd.vocab import VocabMap
 

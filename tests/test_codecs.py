@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from xcosd.codecs import get_codec
-from xcosd.codecs.metrics import total_variation, tv_distance
 from xcosd.errors import CodecError
+from xcosd.methods.distance import total_variation, tv_distance
 from xcosd.sampling import SamplingParams, warp
 
 NAMES = ["f32", "f16", "bf16", "q8", "q8:lin", "q8:sqrt", "sparse", "topk:1", "topk:7",

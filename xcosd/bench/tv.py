@@ -35,9 +35,9 @@ import numpy as np
 
 from ..codecs import Codec, get_codec
 from ..codecs.base import Buffer
-from ..codecs.metrics import total_variation
 from ..errors import InvalidDistribution
 from ..methods import DeviceState, Draft, Method, RejectState, Request, Space, get_method
+from ..methods.distance import total_variation
 from ..methods.tli import restrict_to_common
 from ..models.base import LanguageModel
 from ..sampling import SamplingParams, warp

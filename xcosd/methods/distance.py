@@ -5,14 +5,18 @@ itself for an exact codec (the
 methods add ``theta_o`` for vectors over V_C; over a whole vector it is just the
 renormalised committed row). Losslessness holds *with respect to p\\**, so this
 distance is exactly how much a lossy codec changes the output distribution.
+
+It lives with the methods, not the codecs, because ``p*`` is defined by the
+methods' commit rule: a codec only encodes and decodes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..codecs import Codec
 from ..errors import InvalidDistribution
-from .base import Codec
+from .commit import committed_full
 
 
 def total_variation(p: np.ndarray, q: np.ndarray) -> float:
@@ -27,8 +31,6 @@ def total_variation(p: np.ndarray, q: np.ndarray) -> float:
 def committed(codec: Codec, p: np.ndarray) -> np.ndarray:
     """``p* = normalise(commit(p))``: exactly what the methods commit
     (:func:`xcosd.methods.commit.committed_full`)."""
-    from ..methods.commit import committed_full  # methods import codecs: import late
-
     return committed_full(codec, p)
 
 
