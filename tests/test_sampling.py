@@ -7,7 +7,15 @@ import pytest
 
 from xcosd.errors import InvalidDistribution
 from xcosd.methods import Space
-from xcosd.sampling import SamplingParams, check_distribution, sample_index, sample_many, warp
+from xcosd.sampling import (
+    SamplingParams,
+    check_distribution,
+    sample_index,
+    sample_many,
+    warp,
+    warp_batch,
+    warp_kept,
+)
 from xcosd.simulate import simulate_round
 
 from .helpers.stats import assert_exact
@@ -79,6 +87,24 @@ def test_sample_index_and_many_follow_weights():
         sample_index(np.zeros(3), rng)
 
 
+def test_sampling_a_long_row_goes_through_block_sums_and_stays_exact():
+    """Rows over 4096 ids are sampled via per-block running sums: mass at block edges,
+    zeros between, float32 and float64 weights all keep the law."""
+    rng = np.random.default_rng(4)
+    w = np.zeros(50_003, dtype=np.float32)
+    hot = [0, 5, 1023, 1024, 2047, 30_000, 50_002]
+    w[hot] = [0.5, 1, 2, 3, 0.25, 4, 0.5]
+    expected = w[hot] / w.sum()
+    where = {t: i for i, t in enumerate(hot)}
+    for weights in (w, w.astype(np.float64)):
+        one = [where[sample_index(weights, rng)] for _ in range(8_000)]
+        assert_exact(one, expected, "sample_index (blocks)")
+        many = [where[int(t)] for t in sample_many(weights, 30_000, rng)]
+        assert_exact(many, expected, "sample_many (blocks)")
+    with pytest.raises(InvalidDistribution):
+        sample_many(np.zeros(10_000), 3, rng)
+
+
 def test_params_validation():
     with pytest.raises(ValueError):
         SamplingParams(temperature=-1)
@@ -88,22 +114,20 @@ def test_params_validation():
 
 
 def _reference_top(p: np.ndarray, k: int = 0, top_p: float = 1.0) -> np.ndarray:
-    """Full-sort reference: descending probability, ties by lowest id."""
+    """Full-sort reference of transformers' rules: top-k keeps every token tied with the
+    k-th; top-p drops, in stable ascending order, each token whose cumulative mass is
+    <= 1 - top_p (compared in float32, as transformers does), keeping the top one."""
     out = p.astype(np.float64).copy()
     for r in range(p.shape[0]):
-        order = sorted(range(p.shape[1]), key=lambda i: (-p[r, i], i))
-        keep = order[:k] if k else order
+        row = out[r]
+        if k:
+            row[row < np.sort(row)[-k]] = 0
         if top_p < 1.0:
-            total, acc, kept = p[r].sum(), 0.0, []
-            for i in order:
-                if acc >= top_p * total and kept:
-                    break
-                kept.append(i)
-                acc += p[r, i]
-            keep = kept
-        mask = np.zeros(p.shape[1], dtype=bool)
-        mask[keep] = True
-        out[r, ~mask] = 0
+            order = np.argsort(row, kind="stable")
+            cum = np.cumsum(row[order]) / row.sum()
+            drop = cum.astype(np.float32) <= np.float32(1 - top_p)
+            drop[-1] = False
+            row[order[drop]] = 0
     return (out / out.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
@@ -120,3 +144,182 @@ def test_top_k_top_p_match_a_full_sort_including_ties():
         tp = float(rng.choice([0.3, 0.9, 0.95, 0.999]))
         assert np.allclose(warp(p, SamplingParams(top_p=tp)), _reference_top(p, top_p=tp),
                            atol=1e-7)
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth():
+    """transformers' rule, not "exactly k": the change from xcosd's first warper."""
+    p = np.array([0.1, 0.3, 0.2, 0.2, 0.2], dtype=np.float32)
+    out = warp(p, SamplingParams(top_k=2))
+    assert (out > 0).tolist() == [False, True, True, True, True]
+    assert np.allclose(out, [0, 1 / 3, 2 / 9, 2 / 9, 2 / 9])
+
+
+def test_top_p_tie_at_the_cut_drops_lowest_ids_first():
+    """A stable ascending sort puts the lowest ids of a tie first, so they go first."""
+    p = np.full(8, 0.125, dtype=np.float32)
+    out = warp(p, SamplingParams(top_p=0.5))  # cumulative 1/8 .. 4/8 <= 1/2: dropped
+    assert (out > 0).tolist() == [False] * 4 + [True] * 4
+    assert np.allclose(out[4:], 0.25)
+
+
+# -------------------------------------------------- transformers' own processors
+
+
+def _hf_warp(logits: np.ndarray, params: SamplingParams, monkeypatch: pytest.MonkeyPatch
+             ) -> np.ndarray:
+    """The probabilities transformers' processors give (its generation order), with
+    torch.sort made stable: its default CPU sort orders ties arbitrarily."""
+    torch = pytest.importorskip("torch")
+    lp = pytest.importorskip("transformers.generation.logits_process")
+    sort = torch.sort
+    monkeypatch.setattr(torch, "sort", lambda *a, **kw: sort(*a, **kw, stable=True))
+    x = torch.tensor(logits, dtype=torch.float32)
+    if params.temperature != 1.0:
+        x = lp.TemperatureLogitsWarper(params.temperature)(None, x)
+    if params.top_k:
+        x = lp.TopKLogitsWarper(params.top_k)(None, x)
+    if params.top_p < 1.0:
+        x = lp.TopPLogitsWarper(params.top_p)(None, x)
+    monkeypatch.undo()
+    return torch.softmax(x, dim=-1).numpy()
+
+
+def _adversarial_logits(rng: np.random.Generator, size: int) -> list[tuple[str, np.ndarray]]:
+    torch = pytest.importorskip("torch")
+    rows = [
+        ("float32 normal", rng.normal(0, 3, (2, size)).astype(np.float32)),
+        ("bf16 normal", torch.tensor(rng.normal(0, 4, (2, size)), dtype=torch.bfloat16)
+         .float().numpy()),
+        ("many ties", rng.integers(0, 6, (2, size)).astype(np.float32)),
+        ("heavy tail", (rng.standard_cauchy((2, size)) * 2).clip(-40, 40).astype(np.float32)),
+        ("flat", rng.normal(0, 0.01, (2, size)).astype(np.float32)),
+    ]
+    # ties exactly at the 50th value: 10 tokens share it
+    tied = rng.normal(0, 1, (1, size)).astype(np.float32)
+    top = np.argsort(-tied[0])[:60]
+    tied[0, top[:45]] += 10
+    tied[0, top[45:55]] = tied[0, top[:45]].min() - 1
+    rows.append(("ties at the k-th", tied))
+    return rows
+
+
+def _near_threshold_logits(size: int, top_p: float, gap: float) -> np.ndarray:
+    """Logits whose ascending cumulative mass passes 1 - top_p by ``gap``: one token's
+    inclusion hangs on a 1e-6 relative margin (in both directions)."""
+    rng = np.random.default_rng(size)
+    p = rng.random(size) + 0.5
+    p /= p.sum()
+    order = np.argsort(p)
+    cum = np.cumsum(p[order])
+    i = int(np.searchsorted(cum, 1 - top_p))
+    # move mass so that the cumulative mass at position i is (1 - top_p) * (1 + gap)
+    need = (1 - top_p) * (1 + gap) - cum[i]
+    p[order[i]] += need
+    p[order[-1]] -= need
+    return np.log(p).astype(np.float32)[None]
+
+
+def _ascending_cumulative(p: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Each token's float64 cumulative mass in stable ascending order, over what top-k
+    and the temperature leave (the quantity top-p compares with 1 - top_p)."""
+    w = p.astype(np.float64) ** (1 / params.temperature)
+    if params.top_k:
+        w[w < np.sort(w)[-params.top_k]] = 0
+    order = np.argsort(w, kind="stable")
+    cum = np.empty_like(w)
+    cum[order] = np.cumsum(w[order]) / w.sum()
+    return cum
+
+
+WARPERS = [SamplingParams(top_k=50), SamplingParams(top_p=0.95), SamplingParams(top_p=0.5),
+           SamplingParams(top_k=50, top_p=0.9), SamplingParams(temperature=0.7, top_k=40),
+           SamplingParams(temperature=1.3, top_p=0.9), SamplingParams(top_k=1)]
+
+
+@pytest.mark.parametrize("size", [50, 4096, 262_144])
+def test_warpers_match_transformers_processors(size, monkeypatch):
+    """Kept sets identical to transformers' processors, warped probabilities within
+    TV 1e-6 of its (renormalised) output, on float32 and bf16-derived logits and on
+    adversarial rows. Rows are fed as a model gives them: the float32 softmax of the
+    logits. On 262k-id rows transformers' float32 cumulative masses are themselves off
+    by up to ~1e-5, so there a token may differ when its exact cumulative mass is that
+    close to the cut (a tie group straddling it); never on smaller rows."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(size)
+    cases = _adversarial_logits(rng, size)
+    if size >= 4096:
+        cases += [(f"near threshold {g:+g}", _near_threshold_logits(size, 0.95, g))
+                  for g in (1e-5, -1e-5)]
+    for name, logits in cases:
+        probs = torch.softmax(torch.tensor(logits), dim=-1).numpy()
+        for params in WARPERS:
+            if size < 100 and params.top_k >= size:
+                continue
+            ref = _hf_warp(logits, params, monkeypatch)
+            got = warp(probs, params)
+            for r in range(probs.shape[0]):
+                differ = np.flatnonzero((ref[r] > 0) != (got[r] > 0))
+                if differ.size:
+                    # only where transformers' own float32 rounding decides: its softmax
+                    # of a 262k row is normalised to ~1e-5, so a cumulative mass that
+                    # close to 1 - top_p can go either way there; ours is float64
+                    cum = _ascending_cumulative(probs[r], params)
+                    assert np.all(np.abs(cum[differ] - (1 - params.top_p)) < 2e-5), (
+                        name, params.label(), r, differ)
+                    assert size > 4096, (name, params.label(), r, differ)
+                # transformers' float32 softmax of a 130k-token row sums to 1 +- 3e-6 by
+                # itself: compare against it renormalised in float64
+                ref64 = ref[r].astype(np.float64) / ref[r].sum(dtype=np.float64)
+                tv = 0.5 * np.abs(ref64 - got[r]).sum()
+                slack = float(np.maximum(ref64[differ], got[r][differ]).sum())
+                assert tv <= 1e-6 + slack, (name, params.label(), tv)
+
+
+def test_near_threshold_rows_fall_on_the_right_side():
+    """The kept count differs by one token across a 1e-5 relative margin at the cut."""
+    size, top_p = 4096, 0.95
+    counts = []
+    for gap in (1e-5, -1e-5):
+        logits = _near_threshold_logits(size, top_p, gap)
+        p = np.exp(logits.astype(np.float64))
+        counts.append(np.count_nonzero(warp((p / p.sum()).astype(np.float32),
+                                            SamplingParams(top_p=top_p))))
+    assert counts[1] == counts[0] - 1
+
+
+# ------------------------------------------------------- the same bits everywhere
+
+
+def test_a_row_warps_to_the_same_bits_alone_in_a_block_batched_and_sparse():
+    """The edge warps single rows, the cloud whole batches: for the same row every path
+    must give bit-identical kept sets and values, whatever rows it is warped with."""
+    rng = np.random.default_rng(5)
+    size = 50_000
+    rows = [rng.dirichlet(np.full(size, a)).astype(np.float32) for a in (0.01, 0.3, 5.0)]
+    rows.append(np.round(rows[2], 6) + np.float32(1e-6))  # ties everywhere
+    rows[3] /= rows[3].sum()
+    block = np.stack(rows)
+    for params in [*WARPERS, SamplingParams(temperature=0.5), SamplingParams(temperature=0)]:
+        whole = warp(block, params)
+        batched = warp_batch([block[:2], block[2:], block[::-1]], [params] * 3)
+        for r, row in enumerate(rows):
+            alone = warp(row, params)
+            assert alone.dtype == np.float32
+            assert np.array_equal(alone, whole[r]), params.label()
+            assert np.array_equal(alone, warp(row.copy(), params))
+            kept = warp_kept(row, params)
+            dense = kept.probs if kept.ids is None else np.zeros(size, np.float32)
+            if kept.ids is not None:
+                dense[kept.ids] = kept.probs.astype(np.float32)
+                assert np.all(np.diff(kept.ids) > 0)
+            assert np.array_equal(alone, dense), params.label()
+        assert np.array_equal(np.concatenate(batched[:2]), whole)
+        assert np.array_equal(batched[2], whole[::-1])
+    with pytest.raises(ValueError):
+        warp_batch([block], [])
+
+
+def test_warp_refuses_a_row_without_mass():
+    for params in (SamplingParams(top_k=3), SamplingParams(top_p=0.9)):
+        with pytest.raises(InvalidDistribution):
+            warp(np.zeros(10, np.float32), params)

@@ -2,17 +2,42 @@
 
 The distribution xcosd preserves is the target's *after* its warpers, so the
 warpers are part of the contract: the device applies the same settings to its
-draft and the server to the target, both through :func:`warp`. Temperature 0 is
-greedy: a point mass on the argmax, ties broken by lowest id.
+draft and the server to the target, both through :func:`warp` (or its batched and
+sparse forms, which give the same bits). The rules are Hugging Face transformers'
+logits processors, in their order (temperature, top-k, top-p), on probability rows:
 
-All functions take and return float32 probability rows; sums and comparisons are
-done in float64 so both sides of a session get bit-identical results from the
-same float32 inputs.
+* **temperature** ``T``: ``softmax(log p / T)`` (``TemperatureLogitsWarper``);
+  ``T = 0`` is greedy: a point mass on the argmax, ties broken by lowest id.
+* **top-k** keeps every token whose value is at least the k-th largest, so all the
+  tokens tied with the k-th stay (``TopKLogitsWarper``: ``scores < topk(...)[-1]``
+  are removed). Before this rule xcosd kept exactly k, breaking ties by lowest id.
+* **top-p** sorts ascending, with a *stable* sort (ties in id order, as
+  ``torch.sort(stable=True)`` and CUDA's sort order them), and drops every token whose
+  cumulative mass (itself and everything below it) is ``<= 1 - top_p``; the top token
+  always stays (``min_tokens_to_keep=1``). At a tie straddling the cut the lowest ids
+  go first. Masses are float64 sums of the float32 row; each normalised cumulative
+  mass is rounded to float32 and compared with ``float32(1 - top_p)``, as
+  transformers' float32 ``cumulative_probs <= (1 - top_p)`` does, so masses sitting
+  exactly on the threshold go the same way. (With the default unstable CPU sort,
+  transformers itself drops an arbitrary subset of such a tie.)
+
+No warper sorts a whole row: top-k compares the row against a lower bound on its
+k-th value (the k-th largest of >= k group maxima) and finishes on the few
+candidates; top-p finds its cut by a band search around a sampled guess (see
+:func:`_top_p_band`). A 262,144-id row takes about a millisecond or less
+(``python -m bench.sampling``).
+
+A row's result depends on that row only, never on the rows warped with it, and every
+reduction is a fixed-order numpy loop (no parallel, order-dependent sums), so both
+sides of a session, and a row warped alone or in a cloud batch, get bit-identical
+kept sets and values. Sums and comparisons are done in float64 (float32 where the
+transformers rule is float32); results are float32 rows.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -88,118 +113,400 @@ def check_distribution(p: np.ndarray, *, what: str = "distribution", size: int |
 def warp(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Apply temperature, top-k and top-p to probability rows (last axis).
 
-    Returns float32 rows that sum to 1. Temperature is applied in log space
-    (``softmax(log p / T)``), so tiny probabilities do not underflow first.
+    Returns float32 rows that sum to 1, by the rules in the module docstring. A row's
+    result is a pure function of that row: warped alone or in a block, on the edge or
+    on the cloud, the same row gives the same bits.
     """
     if params.identity:
         return np.asarray(probs, dtype=np.float32)
-    p = np.asarray(probs, dtype=np.float64)
-    single = p.ndim == 1
-    p = np.atleast_2d(p)
+    a = np.asarray(probs)
+    block = _as_block(a)
+    out = _warp_block(block, params).dense_rows()
+    return out[0] if a.ndim == 1 else out.reshape(a.shape)
+
+
+def warp_batch(blocks: Sequence[np.ndarray], params: Sequence[SamplingParams]
+               ) -> list[np.ndarray]:
+    """:func:`warp` for every block of a cloud batch in one call: ``blocks[i]`` (one
+    session's ``d + 1`` target rows) with ``params[i]``.
+
+    Each result is bit-identical to ``warp(blocks[i], params[i])``. The rows of a block
+    go through each step together (one vectorised numpy call per step, never a Python
+    loop per row, except the band search of a flat top-p row, which is O(V) anyway);
+    identity blocks cost nothing. Blocks are not stacked into one array: with
+    100k-260k ids per row the copy would cost more than the calls it saves.
+    """
+    if len(blocks) != len(params):
+        raise ValueError(f"{len(blocks)} blocks but {len(params)} sampling settings")
+    return [warp(b, p) for b, p in zip(blocks, params, strict=True)]
+
+
+@dataclass(frozen=True, eq=False)
+class Kept:
+    """One warped row, as :func:`warp_kept` gives it.
+
+    When the warpers keep few tokens, ``ids`` holds them (ascending) and ``probs`` their
+    float64 probabilities; otherwise ``ids`` is None and ``probs`` is the whole float32
+    warped row. Either way ``warp`` of the same row is ``probs`` as float32, scattered.
+    """
+
+    ids: np.ndarray | None
+    probs: np.ndarray
+
+
+def warp_kept(row: np.ndarray, params: SamplingParams) -> Kept:
+    """Warp one row, returning a small kept set sparsely.
+
+    The edge only needs the V_C part of its warped draft row; with top-k or a peaked
+    top-p row that is a few hundred tokens, so it need not build (and gather from) a
+    dense 200k-entry row at every drafted position.
+    """
+    if params.identity:
+        return Kept(None, np.asarray(row, dtype=np.float32))
+    a = np.asarray(row)
+    if a.ndim != 1:
+        raise ValueError("warp_kept takes one row")
+    res = _warp_block(_as_block(a), params)
+    if 0 in res.dense:
+        return Kept(None, res.dense[0])
+    return Kept(res.ids, res.probs)
+
+
+# ------------------------------------------------------------------- internals
+
+#: groups whose maxima bound the k-th largest value from below (:func:`_top_candidates`)
+_MIN_GROUPS = 1024
+#: the band search samples about this many entries of the row to guess the threshold
+_BAND_SAMPLE = 4096
+
+_NO_IDS = np.zeros(0, dtype=np.int64)
+_NO_PROBS = np.zeros(0, dtype=np.float64)
+
+
+@dataclass
+class _Warped:
+    """A warped block of ``n`` rows over ``size`` ids: the small kept sets sparsely
+    (``rows``, ``ids``, float64 ``probs``, sorted by row then id) and the rows whose
+    kept set is large as dense float32 rows (``dense``)."""
+
+    n: int
+    size: int
+    rows: np.ndarray
+    ids: np.ndarray
+    probs: np.ndarray
+    dense: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def dense_rows(self) -> np.ndarray:
+        if self.n == 1 and 0 in self.dense:
+            return self.dense[0][None]
+        out = np.zeros((self.n, self.size), dtype=np.float32)
+        out[self.rows, self.ids] = self.probs.astype(np.float32)
+        for r, row in self.dense.items():
+            out[r] = row
+        return out
+
+
+def _as_block(a: np.ndarray) -> np.ndarray:
+    """The rows as a C-contiguous 2-D block: float64 input stays float64, anything else
+    is float32 (models give float32 rows; no float64 copy of a 262k row is made)."""
+    if a.ndim == 0 or a.shape[-1] == 0:
+        raise InvalidDistribution("cannot warp an empty vector")
+    dtype = np.float64 if a.dtype == np.float64 else np.float32
+    return np.ascontiguousarray(a.reshape(-1, a.shape[-1]), dtype=dtype)
+
+
+def _segments(rows: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Start and length of each row's run in ``rows`` (sorted ascending)."""
+    starts = np.searchsorted(rows, np.arange(n))
+    return starts, np.diff(np.append(starts, rows.shape[0]))
+
+
+def _warp_block(block: np.ndarray, params: SamplingParams) -> _Warped:
+    n, size = block.shape
     if params.greedy:
-        out = np.zeros_like(p, dtype=np.float32)
-        out[np.arange(p.shape[0]), np.argmax(p, axis=-1)] = 1.0
-        return out[0] if single else out
-    if params.temperature != 1.0:
-        with np.errstate(divide="ignore"):
-            logp = np.log(p) / params.temperature
-        logp -= logp.max(axis=-1, keepdims=True)
-        p = np.exp(logp)
-        p /= p.sum(axis=-1, keepdims=True)
-    if params.top_k and params.top_k < p.shape[-1]:
-        p = _keep_top_k(p, params.top_k)
+        # np.argmax returns the first maximum: ties broken by lowest id
+        return _Warped(n, size, np.arange(n), np.argmax(block, axis=-1), np.ones(n))
+    temp = params.temperature
+    if params.top_k and params.top_k < size:
+        # top-k commutes with the temperature (a monotone map), so it runs first and
+        # the temperature only touches the k survivors
+        rows, ids, vals = _top_candidates(block, params.top_k)
+        w = vals.astype(np.float64)
+        if temp != 1.0:
+            w = _temper_sparse(w, rows, n, temp)
+        if params.top_p < 1.0:
+            return _top_p_sparse(n, size, rows, ids, w, params.top_p)
+        starts, _ = _segments(rows, n)
+        total = np.add.reduceat(w, starts)
+        return _Warped(n, size, rows, ids, w / total[rows])
+    if temp != 1.0:
+        block = _temper_dense(block, temp)
     if params.top_p < 1.0:
-        p = _keep_top_p(p, params.top_p)
+        return _top_p_dense(block, params.top_p)
+    return _Warped(n, size, _NO_IDS, _NO_IDS, _NO_PROBS,
+                   {r: block[r].astype(np.float32) for r in range(n)})
+
+
+def _top_candidates(block: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every entry at or above its row's ``m``-th largest value, ties included (as
+    ``TopKLogitsWarper`` keeps them), as ``(rows, ids, values)`` sorted by row, then id.
+
+    Zeros are never candidates (they carry no mass, so keeping them changes nothing).
+    No full sort and no partition of the whole row: the maxima of ``G >= m`` disjoint
+    groups are ``G`` distinct entries, so their ``m``-th largest is a lower bound on the
+    row's; one compare against it leaves a few hundred candidates, and the exact
+    ``m``-th value is found among those.
+    """
+    n, size = block.shape
+    groups = max(4 * m, _MIN_GROUPS)
+    per = size // groups
+    if per >= 4:
+        # strided groups {j, j + G, j + 2G, ...}: a maximum over axis 1 is one SIMD pass
+        gmax = block[:, : per * groups].reshape(n, per, groups).max(axis=1)
+        bound = np.partition(gmax, groups - m, axis=1)[:, groups - m]
+    else:
+        bound = np.partition(block, size - m, axis=1)[:, size - m]
+    tiny = np.finfo(block.dtype).smallest_subnormal
+    flat = np.flatnonzero(block >= np.maximum(bound, tiny)[:, None])
+    rows, ids = np.divmod(flat, size)
+    vals = block.ravel()[flat]
+    starts, counts = _segments(rows, n)
+    if np.any(counts == 0):
+        raise InvalidDistribution("cannot warp a row with no mass")
+    order = np.lexsort((-vals, rows))  # per row, largest first
+    kth = vals[order[starts + np.minimum(counts, m) - 1]]
+    kth[counts < m] = 0  # fewer than m non-zeros: the m-th largest is 0, keep them all
+    keep = vals >= kth[rows]
+    return rows[keep], ids[keep], vals[keep]
+
+
+def _temper_sparse(w: np.ndarray, rows: np.ndarray, n: int, temp: float) -> np.ndarray:
+    """``p ** (1/T)`` up to a per-row factor, in log space (no underflow before the
+    shift): the temperature of the candidates that top-k kept."""
+    starts, _ = _segments(rows, n)
+    top = np.maximum.reduceat(w, starts)
+    with np.errstate(divide="ignore"):
+        return np.exp((np.log(w) - np.log(top)[rows]) / temp)
+
+
+def _temper_dense(block: np.ndarray, temp: float) -> np.ndarray:
+    """``softmax(log p / T)`` of whole rows, float64 (as transformers' temperature
+    divides the logits)."""
+    with np.errstate(divide="ignore"):
+        logp = np.log(block.astype(np.float64)) / temp
+    logp -= logp.max(axis=-1, keepdims=True)
+    p = np.exp(logp)
     p /= p.sum(axis=-1, keepdims=True)
-    out32 = p.astype(np.float32)
-    return out32[0] if single else out32
+    return p
 
 
-def _descending_order(p: np.ndarray) -> np.ndarray:
-    """Indices sorting each row by probability descending, ties by lowest id."""
-    return np.argsort(-p, axis=-1, kind="stable")
+def _top_p_sparse(n: int, size: int, rows: np.ndarray, ids: np.ndarray, w: np.ndarray,
+                  top_p: float) -> _Warped:
+    """Top-p over the candidate sets top-k left (sorted by row, then id), vectorised
+    over rows.
 
-
-def _top_order(row: np.ndarray, m: int) -> np.ndarray:
-    """The ids of the ``m`` largest entries of ``row``, ordered as
-    :func:`_descending_order` orders them (descending, ties by lowest id).
-
-    A partition finds the ``m``-th largest value in linear time; only the entries
-    at or above it (all of its ties included, so the tie rule is exact) are sorted.
+    The rule is ``TopPLogitsWarper``'s with a stable sort: in ascending (value, id)
+    order, drop each token whose cumulative mass (itself and everything below) is at or
+    below ``1 - top_p`` of the row's mass; the top token always stays. The candidates
+    are walked from the top: a token's cumulative mass is ``total - above``, ``above``
+    being the float64 mass before it in (value desc, id desc) order.
     """
-    n = row.shape[0]
-    if m >= n:
-        return np.argsort(-row, kind="stable")
-    threshold = np.partition(row, n - m)[n - m]
-    cand = np.flatnonzero(row >= threshold)  # ascending ids
-    return cand[np.argsort(-row[cand], kind="stable")][:m]
+    order = np.lexsort((-ids, -w, rows))
+    r_s, i_s, w_s = rows[order], ids[order], w[order]
+    starts, counts = _segments(r_s, n)
+    pos = np.arange(r_s.shape[0]) - starts[r_s]
+    # one padded row per row, zeros after the candidates: the running sums of the real
+    # entries are exactly a per-row running sum, whatever the other rows hold
+    pad = np.zeros((n, int(counts.max(initial=0)) + 1))
+    pad[r_s, pos + 1] = w_s
+    above = np.cumsum(pad, axis=1)  # above[r, i]: mass of row r's first i candidates
+    total = above[np.arange(n), counts]
+    removed = _at_or_below(total[r_s] - above[r_s, pos], total[r_s], top_p)
+    removed[pos == 0] = False  # min_tokens_to_keep=1
+    keep = ~removed
+    kept_mass = above[np.arange(n), np.bincount(r_s[keep], minlength=n)]
+    r_k, i_k = r_s[keep], i_s[keep]
+    p_k = w_s[keep] / kept_mass[r_k]
+    back = np.lexsort((i_k, r_k))
+    return _Warped(n, size, r_k[back], i_k[back], p_k[back])
 
 
-def _keep_top_k(p: np.ndarray, k: int) -> np.ndarray:
-    out = np.zeros_like(p)
-    for r in range(p.shape[0]):
-        keep = _top_order(p[r], k)
-        out[r, keep] = p[r, keep]
-    return out
+def _at_or_below(mass: np.ndarray, total: np.ndarray | float, top_p: float) -> np.ndarray:
+    """Whether a cumulative mass is dropped by top-p, compared as transformers compares
+    it: the normalised cumulative mass rounded to float32 against ``1 - top_p`` rounded
+    to float32 (its float32 ``cumulative_probs <= (1 - top_p)``). Masses sitting exactly
+    on the threshold (``1/820`` steps against ``top_p=0.9``) then go the same way."""
+    return np.asarray(np.asarray(mass / total).astype(np.float32) <= np.float32(1.0 - top_p))
 
 
-def _keep_top_p(p: np.ndarray, top_p: float) -> np.ndarray:
-    """Keep the smallest prefix (descending order) whose mass reaches ``top_p``.
+def _top_p_dense(block: np.ndarray, top_p: float) -> _Warped:
+    """Top-p of whole rows, one :func:`_top_p_band` per row (each is O(V) work)."""
+    n, size = block.shape
+    rows, ids, probs = [_NO_IDS], [_NO_IDS], [_NO_PROBS]
+    dense: dict[int, np.ndarray] = {}
+    for r in range(n):
+        kept = _top_p_band(block[r], top_p)
+        if isinstance(kept, tuple):
+            rows.append(np.full(kept[0].shape[0], r))
+            ids.append(kept[0])
+            probs.append(kept[1])
+        else:
+            dense[r] = kept
+    return _Warped(n, size, np.concatenate(rows), np.concatenate(ids),
+                   np.concatenate(probs), dense)
 
-    Looks at the largest 256 entries first and widens only when they do not hold
-    ``top_p`` of the mass, so a peaked row never pays for a full sort.
+
+def _top_p_band(w: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray] | np.ndarray:
+    """Top-p of one whole row without sorting it.
+
+    A strided sample of the row, sorted, guesses the value where the cut falls (the
+    sample's mass below a value, times the stride, estimates the row's: the dropped
+    tail is made of many small entries, so the estimate is good there). Only the
+    entries between two sample values around the guess (the band, about a thousand)
+    are sorted; the mass above the band is one masked sum over the smaller side of the
+    row. The rule is :func:`_top_p_sparse`'s (cumulative mass ``total - above``, ties at
+    the cut dropped lowest id first). If the cut is not inside the band (a bad guess)
+    the band widens until it is, at worst to the whole row.
+
+    Returns ``(ids, float64 probs)`` when few entries are kept, else the float32 row.
     """
-    out = np.zeros_like(p)
-    n = p.shape[-1]
-    for r in range(p.shape[0]):
-        row = p[r]
-        total = row.sum()
-        m = min(n, 256)
-        while True:
-            order = _top_order(row, m)
-            sorted_p = row[order]
-            before = np.cumsum(sorted_p) - sorted_p  # mass strictly before each token
-            drop = before >= top_p * total
-            if drop.any() or m >= n:
-                break
-            m = min(n, 4 * m)
-        drop[0] = False
-        keep = order[~drop]
-        out[r, keep] = row[keep]
-    return out
+    total = float(np.sum(w, dtype=np.float64))
+    if not total > 0:
+        raise InvalidDistribution("cannot warp a row with no mass")
+    size = w.shape[0]
+    stride = max(1, size // _BAND_SAMPLE)
+    sample = np.sort(w[::stride])
+    cum = np.cumsum(sample, dtype=np.float64) * stride
+    guess = int(np.searchsorted(cum, (1.0 - top_p) * total, side="right"))
+    half = 16
+    while True:
+        lo, hi = guess - half, guess + half
+        v_lo = sample[lo] if lo > 0 else None
+        v_hi = sample[hi] if hi < sample.shape[0] else None
+        # the mass above the band, and the band's values, with masked passes only: an
+        # index list of a big side of the row (np.flatnonzero) costs more than the rest
+        idx: np.ndarray | None = None
+        few_low = hi * stride  # entries up to v_hi (estimated from the sample)
+        few_high = (sample.shape[0] - lo) * stride  # entries from v_lo up
+        if v_hi is not None and few_low < size // 2:
+            if few_low * 16 < size:  # a sparse mask: compressing it is cheap
+                low_vals = w[w <= v_hi]
+                above = total - float(np.sum(low_vals, dtype=np.float64))
+                vals = low_vals[low_vals >= v_lo] if v_lo is not None else low_vals
+            else:
+                low = w <= v_hi
+                above = total - float(np.sum(w * low, dtype=np.float64))
+                vals = w[low & (w >= v_lo)] if v_lo is not None else w[low]
+        elif v_lo is not None and few_high * 64 <= size:
+            idx = np.flatnonzero(w >= v_lo)  # few entries from v_lo up: keep their ids
+            sub = w[idx]
+            inband = sub <= v_hi if v_hi is not None else np.ones(sub.shape[0], dtype=bool)
+            above = float(np.sum(sub[~inband], dtype=np.float64))
+            vals = sub[inband]
+        elif v_lo is not None and few_high * 16 < size:
+            high_vals = w[w >= v_lo]
+            inband = high_vals <= v_hi if v_hi is not None else np.ones(high_vals.shape[0], bool)
+            above = float(np.sum(high_vals[~inband], dtype=np.float64))
+            vals = high_vals[inband]
+        elif v_hi is not None:
+            high = w > v_hi
+            above = float(np.sum(w * high, dtype=np.float64))
+            vals = w[~high & (w >= v_lo)] if v_lo is not None else w[~high]
+        else:
+            above = 0.0
+            vals = w[w >= v_lo] if v_lo is not None else w
+        sv = np.sort(vals)[::-1]
+        run = np.cumsum(np.concatenate(([above], sv.astype(np.float64))))
+        removed = _at_or_below(total - run[:-1], total, top_p)
+        if (v_hi is not None and removed[0]) or (v_lo is not None and not removed[-1]):
+            half *= 4  # the cut is above or below the band
+            continue
+        removed[0] = False  # (the row's top token) min_tokens_to_keep=1
+        j = int(np.argmax(removed)) if removed[-1] else sv.shape[0]
+        last = sv[j - 1]  # the smallest kept value
+        # entries equal to `last`: the first (j - f) of them in sv are kept, and a
+        # stable ascending sort would drop the lowest ids first
+        f = int(np.count_nonzero(sv > last))
+        ties = int(np.count_nonzero(sv == last))
+        drop_ties = ties - (j - f)
+        if idx is not None:
+            keep = sub > last
+            tie_at = np.flatnonzero(sub == last)
+            keep[tie_at[drop_ties:]] = True
+            return idx[keep], sub[keep].astype(np.float64) / run[j]
+        out = (w * (w >= last)).astype(np.float32, copy=False)
+        out *= np.float32(1.0 / run[j])
+        if drop_ties:
+            out[np.flatnonzero(w == last)[:drop_ties]] = 0.0
+        return out
+
+
+#: rows longer than this are sampled through block sums (:func:`_block_cumulative`)
+_SAMPLE_BLOCK = 1024
+
+
+def _block_cumulative(w: np.ndarray) -> np.ndarray:
+    """Running float64 mass at the end of each block of :data:`_SAMPLE_BLOCK` entries.
+
+    A draw then needs a running sum over one block only, instead of a float64 cumsum of
+    the whole 128k-262k row (the one O(V) pass left is a SIMD block reduction).
+    """
+    n = w.shape[0]
+    full = n // _SAMPLE_BLOCK
+    sums = np.empty(-(-n // _SAMPLE_BLOCK))
+    sums[:full] = np.add.reduce(w[: full * _SAMPLE_BLOCK].reshape(full, _SAMPLE_BLOCK),
+                                axis=1, dtype=np.float64)
+    if full < sums.shape[0]:
+        sums[full] = np.sum(w[full * _SAMPLE_BLOCK:], dtype=np.float64)
+    return np.cumsum(sums)
+
+
+def _draw(w: np.ndarray, blocks: np.ndarray | None, c: np.ndarray | None, u: float) -> int:
+    """The index where the running mass first exceeds ``u`` (inverse CDF)."""
+    if blocks is None:
+        assert c is not None
+        i = min(int(c.searchsorted(u, side="right")), c.shape[0] - 1)
+    else:
+        b = min(int(blocks.searchsorted(u, side="right")), blocks.shape[0] - 1)
+        lo = b * _SAMPLE_BLOCK
+        seg = np.cumsum(w[lo: lo + _SAMPLE_BLOCK], dtype=np.float64)
+        if b:
+            seg += blocks[b - 1]
+        i = lo + min(int(seg.searchsorted(u, side="right")), seg.shape[0] - 1)
+    # u can land on the very end through rounding, or on a zero weight: step back
+    while i > 0 and w[i] <= 0:
+        i -= 1
+    return i
+
+
+def _prepare(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
+                                           float]:
+    w = np.asarray(weights)
+    if w.shape[0] > 4 * _SAMPLE_BLOCK:
+        blocks = _block_cumulative(w)
+        c = None
+        total = float(blocks[-1])
+    else:
+        blocks = None
+        c = w.cumsum(dtype=np.float64)
+        total = float(c[-1])
+    if not total > 0:
+        raise InvalidDistribution("cannot sample from a vector with no mass")
+    return w, blocks, c, total
 
 
 def sample_index(weights: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one index with probability proportional to non-negative ``weights``.
 
-    Inverse-CDF on a float64 cumulative sum: one uniform per draw, so the number of
-    random numbers consumed never depends on the vector (reproducible across sides).
+    Inverse-CDF on float64 running sums: one uniform per draw, so the number of random
+    numbers consumed never depends on the vector (reproducible across sides).
     """
-    c = np.asarray(weights).cumsum(dtype=np.float64)
-    total = c[-1]
-    if not total > 0:
-        raise InvalidDistribution("cannot sample from a vector with no mass")
-    u = rng.random() * total
-    i = int(c.searchsorted(u, side="right"))
-    # guard against u landing on the very end through rounding, or on a zero weight
-    i = min(i, c.shape[0] - 1)
-    while weights[i] <= 0:
-        i -= 1
-    return i
+    w, blocks, c, total = _prepare(weights)
+    return _draw(w, blocks, c, rng.random() * total)
 
 
 def sample_many(weights: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     """Draw ``n`` i.i.d. indices proportional to ``weights`` (inverse CDF)."""
-    c = np.cumsum(weights, dtype=np.float64)
-    total = c[-1]
-    if not total > 0:
-        raise InvalidDistribution("cannot sample from a vector with no mass")
+    w, blocks, c, total = _prepare(weights)
     u = rng.random(n) * total
-    idx = np.minimum(np.searchsorted(c, u, side="right"), c.shape[0] - 1)
-    # a draw can only land on a zero weight through rounding at a boundary: step back
-    w = np.asarray(weights)
-    bad = w[idx] <= 0
-    while np.any(bad):
-        idx[bad] -= 1
-        bad = w[idx] <= 0
-    return idx.astype(np.int64)
+    return np.array([_draw(w, blocks, c, float(x)) for x in u], dtype=np.int64)

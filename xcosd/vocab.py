@@ -324,6 +324,14 @@ class VocabMap:
     def n_common(self) -> int:
         return int(self.common_target_ids.shape[0])
 
+    @cached_property
+    def draft_to_common(self) -> np.ndarray:
+        """Position of each draft id in V_C order (-1 outside V_C): the edge maps a
+        warped draft row's few kept ids straight into its V_C vector with it."""
+        out = np.full(self.draft.size, -1, dtype=np.int64)
+        out[self.common_draft_ids] = np.arange(self.n_common)
+        return out
+
     @property
     def n_other(self) -> int:
         return int(self.other_mask.sum())

@@ -55,10 +55,10 @@ class SrDv(Method):
         return committed_hybrid(self.codec, p, space)
 
     def _candidates(self, state: RejectState, rng: np.random.Generator) -> CandidatesReply:
-        w = state.p_star.astype(np.float64)
+        w = state.p_star.copy()  # float32: the sampler sums in float64 itself
         w[state.rejected] = 0.0
-        if not w.sum() > 0:  # all mass on x_j cannot be rejected, save by rounding
-            w = state.p_star.astype(np.float64)
+        if not np.any(w > 0):  # all mass on x_j cannot be rejected, save by rounding
+            w = state.p_star
         ids = sample_many(w, self.K, rng)
         state.candidate_rounds += 1
         return CandidatesReply(ids=ids, values=state.p_star[ids].astype(np.float32))

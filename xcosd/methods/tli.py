@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidDistribution
-from ..sampling import sample_index
+from ..sampling import Kept, sample_index
 
 
 def restrict_to_common(q_draft: np.ndarray, common_draft_ids: np.ndarray) -> np.ndarray:
@@ -19,11 +19,36 @@ def restrict_to_common(q_draft: np.ndarray, common_draft_ids: np.ndarray) -> np.
     Raises :class:`InvalidDistribution` when the draft puts no mass on V_C (a
     warper such as greedy can do that; the device should then draft nothing).
     """
-    sub = np.asarray(q_draft, dtype=np.float64)[common_draft_ids]
+    # gather first, then widen: the same values as widening the whole V_D row
+    sub = np.asarray(q_draft)[common_draft_ids].astype(np.float64)
     z = sub.sum()
     if not z > 0:
         raise InvalidDistribution("the draft distribution has no mass on V_C")
     return (sub / z).astype(np.float32)
+
+
+def restrict_kept(kept: Kept, common_draft_ids: np.ndarray,
+                  draft_to_common: np.ndarray) -> np.ndarray:
+    """:func:`restrict_to_common` of a warped draft row given as
+    :func:`~xcosd.sampling.warp_kept` returns it.
+
+    With top-k or a peaked top-p row only a few hundred draft ids survive the warpers;
+    their V_C positions are looked up directly, so the edge never builds the dense
+    warped V_D row nor gathers V_C out of it. The result is the same TLI vector as
+    ``restrict_to_common(warp(row))``: the kept values as float32, renormalised on V_C
+    in float64 (only the summation order of that float64 total differs).
+    """
+    if kept.ids is None:
+        return restrict_to_common(kept.probs, common_draft_ids)
+    pos = draft_to_common[kept.ids]
+    inside = pos >= 0
+    sub = kept.probs[inside].astype(np.float32).astype(np.float64)
+    z = sub.sum()
+    if not z > 0:
+        raise InvalidDistribution("the draft distribution has no mass on V_C")
+    q = np.zeros(common_draft_ids.shape[0], dtype=np.float32)
+    q[pos[inside]] = (sub / z).astype(np.float32)
+    return q
 
 
 def draft_token(q_common: np.ndarray, common_ids: np.ndarray, rng: np.random.Generator) -> int:

@@ -37,13 +37,15 @@ from ..errors import ModelError, XcosdError
 from ..methods.base import TokenReply
 from ..models.base import LanguageModel
 from ..protocol.cloud import CloudSession, RoundOutcome, ScoreNeeded
+from ..sampling import warp_batch
 
 log = logging.getLogger(__name__)
 
 
 def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[RoundOutcome]:
     """Bring each session's model context in step, score all of them in one call,
-    verify each round. Runs in the worker thread (or inline in sans-I/O tests).
+    warp all their rows in one call, verify each round. Runs in the worker thread (or
+    inline in sans-I/O tests).
 
     A failure of the whole batched call is retried per session, so one bad session
     cannot fail its batch-mates.
@@ -60,8 +62,9 @@ def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[Roun
     if prepared:
         try:
             rows = model.score([(r.session.handle, r.new_ids) for r in prepared])
-            for r, rr in zip(prepared, rows, strict=True):
-                out[index[id(r)]] = r.session.verify_rows(rr)
+            warped = _warp_all(prepared, rows)
+            for r, rr, p in zip(prepared, rows, warped, strict=True):
+                out[index[id(r)]] = r.session.verify_rows(rr, p)
         except Exception:
             log.exception("batched score failed; retrying %d sessions one by one",
                           len(prepared))
@@ -73,6 +76,19 @@ def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[Roun
                 except Exception as e:
                     out[index[id(r)]] = _failed(e)
     return [out[i] for i in range(len(batch))]
+
+
+def _warp_all(prepared: Sequence[ScoreNeeded], rows: Sequence[np.ndarray]
+              ) -> Sequence[np.ndarray | None]:
+    """Every session's rows warped with its own sampling parameters, in one
+    :func:`~xcosd.sampling.warp_batch` call for the whole batch. Rows one session's
+    verification would refuse anyway (wrong shape, no mass) make the call fail; then
+    each session warps its own rows and reports its own error."""
+    try:
+        return warp_batch([np.asarray(rr, dtype=np.float32) for rr in rows],
+                          [r.session.params for r in prepared])
+    except (XcosdError, ValueError, IndexError):
+        return [None] * len(prepared)
 
 
 def _prepare(model: LanguageModel, req: ScoreNeeded) -> None:

@@ -284,12 +284,15 @@ class CloudSession:
 
     # -- in a worker thread -----------------------------------------------
 
-    def verify_rows(self, rows: np.ndarray) -> RoundOutcome:
+    def verify_rows(self, rows: np.ndarray, warped: np.ndarray | None = None) -> RoundOutcome:
         """Verify the pending draft against the target's rows for it.
 
         Pure math on this session's own state (the draft, the method, its RNG), so
         the scheduler may run it in its worker thread right after the batched
-        forward pass. Never raises: a failure comes back as ``error``.
+        forward pass. ``warped`` is ``rows`` already warped with this session's
+        sampling parameters: the scheduler warps a whole batch in one
+        :func:`~xcosd.sampling.warp_batch` call (bit-identical to warping here).
+        Never raises: a failure comes back as ``error``.
         """
         draft = self.draft
         if draft is None:  # closed while its round was being scored: nothing to verify
@@ -302,7 +305,7 @@ class CloudSession:
             if rows.shape != (d + 1, sp.target_size):
                 raise InvalidDistribution(
                     f"target returned rows {rows.shape}, expected {(d + 1, sp.target_size)}")
-            p = warp(rows, self.params)
+            p = warped if warped is not None else warp(rows, self.params)
             p_star = m.commit_rows(p, sp)
             n = m.verify(p_star, draft, sp, self.rng) if d else 0
             if n == d:

@@ -11,7 +11,8 @@ where the draft model may run (a worker thread).
 
 A round on the device, as in ``xcosd/simulate.py``: draft ``d`` tokens from the
 TLI distribution (the draft's warped row restricted to V_C,
-:func:`~xcosd.methods.tli.restrict_to_common`), sampling each from
+:func:`~xcosd.methods.tli.restrict_to_common`, computed from the warpers' kept set
+by :func:`~xcosd.methods.tli.restrict_kept`), sampling each from
 ``method.draft_row(q)``; uplink ``method.draft_message``; on a rejection keep
 ``DeviceState(q_common=draft_row(q_j))`` and call ``method.resolve`` on each reply
 until it yields a token. The token travels to the cloud with the next draft.
@@ -48,9 +49,9 @@ from ..methods.base import (
     Space,
     TokenReply,
 )
-from ..methods.tli import restrict_to_common
+from ..methods.tli import restrict_kept, restrict_to_common
 from ..models.base import LanguageModel, Session
-from ..sampling import SamplingParams, sample_index, warp
+from ..sampling import SamplingParams, sample_index, warp, warp_kept
 from ..vocab import VocabMap, Vocabulary
 from .errors import exception_for
 from .messages import (
@@ -234,10 +235,12 @@ class Drafter:
         q_raw: list[np.ndarray] = []
         q_rows: list[np.ndarray] = []
         cd = self.vmap.common_draft_ids
+        to_common = self.vmap.draft_to_common
         for _ in range(d):
             row = self.model.score([(self.session, [])])[0][-1]
             try:
-                q = restrict_to_common(warp(row, self.params), cd)
+                # the TLI vector restrict_to_common(warp(row)), from the kept set only
+                q = restrict_kept(warp_kept(row, self.params), cd, to_common)
             except InvalidDistribution:
                 # The warped draft has no mass on V_C (greedy picked a draft-only
                 # token, say): warp the draft's V_C part instead. Any proposal on V_C
