@@ -440,6 +440,12 @@ class Open(SessionMessage):
     after a cloud restart: the cloud's context becomes prompt + resume, so no token
     is lost or repeated. ``seed`` seeds the cloud's half of the session's
     randomness (``None``: fresh entropy).
+
+    ``prompt_ids``: the prompt as **target ids** instead of text (then ``prompt`` is
+    empty), for callers that hold a tokenised context: the cloud's context is exactly
+    these ids (no tokenisation, no special tokens added), as if the target had been
+    given them. On the wire: header ``"pi": true`` and a second buffer after
+    ``resume``; absent, the message is the text form unchanged.
     """
 
     TYPE: ClassVar[str] = "open"
@@ -455,29 +461,42 @@ class Open(SessionMessage):
     prompt: str
     max_new_tokens: int
     resume: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    prompt_ids: np.ndarray | None = None
 
     def to_wire(self) -> tuple[Header, Buffers]:
-        return ({"t": self.TYPE, "s": self.s, "seq": self.seq, "fp": self.map_fp,
-                 "m": self.method, "c": self.codec, "o": dict(self.options),
-                 "T": float(self.temperature), "k": self.top_k, "p": float(self.top_p),
-                 "seed": self.seed, "prompt": self.prompt, "max": self.max_new_tokens},
-                [ids_to_bytes(self.resume)])
+        h: dict[str, Any] = {
+            "t": self.TYPE, "s": self.s, "seq": self.seq, "fp": self.map_fp,
+            "m": self.method, "c": self.codec, "o": dict(self.options),
+            "T": float(self.temperature), "k": self.top_k, "p": float(self.top_p),
+            "seed": self.seed, "prompt": self.prompt, "max": self.max_new_tokens}
+        bufs = [ids_to_bytes(self.resume)]
+        if self.prompt_ids is not None:
+            h["pi"] = True
+            bufs.append(ids_to_bytes(self.prompt_ids))
+        return h, bufs
 
     @classmethod
     def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> Open:
         t = cls.TYPE
-        _nbuf(buffers, 1, t)
+        by_ids = h.get("pi", False)
+        if by_ids is not True and by_ids is not False:
+            raise _bad(f"{t}: pi must be a boolean")
+        _nbuf(buffers, 2 if by_ids else 1, t)
         opts = _get(h, "o", t)
         if not isinstance(opts, dict) or len(opts) > MAX_OPTIONS or not all(
                 isinstance(k, str) and len(k) <= MAX_NAME and type(v) in (int, float, bool)
                 for k, v in opts.items()):
             raise _bad(f"{t}: options must map names to numbers or booleans")
+        prompt = _text(h, "prompt", t, MAX_TEXT)
+        if by_ids and prompt:
+            raise _bad(f"{t}: a prompt given as ids carries no text")
         return cls(_int(h, "s", t), _int(h, "seq", t), _str(h, "fp", t), _str(h, "m", t),
                    _str(h, "c", t), dict(opts), _float(h, "T", t, 0.0, 1e6),
                    _int(h, "k", t, 0, 1 << 31), _float(h, "p", t, 0.0, 1.0),
                    _int(h, "seed", t, 0, (1 << 64) - 1, optional=True),
-                   _text(h, "prompt", t, MAX_TEXT), _int(h, "max", t, 0, 1 << 31),
-                   bytes_to_ids(buffers[0], t, "resume ids"))
+                   prompt, _int(h, "max", t, 0, 1 << 31),
+                   bytes_to_ids(buffers[0], t, "resume ids"),
+                   bytes_to_ids(buffers[1], t, "prompt ids") if by_ids else None)
 
 
 @dataclass(frozen=True)
