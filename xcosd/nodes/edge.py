@@ -18,15 +18,20 @@ token is lost or repeated. ``busy`` refusals are retried after a pause.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
+import numpy as np
+
+from ..config import GenerationConfig
 from ..errors import ProtocolError, TransportError, XcosdError
 from ..methods import FullVectorReply, HybridReply, Method, Space, get_method
 from ..models.base import ContextModel, LanguageModel
@@ -44,12 +49,12 @@ from ..protocol.errors import exception_for
 from ..protocol.messages import (
     Error,
     Message,
+    Open,
     Ping,
     Pong,
     VerdictMsg,
     from_wire,
 )
-from ..sampling import SamplingParams
 from ..transport import LinkConnection, LinkSpec, connect, sequence_latency
 from ..transport.base import Connection
 from ..vocab import VocabMap, Vocabulary
@@ -60,6 +65,52 @@ log = logging.getLogger(__name__)
 
 #: codes that mean "the cloud no longer has this connection's state": resume
 LOST_CODES = frozenset({"handshake", "no_session"})
+
+#: a prompt: text, or target token ids (the cloud's context is then exactly those ids)
+Prompt = str | Sequence[int] | np.ndarray
+
+
+class _StopStrings:
+    """Watches the generated text for stop strings as it streams.
+
+    Pieces are passed on to ``on_text`` only up to the end of the first stop string,
+    so a streaming caller never sees text the final result does not contain.
+    """
+
+    def __init__(self, stops: Sequence[str], on_text: Callable[[str], None] | None) -> None:
+        self.stops = tuple(stops)
+        self.on_text = on_text
+        self.text = ""
+        #: index in ``text`` just past the first stop string, once one appeared
+        self.end: int | None = None
+        self._longest = max((len(x) for x in self.stops), default=0)
+
+    def feed(self, piece: str) -> None:
+        if self.end is not None:
+            return
+        start = len(self.text)
+        self.text += piece
+        if self.stops:
+            # a new match must end inside ``piece``: start looking just before it
+            lo = max(0, start - self._longest + 1)
+            ends = [i + len(x) for x in self.stops if (i := self.text.find(x, lo)) >= 0]
+            if ends:
+                self.end = min(ends)
+                piece = self.text[start:self.end]
+        if self.on_text is not None and piece:
+            self.on_text(piece)
+
+
+def _ids_covering(vocab: Vocabulary, ids: Sequence[int], chars: int) -> int:
+    """How many of ``ids`` it takes for their text to reach ``chars`` characters (the
+    token that completes a stop string is kept whole, as transformers keeps it)."""
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    n = 0
+    for k, t in enumerate(ids, 1):
+        n += len(dec.decode(vocab.piece(int(t))))
+        if n >= chars:
+            return k
+    return len(ids)
 
 
 class _Lost:
@@ -81,9 +132,11 @@ class EdgeNode:
     """Drafts on the device and talks to one cloud.
 
     ``draft``: any :class:`~xcosd.models.LanguageModel`. ``connect``: the cloud's
-    endpoint. ``method``/``codec``/``draft_len`` and the method's own options (``K``,
-    ``M``, ``hr_presample``, ``threshold``) are defaults that every call may
-    override; so are the sampling parameters. ``target_vocab``: the target's
+    endpoint. ``config``: a :class:`~xcosd.config.GenerationConfig`, the defaults of
+    every generation on this node; the keyword settings (``method``, ``codec``,
+    ``draft_len``, ``temperature``, ``top_k``, ``top_p`` and the method's own options
+    ``K``, ``M``, ``hr_presample``, ``threshold``) update it, and every call may
+    override them again. ``target_vocab``: the target's
     vocabulary if the device has it (else it is fetched from the cloud once per
     connection); ``vocab_map``: a ready :class:`~xcosd.vocab.VocabMap` (draft, target),
     so many edges on one machine build it once. ``link``: emulate a link (a
@@ -95,8 +148,10 @@ class EdgeNode:
     """
 
     def __init__(self, draft: LanguageModel, connect: str = "tcp://127.0.0.1:5555", *,
-                 method: str = "xcosd-e", codec: str = "f32", draft_len: int = 4,
-                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 config: GenerationConfig | None = None,
+                 method: str | None = None, codec: str | None = None,
+                 draft_len: int | None = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None,
                  transport: str = "zmq", link: LinkSpec | None = None,
                  model_link: LinkSpec | None = None, curve: Any = None,
                  target_vocab: Vocabulary | None = None, vocab_map: VocabMap | None = None,
@@ -117,13 +172,10 @@ class EdgeNode:
         self.connect_timeout_s = connect_timeout_s
         self.busy_retry_s = busy_retry_s
         self.name = name
-        self.defaults: dict[str, Any] = {
-            "method": method, "codec": codec, "draft_len": draft_len,
-            "temperature": temperature, "top_k": top_k, "top_p": top_p,
-            "options": dict(method_options),
-        }
-        get_method(method, codec=codec, **method_options)  # fail early on bad settings
-        SamplingParams(temperature, top_k, top_p)
+        # validated here, so a wrong setting fails when the node is made, not mid-session
+        self.config = GenerationConfig.from_kwargs(
+            config, method=method, codec=codec, draft_len=draft_len, temperature=temperature,
+            top_k=top_k, top_p=top_p, **method_options)
         self.limits = Limits(max_bytes=max_message_bytes, max_frames=4096,
                              max_header_bytes=16 << 20)
         self._transport_options = dict(transport_options or {})
@@ -362,37 +414,56 @@ class EdgeNode:
 
     # -- generations ---------------------------------------------------------------
 
-    async def generate(self, prompt: str, max_new_tokens: int = 64, *,
-                       method: str | None = None, codec: str | None = None,
-                       draft_len: int | None = None, temperature: float | None = None,
+    async def generate(self, prompt: Prompt, max_new_tokens: int | None = None, *,
+                       config: GenerationConfig | None = None, method: str | None = None,
+                       codec: str | None = None, draft_len: int | None = None,
+                       do_sample: bool | None = None, temperature: float | None = None,
                        top_k: int | None = None, top_p: float | None = None,
+                       stop: str | Sequence[str] | None = None,
+                       stop_strings: str | Sequence[str] | None = None,
                        seed: int | None = None, on_text: Callable[[str], None] | None = None,
                        **method_options: Any) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` target tokens after ``prompt`` (stops early at
-        the target's end-of-sequence token). ``token_ids`` are target ids. ``on_text``,
-        if given, is called with each piece of text as it is committed (streaming
-        with the full result at the end)."""
-        return await self._generate(prompt, max_new_tokens, on_text, method=method, codec=codec,
-                                    draft_len=draft_len, temperature=temperature, top_k=top_k,
-                                    top_p=top_p, seed=seed, options=method_options)
+        """Generate up to ``max_new_tokens`` target tokens after ``prompt``.
 
-    async def stream(self, prompt: str, max_new_tokens: int = 64, *,
-                     method: str | None = None, codec: str | None = None,
-                     draft_len: int | None = None, temperature: float | None = None,
+        ``prompt``: text, or a list of **target** token ids (the cloud's context is then
+        exactly those ids, as if the target had been given them). Settings come from
+        ``config`` (default: the node's), updated by the keyword names, which are
+        transformers' where they overlap (``do_sample=False`` is greedy; ``stop`` is an
+        alias of ``stop_strings``). Generation stops at the target's end-of-sequence
+        token (``finish_reason "stop"``), at ``max_new_tokens`` (``"length"``), or once
+        the output text contains a stop string (``"stop"``; the text ends with it and
+        ``token_ids`` end with the token that completed it). ``on_text``, if given, is
+        called with each piece of text as it is committed."""
+        cfg = self._config_for(config, max_new_tokens=max_new_tokens, method=method,
+                               codec=codec, draft_len=draft_len, do_sample=do_sample,
+                               temperature=temperature, top_k=top_k, top_p=top_p,
+                               stop=stop, stop_strings=stop_strings, seed=seed,
+                               **method_options)
+        return await self._generate(prompt, cfg, on_text)
+
+    async def stream(self, prompt: Prompt, max_new_tokens: int | None = None, *,
+                     config: GenerationConfig | None = None, method: str | None = None,
+                     codec: str | None = None, draft_len: int | None = None,
+                     do_sample: bool | None = None, temperature: float | None = None,
                      top_k: int | None = None, top_p: float | None = None,
+                     stop: str | Sequence[str] | None = None,
+                     stop_strings: str | Sequence[str] | None = None,
                      seed: int | None = None, **method_options: Any) -> AsyncIterator[str]:
         """Like :meth:`generate`, yielding text as it is committed (whole UTF-8
-        characters only). Leaving the loop early closes the session on the cloud."""
+        characters only; never past a stop string). Leaving the loop early closes the
+        session on the cloud."""
+        cfg = self._config_for(config, max_new_tokens=max_new_tokens, method=method,
+                               codec=codec, draft_len=draft_len, do_sample=do_sample,
+                               temperature=temperature, top_k=top_k, top_p=top_p,
+                               stop=stop, stop_strings=stop_strings, seed=seed,
+                               **method_options)
         q: asyncio.Queue[str | None] = asyncio.Queue()
 
         def on_text(text: str) -> None:
             if text:
                 q.put_nowait(text)
 
-        task = asyncio.get_running_loop().create_task(self._generate(
-            prompt, max_new_tokens, on_text, method=method, codec=codec, draft_len=draft_len,
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            options=method_options))
+        task = asyncio.get_running_loop().create_task(self._generate(prompt, cfg, on_text))
         task.add_done_callback(lambda _t: q.put_nowait(None))
         try:
             while True:
@@ -407,25 +478,49 @@ class EdgeNode:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _session(self, s: int, prompt: str, max_new_tokens: int, *, method: str | None,
-                 codec: str | None, draft_len: int | None, temperature: float | None,
-                 top_k: int | None, top_p: float | None, seed: int | None,
-                 options: dict[str, Any]) -> EdgeSession:
-        dflt = self.defaults
-        name = method or dflt["method"]
-        opts = {**(dflt["options"] if name == dflt["method"] else {}), **options}
-        m: Method = get_method(name, codec=codec or dflt["codec"], **opts)
-        params = SamplingParams(dflt["temperature"] if temperature is None else temperature,
-                                dflt["top_k"] if top_k is None else top_k,
-                                dflt["top_p"] if top_p is None else top_p)
+    def _config_for(self, config: GenerationConfig | None, **kw: Any) -> GenerationConfig:
+        """One call's settings: ``config`` (else the node's) with the keywords given.
+
+        A call that switches method keeps only the node's options the new method takes
+        (GenerationConfig.replace), so ``generate(..., method="xcosd")`` on an
+        ``xcosd-e`` node with ``K=5`` works, while ``K=5`` named in that call is an error.
+        """
+        if config is not None and not isinstance(config, GenerationConfig):
+            raise TypeError(f"config must be a GenerationConfig, got {type(config).__name__}")
+        return GenerationConfig.from_kwargs(config if config is not None else self.config, **kw)
+
+    def _prompt_ids(self, prompt: Prompt) -> np.ndarray | None:
+        """A token-id prompt as int64 target ids (checked), ``None`` for text."""
+        if isinstance(prompt, str):
+            return None
+        if isinstance(prompt, bytes | bytearray):
+            raise TypeError("a prompt is text or a list of target token ids, not bytes")
+        ids = list(prompt)
+        if not all(isinstance(i, int | np.integer) and not isinstance(i, bool) for i in ids):
+            raise TypeError("a token-id prompt must hold integers (target token ids)")
+        a = np.asarray(ids, dtype=np.int64)
+        vmap = self._handshake.vmap
+        size = vmap.target.size if vmap is not None else None
+        if a.size and (int(a.min()) < 0 or (size is not None and int(a.max()) >= size)):
+            raise ValueError(f"prompt token ids must be target ids in 0..{(size or 0) - 1}")
+        return a
+
+    def _session(self, s: int, prompt: Prompt, cfg: GenerationConfig) -> EdgeSession:
+        m: Method = get_method(cfg.method, codec=cfg.codec, **cfg.method_options())
+        params = cfg.sampling_params()
         vmap, welcome = self._handshake.vmap, self._handshake.welcome
         assert vmap is not None and welcome is not None and self._space is not None
+        ids = self._prompt_ids(prompt)
+        # the draft only conditions on the prompt: a token-id prompt reaches it as the
+        # text of those target ids (the cloud gets the ids themselves, see _open)
+        text = (vmap.target.decode(ids.tolist()).decode("utf-8", errors="replace")
+                if ids is not None else str(prompt))
         return EdgeSession(
             s, method=m, vmap=vmap, space=self._space,
-            drafter=Drafter(self.draft, vmap, params, prompt), prompt=prompt,
-            max_new_tokens=max_new_tokens, params=params, stop_ids=welcome.stop_ids,
-            draft_len=dflt["draft_len"] if draft_len is None else draft_len,
-            max_draft=welcome.limits.max_draft, seed=seed)
+            drafter=Drafter(self.draft, vmap, params, text),
+            prompt="" if ids is not None else text,
+            max_new_tokens=cfg.max_new_tokens, params=params, stop_ids=welcome.stop_ids,
+            draft_len=cfg.draft_len, max_draft=welcome.limits.max_draft, seed=cfg.seed)
 
     async def _in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
         if not self.draft_thread:
@@ -435,15 +530,16 @@ class EdgeNode:
         job.add_done_callback(self._jobs.discard)
         return await asyncio.wrap_future(job)
 
-    async def _generate(self, prompt: str, max_new_tokens: int,
-                        on_text: Callable[[str], None] | None, *, options: dict[str, Any],
-                        **kw: Any) -> GenerationResult:
+    async def _generate(self, prompt: Prompt, cfg: GenerationConfig,
+                        on_text: Callable[[str], None] | None) -> GenerationResult:
         if self._closed:
             raise TransportError("the edge node is closed", code="closed")
         if not self._connected:
             await self._recover(self._epoch)
         s = next(self._ids)
-        es = self._session(s, prompt, max_new_tokens, options=options, **kw)
+        es = self._session(s, prompt, cfg)
+        prompt_ids = self._prompt_ids(prompt)
+        watch = _StopStrings(cfg.stop_strings, on_text)
         st = GenerationStats(method=es.method.name, codec=es.method.codec.name)
         trace: list[tuple[str, int]] = []
         inbox: asyncio.Queue[Any] = asyncio.Queue()
@@ -451,13 +547,13 @@ class EdgeNode:
         t0 = time.perf_counter()
         opened = False
         try:
-            await self._open(es, inbox, st, trace)
+            await self._open(es, inbox, st, trace, prompt_ids)
             opened = True
-            while not es.done:
+            while not es.done and watch.end is None:
                 try:
-                    await self._round(es, inbox, st, trace, on_text)
+                    await self._round(es, inbox, st, trace, watch.feed)
                 except _ConnectionLost as lost:
-                    await self._resume(es, inbox, st, trace, lost.epoch)
+                    await self._resume(es, inbox, st, trace, lost.epoch, prompt_ids)
         finally:
             self._inboxes.pop(s, None)
             if opened and self._connected and self._conn is not None:
@@ -465,13 +561,18 @@ class EdgeNode:
                     await self._send(es.close(), st, None)
             with contextlib.suppress(Exception):
                 await self._in_worker(es.drafter.end)
+        text, token_ids = es.text, list(es.token_ids)
+        if watch.end is not None:  # a stop string: the output ends with it
+            text = watch.text[:watch.end]
+            assert es.vmap is not None
+            token_ids = token_ids[:_ids_covering(es.vmap.target, token_ids, watch.end)]
         st.wall_s = time.perf_counter() - t0
-        st.tokens = len(es.token_ids)
-        st.finish_reason = es.finish_reason or ""
+        st.tokens = len(token_ids)
+        st.finish_reason = "stop" if watch.end is not None else (es.finish_reason or "")
         st.target_calls = st.rounds
         st.modeled_s = st.draft_compute_s + st.cloud_compute_s + (
             sequence_latency(trace, self.model_link) if self.model_link is not None else 0.0)  # type: ignore[arg-type]
-        return GenerationResult(es.text, list(es.token_ids), st)
+        return GenerationResult(text, token_ids, st)
 
     async def _send(self, msg: Message, st: GenerationStats,
                     trace: list[tuple[str, int]] | None) -> None:
@@ -516,11 +617,14 @@ class EdgeNode:
         return msg
 
     async def _open(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
-                    trace: list[tuple[str, int]]) -> None:
+                    trace: list[tuple[str, int]], prompt_ids: np.ndarray | None) -> None:
         delay = self.busy_retry_s
         while True:
             try:
-                await self._send(es.open(), st, trace)
+                msg: Open = es.open()
+                if prompt_ids is not None:  # the session holds no text: send the ids
+                    msg = dataclasses.replace(msg, prompt_ids=prompt_ids)
+                await self._send(msg, st, trace)
                 out = es.receive(await self._next(es, inbox, st, trace))
             except _ConnectionLost as lost:
                 await self._recover(lost.epoch)
@@ -535,12 +639,13 @@ class EdgeNode:
             return
 
     async def _resume(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
-                      trace: list[tuple[str, int]], epoch: int) -> None:
+                      trace: list[tuple[str, int]], epoch: int,
+                      prompt_ids: np.ndarray | None) -> None:
         await self._recover(epoch)
         while not inbox.empty():  # whatever the old connection left behind
             inbox.get_nowait()
         st.resumes += 1
-        await self._open(es, inbox, st, trace)
+        await self._open(es, inbox, st, trace, prompt_ids)
 
     async def _round(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
                      trace: list[tuple[str, int]], on_text: Callable[[str], None] | None) -> None:

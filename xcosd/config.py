@@ -1,0 +1,202 @@
+"""``GenerationConfig``: every setting of one generation, in one validated value.
+
+The same settings used to travel as loose keyword arguments through
+:class:`~xcosd.nodes.EdgeNode`, its ``generate`` / ``stream`` and the CLI, each
+place checking (or not) what it understood. A frozen dataclass checked once, on
+construction, means a wrong setting fails where it is written, with a message
+that names it, instead of deep inside a session or, worse, being dropped.
+
+Field names follow ``transformers.GenerationConfig`` where the two overlap
+(``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``max_new_tokens``,
+``stop_strings``), so code written for one reads naturally with the other. Two
+differences, both deliberate: ``top_k=0`` means "off" (transformers defaults to 50,
+which would change the distribution being preserved), and ``temperature=0`` is
+accepted as greedy (like ``do_sample=False``).
+
+The internal representation of the warpers stays :class:`~xcosd.sampling.SamplingParams`
+(:meth:`GenerationConfig.sampling_params`), which both sides of a session apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .sampling import SamplingParams
+
+#: the method options a GenerationConfig carries, as fields (None: the method's default)
+METHOD_OPTION_FIELDS = ("K", "M", "hr_presample", "threshold")
+
+
+def method_option_names(method: str) -> frozenset[str]:
+    """The options ``method`` takes (``xcosd-e``: K, M, hr_presample ...)."""
+    from .methods import METHODS
+
+    try:
+        cls = METHODS[method]
+    except KeyError:
+        raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}") from None
+    return frozenset(cls().options())
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How to generate: method, codec, draft length, sampling, length, stops, seed.
+
+    * ``method``: one of :data:`xcosd.methods.METHODS` (``xcosd-e``, ``xcosd`` ...);
+      ``codec``: a codec name (``f32``, ``q8``, ``topk:64+zstd`` ...).
+    * ``draft_len``: tokens drafted per round (``d``).
+    * ``do_sample=False`` is greedy decoding (temperature, top-k and top-p are then
+      ignored); ``temperature`` (0: greedy too), ``top_k`` (0: off), ``top_p`` (1: off).
+    * ``max_new_tokens``: target tokens to generate at most.
+    * ``stop_strings``: generation stops once the output text contains one of them;
+      the text up to and including it is returned (``finish_reason == "stop"``).
+    * ``seed``: seeds both halves of a session (``None``: fresh entropy).
+    * ``K``, ``M`` (``xcosd-e``), ``hr_presample`` (``xcosd``, ``xcosd-e``),
+      ``threshold`` (``uhlm``): the method's own options; ``None`` keeps the method's
+      default, and setting one the method does not take is an error.
+    """
+
+    method: str = "xcosd-e"
+    codec: str = "f32"
+    draft_len: int = 4
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop_strings: tuple[str, ...] = ()
+    seed: int | None = None
+    K: int | None = None
+    M: int | None = None
+    hr_presample: bool | None = None
+    threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        # accept one string or any iterable of strings; store a tuple (hashable, frozen)
+        stops = self.stop_strings
+        if isinstance(stops, str):
+            stops = (stops,)
+        elif stops is None:
+            stops = ()
+        if not isinstance(stops, Iterable):
+            raise ValueError(f"stop_strings must be a string or a list of strings, got {stops!r}")
+        stops = tuple(stops)
+        for s in stops:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop_strings must be non-empty strings, got {s!r}")
+        object.__setattr__(self, "stop_strings", stops)
+        self._validate()
+
+    def _validate(self) -> None:
+        from .codecs import get_codec
+        from .errors import CodecError
+        from .methods import get_method
+
+        if not isinstance(self.method, str):
+            raise ValueError(f"method must be a name, got {self.method!r}")
+        takes = method_option_names(self.method)
+        try:
+            get_codec(self.codec)
+        except CodecError as e:
+            raise ValueError(e.message) from None
+        _check_int("draft_len", self.draft_len, 0)
+        _check_int("max_new_tokens", self.max_new_tokens, 0)
+        _check_int("top_k", self.top_k, 0)
+        if not isinstance(self.do_sample, bool):
+            raise ValueError(f"do_sample must be True or False, got {self.do_sample!r}")
+        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float)
+                or not math.isfinite(self.temperature) or self.temperature < 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if (isinstance(self.top_p, bool) or not isinstance(self.top_p, int | float)
+                or not 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0)
+        given = self.method_options()
+        wrong = sorted(set(given) - takes)
+        if wrong:
+            takes_s = ", ".join(sorted(takes)) if takes else "no options"
+            raise ValueError(f"method {self.method!r} does not take {', '.join(wrong)} "
+                             f"(it takes {takes_s})")
+        for name in ("K", "M"):
+            v = given.get(name)
+            if v is not None:
+                _check_int(name, v, 1)
+        if "hr_presample" in given and not isinstance(given["hr_presample"], bool):
+            raise ValueError(f"hr_presample must be True or False, got {given['hr_presample']!r}")
+        th = given.get("threshold")
+        if th is not None and (isinstance(th, bool) or not isinstance(th, int | float)
+                               or not 0.0 <= th <= 1.0):
+            raise ValueError(f"threshold must be in [0, 1], got {th!r}")
+        try:  # whatever else the method itself refuses (a codec it cannot use ...)
+            get_method(self.method, codec=self.codec, **given)
+        except (TypeError, ValueError) as e:
+            raise ValueError(str(e)) from None
+
+    # -- views -------------------------------------------------------------------
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0.0
+
+    def method_options(self) -> dict[str, Any]:
+        """The method options that were set (the rest keep the method's defaults)."""
+        return {k: getattr(self, k) for k in METHOD_OPTION_FIELDS if getattr(self, k) is not None}
+
+    def sampling_params(self) -> SamplingParams:
+        """The warpers both sides apply: greedy is ``temperature=0`` with the others off."""
+        if self.greedy:
+            return SamplingParams(0.0, 0, 1.0)
+        return SamplingParams(float(self.temperature), int(self.top_k), float(self.top_p))
+
+    def replace(self, **changes: Any) -> GenerationConfig:
+        """A copy with ``changes`` (validated again). Changing the method drops the
+        method options the new method does not take, so ``replace(method="xcosd")``
+        on an ``xcosd-e`` config with ``K=5`` is not an error; naming such an option
+        in the same call still is."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown generation setting(s): {', '.join(unknown)}")
+        if "method" in changes and changes["method"] != self.method:
+            takes = method_option_names(changes["method"])
+            for k in METHOD_OPTION_FIELDS:
+                if k not in takes and k not in changes:
+                    changes[k] = None
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["stop_strings"] = list(self.stop_strings)
+        return d
+
+    @classmethod
+    def from_kwargs(cls, base: GenerationConfig | None = None,
+                    **kw: Any) -> GenerationConfig:
+        """``base`` (or the defaults) updated with transformers-style keyword names:
+        ``stop`` is an alias of ``stop_strings``; ``None`` values are ignored (not
+        given)."""
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if "stop" in kw:
+            if "stop_strings" in kw:
+                raise ValueError("give stop or stop_strings, not both")
+            kw["stop_strings"] = kw.pop("stop")
+        base = base if base is not None else cls()
+        return base.replace(**kw) if kw else base
+
+
+def _check_int(name: str, v: Any, lo: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+
+
+def as_config(obj: GenerationConfig | Mapping[str, Any] | None) -> GenerationConfig:
+    """A GenerationConfig from a config, a mapping of its fields, or ``None`` (defaults)."""
+    if obj is None:
+        return GenerationConfig()
+    if isinstance(obj, GenerationConfig):
+        return obj
+    return GenerationConfig(**dict(obj))
