@@ -3,14 +3,16 @@
 ``NgramModel`` (the embedded default, :func:`default_pair`), ``TransformersModel``
 (Hugging Face models from a local directory or a GGUF file), ``SyntheticModel``
 (cost-model target for load tests) and ``TableModel`` (exactness tests).
-``import xcosd.models`` never imports torch: the transformers backend and the
-Hugging Face vocabulary converter load on first use.
+``import xcosd.models`` never imports torch: the transformers backend loads on
+first use. The Hugging Face vocabulary converter lives with the vocabularies
+(:mod:`xcosd.vocab.hf`); ``vocabulary_from_hf`` is re-exported here.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..vocab import vocabulary_from_hf
 from .base import ContextModel, LanguageModel, Session
 from .corpus import cache_dir, corpus_from_files, default_corpus
 from .default import DEFAULT_DRAFT, DEFAULT_TARGET, default_draft, default_pair, default_target
@@ -20,7 +22,6 @@ from .synthetic import SyntheticModel, small_vocabulary
 from .table import TableModel
 
 if TYPE_CHECKING:
-    from .hf_vocab import vocabulary_from_hf
     from .transformers_model import TransformersModel
 
 __all__ = [
@@ -52,8 +53,4 @@ def __getattr__(name: str) -> Any:
         from .transformers_model import TransformersModel
 
         return TransformersModel
-    if name == "vocabulary_from_hf":
-        from .hf_vocab import vocabulary_from_hf
-
-        return vocabulary_from_hf
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

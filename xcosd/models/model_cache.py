@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..vocab import Vocabulary
+from ..vocab.hf import hf_encoder
 from .corpus import cache_dir
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,6 @@ def _vocab_to_json(v: Vocabulary) -> dict[str, Any]:
 
 
 def _vocab_from_json(d: dict[str, Any], name: str, tokenizer: Any) -> Vocabulary:
-    from .hf_vocab import hf_encoder
-
     tokens = [None if t is None else bytes.fromhex(t) for t in d["tokens"]]
     return Vocabulary(name, tokens, special=d["special"], roles=d["roles"],
                       encoder=hf_encoder(tokenizer))

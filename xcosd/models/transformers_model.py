@@ -43,10 +43,9 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
-from ..vocab import Vocabulary
+from ..vocab import Vocabulary, vocabulary_from_hf
 from . import model_cache
 from .base import Session
-from .hf_vocab import vocabulary_from_hf
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import VocabError
+from ..errors import VocabError
 
 #: Short names accepted everywhere, mapped to quicktok's encoding names.
 QUICKTOK_ALIASES: dict[str, str] = {
@@ -270,7 +270,7 @@ class Vocabulary:
     @classmethod
     def from_hf_tokenizer(cls, tokenizer: Any, name: str | None = None) -> Vocabulary:
         """A Hugging Face tokenizer (byte-level BPE or SentencePiece), converted to bytes."""
-        from .models.hf_vocab import vocabulary_from_hf
+        from .hf import vocabulary_from_hf
 
         return vocabulary_from_hf(tokenizer, name=name)
 

@@ -30,7 +30,7 @@ from functools import cache
 from typing import Any
 
 from ..errors import VocabError
-from ..vocab import Vocabulary
+from .vocabulary import Vocabulary
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 #: special-token texts that end a turn in chat models, for the ``eot`` role
