@@ -1,4 +1,4 @@
-"""A Hugging Face tokenizer as a :class:`~xcosd.vocab.Vocabulary` of byte strings.
+"""A Hugging Face tokenizer as a table of byte strings, for :class:`~xcosd.vocab.Vocabulary`.
 
 Cross-vocabulary decoding compares tokens by their bytes, so each token's
 *string* in the tokenizer's vocabulary must be turned back into the bytes it
@@ -19,6 +19,10 @@ match them by role. Ids the tokenizer does not define are unused (``None``).
 The conversion walks ids ``0 .. size-1`` and reads each id's own string: building
 the table from any sorted listing and assuming position = id is the classic
 cross-tokenizer bug that mock vocabularies (already sorted) never reveal.
+
+This module returns the table (:class:`HfTable`) and leaves building the
+:class:`~xcosd.vocab.Vocabulary` to ``Vocabulary.from_hf_tokenizer``, so the
+vocabulary module can offer that loader without the two importing each other.
 """
 
 from __future__ import annotations
@@ -26,11 +30,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from ..errors import VocabError
-from .vocabulary import Vocabulary
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 #: special-token texts that end a turn in chat models, for the ``eot`` role
@@ -118,12 +122,20 @@ def hf_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
     return encode
 
 
-def vocabulary_from_hf(tokenizer: Any, name: str | None = None) -> Vocabulary:
-    """Convert a Hugging Face tokenizer to a :class:`Vocabulary` of bytes.
+@dataclass(frozen=True)
+class HfTable:
+    """What a :class:`~xcosd.vocab.Vocabulary` is built from: bytes per id (``None``
+    for an unused id), the special ids, the roles and the tokenizer's own encoder."""
 
-    ``Vocabulary.encode`` then tokenises with the tokenizer itself (no special
-    tokens added), so prompts get exactly the ids the model was trained on.
-    """
+    name: str
+    tokens: list[bytes | None]
+    special: set[int]
+    roles: dict[str, int]
+    encoder: Callable[[str], list[int]]
+
+
+def hf_table(tokenizer: Any, name: str | None = None) -> HfTable:
+    """Convert a Hugging Face tokenizer's vocabulary to bytes, id by id."""
     vocab: dict[str, int] = dict(tokenizer.get_vocab())
     if not vocab:
         raise VocabError("tokenizer has an empty vocabulary")
@@ -158,4 +170,4 @@ def vocabulary_from_hf(tokenizer: Any, name: str | None = None) -> Vocabulary:
             break
     if name is None:
         name = str(getattr(tokenizer, "name_or_path", "") or "hf").rstrip("/").split("/")[-1] or "hf"
-    return Vocabulary(name, tokens, special=special, roles=roles, encoder=hf_encoder(tokenizer))
+    return HfTable(name, tokens, special, roles, hf_encoder(tokenizer))
