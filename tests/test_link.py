@@ -85,6 +85,7 @@ async def test_link_connection_delays_and_keeps_order(kind: str) -> None:
         assert decode_message(await asyncio.wait_for(c.recv(), HANG_S))[0] == {"t": "v"}
         assert loop.time() - t1 >= 0.02 - 1e-3
         assert c.meter is c.inner.meter and c.meter.up["d"].messages == 5
+        assert c.framing_overhead(msgs[0]) == c.inner.framing_overhead(msgs[0])
         await c.close()
 
 

@@ -109,6 +109,8 @@ async def test_meter_counts_wire_bytes_by_type(kind: str) -> None:
             assert t.wire == 2 * (payload_up + over)
             assert m.down["verdict"].messages == 1
             assert m.up_bytes == t.wire
+        # each end reports the framing it meters, so a node needs no transport type
+        assert c.framing_overhead(up) == lst.framing_overhead(up) == over
         if kind == "tcp":  # 4-byte count + 4-byte length per frame
             assert conn_meter.down_bytes == len(down[0]) + 5 + 4 + 4 * 2
         if kind == "zmq":  # ZMTP: flags + 1-byte or 8-byte length per frame

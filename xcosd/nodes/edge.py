@@ -58,7 +58,7 @@ from ..protocol.messages import (
 from ..transport import LinkConnection, LinkSpec, connect, sequence_latency
 from ..transport.base import Connection
 from ..vocab import VocabMap, Vocabulary
-from ..wire.frames import Limits, decode_message, message_bytes, stream_overhead
+from ..wire.frames import Limits, decode_message, message_bytes
 from .stats import GenerationResult, GenerationStats
 
 log = logging.getLogger(__name__)
@@ -268,19 +268,6 @@ class EdgeNode:
                 await self._conn.close()
             self._conn = None
 
-    def _set_overhead(self, conn: Connection) -> None:
-        inner = conn.inner if isinstance(conn, LinkConnection) else conn
-        kind = type(inner).__name__
-        if kind == "ZmqConnection":
-            from ..transport.zeromq import zmtp_overhead
-
-            curve = self.curve is not None
-            self._overhead = lambda frames: zmtp_overhead(frames, curve)
-        elif kind == "TcpConnection":
-            self._overhead = lambda frames: stream_overhead(len(frames))
-        else:
-            self._overhead = lambda frames: 0
-
     def _wire(self, frames: list[Any]) -> int:
         return message_bytes(frames) + self._overhead(frames)
 
@@ -295,7 +282,7 @@ class EdgeNode:
         if self.link is not None:
             conn = LinkConnection(conn, self.link)
         self._conn = conn
-        self._set_overhead(conn)
+        self._overhead = conn.framing_overhead
         self._epoch += 1
         self._control = asyncio.Queue()
         self._last_rx = time.monotonic()

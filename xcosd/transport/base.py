@@ -8,7 +8,8 @@ length-prefixed frames, the in-memory pair as Python objects. The cloud side is 
 the edge side is a :class:`Connection` to one cloud.
 
 Received frames are always ``bytes``. Every transport meters what it sends and
-receives into its :class:`~xcosd.transport.meter.Meter` (``.meter``).
+receives into its :class:`~xcosd.transport.meter.Meter` (``.meter``), adding its
+own framing bytes, which it also reports (``framing_overhead(frames)``).
 
 Peer lifetime: ``Listener.recv`` returns ``(peer, None)`` once when a transport
 that can see connections (TCP, in-memory) learns that ``peer`` went away, after
@@ -46,6 +47,13 @@ class Connection(ABC):
     async def close(self) -> None:
         """Release sockets and tasks; idempotent."""
 
+    def framing_overhead(self, frames: Frames) -> int:
+        """Bytes this transport adds on the wire around ``frames`` (its own framing,
+        not counted in the frames): what the meter adds to the payload, and what a
+        node needs to count a message's wire bytes without asking which transport
+        it runs on. Nothing by default (in-memory)."""
+        return 0
+
     async def __aenter__(self) -> Connection:
         return self
 
@@ -76,6 +84,11 @@ class Listener(ABC):
 
     async def close_peer(self, peer: bytes) -> None:  # noqa: B027 - optional
         """Drop one peer (TCP, memory: close its connection; ZeroMQ: nothing to do)."""
+
+    def framing_overhead(self, frames: Frames) -> int:
+        """Bytes this transport adds on the wire around ``frames``; see
+        :meth:`Connection.framing_overhead`."""
+        return 0
 
     async def __aenter__(self) -> Listener:
         return self

@@ -187,6 +187,11 @@ class LinkConnection(Connection):
     def meter(self) -> Meter:  # type: ignore[override]
         return self.inner.meter
 
+    def framing_overhead(self, frames: Frames) -> int:
+        """The wrapped transport's framing: the emulated link delays messages but
+        puts nothing of its own on the wire (``LinkSpec.overhead`` is a model input)."""
+        return self.inner.framing_overhead(frames)
+
     async def send(self, frames: Frames) -> None:
         if self._closed:
             raise TransportError("connection is closed", code="closed")
@@ -253,6 +258,11 @@ class LinkListener(Listener):
     @property
     def meter(self) -> Meter:  # type: ignore[override]
         return self.inner.meter
+
+    def framing_overhead(self, frames: Frames) -> int:
+        """The wrapped transport's framing: the emulated link delays messages but
+        puts nothing of its own on the wire (``LinkSpec.overhead`` is a model input)."""
+        return self.inner.framing_overhead(frames)
 
     async def send(self, peer: bytes, frames: Frames) -> None:
         if self._closed:

@@ -40,7 +40,7 @@ class MemoryConnection(Connection):
         if self._closed or lst is None:
             raise TransportError("connection is closed", code="closed")
         msg = _copy(frames)
-        self.meter.record("up", msg, 0)
+        self.meter.record("up", msg, self.framing_overhead(msg))
         lst._deliver(self.peer, msg)
 
     async def recv(self) -> list[bytes]:
@@ -51,7 +51,7 @@ class MemoryConnection(Connection):
             self._closed = True
             self._listener = None
             raise TransportError("the listener closed the connection", code="closed")
-        self.meter.record("down", msg, 0)
+        self.meter.record("down", msg, self.framing_overhead(msg))
         return msg
 
     def _remote_closed(self) -> None:
@@ -106,7 +106,7 @@ class MemoryListener(Listener):
         if conn is None:
             raise TransportError(f"no peer {peer.hex()}", code="unreachable")
         msg = _copy(frames)
-        self.meter.record("down", msg, 0)
+        self.meter.record("down", msg, self.framing_overhead(msg))
         conn._inbox.put_nowait(msg)
 
     async def recv(self) -> tuple[bytes, list[bytes] | None]:
@@ -116,7 +116,7 @@ class MemoryListener(Listener):
         if item[0] is _CLOSED:
             raise TransportError("listener is closed", code="closed")
         if item[1] is not None:
-            self.meter.record("up", item[1], 0)
+            self.meter.record("up", item[1], self.framing_overhead(item[1]))
         return item
 
     async def close_peer(self, peer: bytes) -> None:

@@ -78,12 +78,16 @@ class TcpConnection(Connection):
             raise TransportError(f"cannot connect to {endpoint}: {e}", code="connect") from e
         return cls(reader, writer, endpoint, limits, meter)
 
+    def framing_overhead(self, frames: Frames) -> int:
+        """The stream framing: a frame count and one length per frame."""
+        return stream_overhead(len(frames))
+
     async def send(self, frames: Frames) -> None:
         if self._closed or self._writer.is_closing():
             raise TransportError("connection is closed", code="closed")
         _check(frames)
         self._writer.writelines(encode_stream(frames))
-        self.meter.record("up", frames, stream_overhead(len(frames)))
+        self.meter.record("up", frames, self.framing_overhead(frames))
         try:
             await self._writer.drain()
         except (ConnectionError, OSError) as e:
@@ -112,7 +116,7 @@ class TcpConnection(Connection):
                 await self.close()
                 raise
         msg = self._ready.pop(0)
-        self.meter.record("down", msg, stream_overhead(len(msg)))
+        self.meter.record("down", msg, self.framing_overhead(msg))
         return msg
 
     async def close(self) -> None:
@@ -179,7 +183,7 @@ class TcpListener(Listener):
                 if not data:
                     break
                 for msg in decoder.feed(data):
-                    self.meter.record("up", msg, stream_overhead(len(msg)))
+                    self.meter.record("up", msg, self.framing_overhead(msg))
                     await self._inbox.put((peer, msg))
                 decoder.check()  # an error behind those messages ends the peer now
         except ProtocolError as e:
@@ -196,6 +200,10 @@ class TcpListener(Listener):
                         # the end-of-peer event must not be lost; wait for room
                         await self._inbox.put((peer, None))
 
+    def framing_overhead(self, frames: Frames) -> int:
+        """The stream framing: a frame count and one length per frame."""
+        return stream_overhead(len(frames))
+
     async def send(self, peer: bytes, frames: Frames) -> None:
         if self._closed:
             raise TransportError("listener is closed", code="closed")
@@ -204,7 +212,7 @@ class TcpListener(Listener):
             raise TransportError(f"no peer {bytes(peer).hex()}", code="unreachable")
         _check(frames)
         p.writer.writelines(encode_stream(frames))
-        self.meter.record("down", frames, stream_overhead(len(frames)))
+        self.meter.record("down", frames, self.framing_overhead(frames))
         try:
             await p.writer.drain()
         except (ConnectionError, OSError) as e:

@@ -108,6 +108,10 @@ class ZmqConnection(Connection):
             raise TransportError(f"cannot connect to {endpoint}: {e}", code="connect") from e
         self._closed = False
 
+    def framing_overhead(self, frames: Frames) -> int:
+        """ZMTP's frame headers, and CURVE's box per frame when encrypted."""
+        return zmtp_overhead(frames, self.curve)
+
     async def send(self, frames: Frames) -> None:
         if self._closed:
             raise TransportError("connection is closed", code="closed")
@@ -117,7 +121,7 @@ class ZmqConnection(Connection):
         except zmq.ZMQError as e:
             raise TransportError(f"send failed: {e}", code="closed" if self._closed
                                  else "send") from e
-        self.meter.record("up", msg, zmtp_overhead(msg, self.curve))
+        self.meter.record("up", msg, self.framing_overhead(msg))
 
     async def recv(self) -> list[bytes]:
         if self._closed:
@@ -130,7 +134,7 @@ class ZmqConnection(Connection):
             if isinstance(e, asyncio.CancelledError):
                 raise
             raise TransportError(f"recv failed: {e}", code="recv") from e
-        self.meter.record("down", msg, zmtp_overhead(msg, self.curve))
+        self.meter.record("down", msg, self.framing_overhead(msg))
         return msg
 
     async def close(self) -> None:
@@ -175,6 +179,10 @@ class ZmqListener(Listener):
             raise TransportError(f"cannot bind {endpoint}: {e}", code=code) from e
         self._closed = False
 
+    def framing_overhead(self, frames: Frames) -> int:
+        """ZMTP's frame headers, and CURVE's box per frame when encrypted."""
+        return zmtp_overhead(frames, self.curve)
+
     async def send(self, peer: bytes, frames: Frames) -> None:
         if self._closed:
             raise TransportError("listener is closed", code="closed")
@@ -186,7 +194,7 @@ class ZmqListener(Listener):
                 raise TransportError(f"no peer {bytes(peer).hex()}", code="unreachable") from e
             raise TransportError(f"send failed: {e}", code="closed" if self._closed
                                  else "send") from e
-        self.meter.record("down", msg, zmtp_overhead(msg, self.curve))
+        self.meter.record("down", msg, self.framing_overhead(msg))
 
     async def recv(self) -> tuple[bytes, list[bytes] | None]:
         while True:
@@ -203,7 +211,7 @@ class ZmqListener(Listener):
             if len(msg) < 2:  # a routing id and no frames: nothing to deliver
                 continue
             frames = msg[1:]
-            self.meter.record("up", frames, zmtp_overhead(frames, self.curve))
+            self.meter.record("up", frames, self.framing_overhead(frames))
             return msg[0], frames
 
     def _release(self) -> None:
