@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..errors import ModelError
 from ..vocab import Vocabulary
 
 
@@ -100,8 +101,6 @@ class ContextModel:
         n = self.vocab.size
         for i in ids:
             if not 0 <= i < n:
-                from ..errors import ModelError
-
                 raise ModelError(f"{self.name}: token id {i} outside 0..{n - 1}")
 
     def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:

@@ -55,7 +55,7 @@ from ..protocol.messages import (
     VerdictMsg,
     from_wire,
 )
-from ..transport import LinkConnection, LinkSpec, connect, sequence_latency
+from ..transport import LinkConnection, LinkSpec, Meter, connect, sequence_latency
 from ..transport.base import Connection
 from ..vocab import VocabMap, Vocabulary
 from ..wire.frames import Limits, decode_message, message_bytes
@@ -216,8 +216,6 @@ class EdgeNode:
         await self.close()
 
     async def start(self) -> EdgeNode:
-        from ..transport import Meter
-
         self.meter = Meter()
         await self._connect_with_retry()
         loop = asyncio.get_running_loop()

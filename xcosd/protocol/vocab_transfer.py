@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ProtocolError
 from ..methods.base import Space
-from ..vocab import Vocabulary
+from ..vocab import VocabMap, Vocabulary
 from .messages import VocabMapUpload, VocabTable
 
 #: a VocabTable's token bytes (its decompressed blob) may not exceed this, so a hostile
@@ -105,11 +105,8 @@ def table_to_vocab(msg: VocabTable) -> Vocabulary:
     return vocab
 
 
-def upload_for(vmap: object) -> VocabMapUpload:
+def upload_for(vmap: VocabMap) -> VocabMapUpload:
     """The :class:`VocabMapUpload` for a :class:`~xcosd.vocab.VocabMap`."""
-    from ..vocab import VocabMap
-
-    assert isinstance(vmap, VocabMap)
     return VocabMapUpload(vmap.fingerprint, vmap.draft.size, vmap.common_target_ids,
                           vmap.common_draft_ids)
 
