@@ -25,8 +25,6 @@ IMG = ROOT / "docs" / "img"
 PY = sys.executable
 XCOSD = [PY, "-m", "xcosd"]
 
-ALL_LOSSLESS_AND_LOSSY = "ar,sd-uplink,straightforward,xcosd,xcosd-e,target-resample,greedy-resample,uhlm"
-
 
 def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
     """(name, argv) of every step."""

@@ -11,7 +11,7 @@ import importlib.metadata
 import os
 import platform
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +35,6 @@ def summary(values: Iterable[float], scale: float = 1.0) -> dict[str, float | in
         out[f"p{q}"] = float(v)
     out["max"] = float(a.max())
     return out
-
-
-def counts_diff(after: Mapping[Any, int], before: Mapping[Any, int]) -> dict[str, int]:
-    """``after - before`` for two cumulative count maps (keys as strings, zeros dropped)."""
-    out: dict[str, int] = {}
-    for k, v in after.items():
-        d = int(v) - int(before.get(k, 0))
-        if d:
-            out[str(k)] = d
-    return dict(sorted(out.items(), key=lambda kv: float(kv[0])))
 
 
 def package_version(name: str) -> str | None:

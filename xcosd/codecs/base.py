@@ -1,7 +1,7 @@
 """The probability-codec interface and the commit rule's building block.
 
 A codec turns a float32 probability vector into bytes and back. Lossy codecs are
-allowed only because of the **commit rule** (``ALGORITHMS.md``): the sender
+allowed only because of the **commit rule** (``docs/METHODS.md``, "Choices worth knowing"): the sender
 computes ``commit(v) == decode(encode(v))`` and every decision on both sides uses
 that committed vector, so the output stays exact with respect to it. Hence the
 contract every codec must keep, bit for bit:

@@ -1,4 +1,4 @@
-"""The resampling methods of ``ALGORITHMS.md``, each a pure server/device pair.
+"""The resampling methods of ``docs/METHODS.md``, each a pure server/device pair.
 
 ``get_method(name, codec=..., **options)`` builds one by the name the CLI, the
 handshake and the benches use.

@@ -1,7 +1,7 @@
 """What every resampling method shares: the round's messages, the accept test, the
 commit rule, and the :class:`Method` interface split into server and device halves.
 
-A round (``ALGORITHMS.md``): the device drafts ``d`` tokens from its TLI
+A round (``docs/METHODS.md``, "One round"): the device drafts ``d`` tokens from its TLI
 distribution ``q_i`` (over V_C) and uplinks a :class:`Draft`; the server scores the
 block once, runs :func:`verify` on the *committed* rows ``p*`` and answers with a
 :class:`Verdict`. On a rejection the method decides what crosses the link
@@ -71,9 +71,6 @@ class Space:
     @cached_property
     def common_mask(self) -> np.ndarray:
         return self.to_common >= 0
-
-    def in_common(self, target_id: int) -> bool:
-        return 0 <= target_id < self.target_size and bool(self.to_common[target_id] >= 0)
 
     def expand(self, v_common: np.ndarray) -> np.ndarray:
         """A V_C-order vector scattered into a float32 vector over all target ids."""
@@ -212,7 +209,6 @@ class DeviceState:
     candidate_rounds: int = 0
     trials: int = 0
     fallbacks: int = 0
-    hybrid: HybridReply | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,4 +1,4 @@
-"""The commit rule (``ALGORITHMS.md``, "Codecs and the commit rule").
+"""The commit rule (``docs/METHODS.md``, "Choices worth knowing"; ``docs/WIRE.md``, "Codecs").
 
 A lossy codec stays exact because sender and receiver make every decision with
 the same *committed* numbers. These functions compute them; each side calls the

@@ -58,7 +58,6 @@ def hybrid_resolve(codec: Codec, reply: HybridReply, state: DeviceState, space: 
         return int(space.common_ids[sample_index(p_c, rng)])
     if rng.random() * (theta_c + theta_o) < theta_c:
         return int(space.common_ids[sample_index(resid, rng)])
-    state.hybrid = reply
     if reply.other_token is not None:
         return int(reply.other_token)
     return Request("other")

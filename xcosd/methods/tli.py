@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidDistribution
-from ..sampling import Kept, sample_index
+from ..sampling import Kept
 
 
 def restrict_to_common(q_draft: np.ndarray, common_draft_ids: np.ndarray) -> np.ndarray:
@@ -50,7 +50,3 @@ def restrict_kept(kept: Kept, common_draft_ids: np.ndarray,
     q[pos[inside]] = (sub / z).astype(np.float32)
     return q
 
-
-def draft_token(q_common: np.ndarray, common_ids: np.ndarray, rng: np.random.Generator) -> int:
-    """Sample one draft ``x ~ q`` and return it as a target id."""
-    return int(common_ids[sample_index(q_common, rng)])

@@ -280,9 +280,3 @@ class Scheduler:
                     await self.deliver(req.session, outcome)
                 except Exception:
                     log.exception("delivering a verdict failed")
-
-
-def histogram(values: Sequence[float], buckets: Sequence[float]) -> list[int]:
-    """Cumulative counts of ``values`` <= each bucket bound (Prometheus style)."""
-    v = np.sort(np.asarray(values, dtype=np.float64))
-    return [int(np.searchsorted(v, b, side="right")) for b in buckets]

@@ -334,7 +334,6 @@ class CloudConnection:
         self.peer = peer
         self.sessions: dict[int, CloudSession] = {}
         self.greeted = False
-        self.space_fp: str | None = None
 
     # -- entry points ---------------------------------------------------------
 

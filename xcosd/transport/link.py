@@ -1,6 +1,6 @@
 """A link emulator around any transport, and the link model as a pure function.
 
-The model (``ALGORITHMS.md``): a message of ``b`` bytes in one direction takes
+The model (``docs/WIRE.md``, "Transports", the link emulator): a message of ``b`` bytes in one direction takes
 ``RTT/2 + 8 b / rate`` seconds. :class:`DelayLine` is that model made stateful
 and sans-I/O: one serialiser per direction, so a large message delays the ones
 queued behind it, plus optional jitter that is clamped so messages never overtake

@@ -59,9 +59,6 @@ class VocabMap:
         self.common_mask = np.zeros(target.size, dtype=bool)
         self.common_mask[self.common_target_ids] = True
         self.other_mask = target.used_mask & ~self.common_mask
-        #: position of each target id in V_C order (-1 outside V_C)
-        self.target_to_common = np.full(target.size, -1, dtype=np.int64)
-        self.target_to_common[self.common_target_ids] = np.arange(self.n_common)
 
     @property
     def n_common(self) -> int:
