@@ -1,24 +1,75 @@
-"""One error family for the whole package.
+"""One error family for the whole package, and the codes its errors carry.
 
 Every error a peer or a caller can see derives from :class:`XcosdError`, and the
-ones that travel over the wire carry a stable ``code`` so the other side can act
-on them (retry on ``busy``, give up on ``version``) without parsing messages.
-Input-validation errors also derive from :class:`ValueError` so ordinary Python
-code that expects ``ValueError`` for bad arguments keeps working.
+ones that travel over the wire carry a stable ``code`` (an :class:`ErrorCode`) so
+the other side can act on them (retry on ``busy``, give up on ``version``) without
+parsing messages. Input-validation errors also derive from :class:`ValueError` so
+ordinary Python code that expects ``ValueError`` for bad arguments keeps working.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Every code an :class:`XcosdError` can carry.
+
+    A ``StrEnum``, so a code compares equal to its string and goes on the wire as
+    that string. The wire codes (those an ``error`` message carries) are
+    tabulated in :mod:`xcosd.protocol.errors`; the transport codes stay on the
+    side that raised them.
+    """
+
+    # -- wire: framing and message shape
+    BAD_FRAME = "bad_frame"
+    TOO_LARGE = "too_large"
+    UNKNOWN_TYPE = "unknown_type"
+    VERSION = "version"
+    BAD_FIELD = "bad_field"
+    BAD_VECTOR = "bad_vector"
+    BAD_TOKEN = "bad_token"
+    #: a follow-up request or reply kind the method does not have at all
+    BAD_MESSAGE = "bad_message"
+    #: a follow-up request the method does not allow now
+    BAD_REQUEST = "bad_request"
+    # -- wire: sessions and the handshake
+    NO_SESSION = "no_session"
+    SESSION_EXISTS = "session_exists"
+    REPLAY = "replay"
+    STATE = "state"
+    HANDSHAKE = "handshake"
+    VOCAB = "vocab"
+    METHOD = "method"
+    CODEC = "codec"
+    BUSY = "busy"
+    MODEL = "model"
+    INTERNAL = "internal"
+    # -- the families' defaults
+    PROTOCOL = "protocol"
+    TRANSPORT = "transport"
+    # -- transports (local: raised on the side that saw them)
+    CLOSED = "closed"
+    UNREACHABLE = "unreachable"
+    REFUSED = "refused"
+    CONNECT = "connect"
+    SEND = "send"
+    RECV = "recv"
+    BIND = "bind"
+    ADDRESS_IN_USE = "address_in_use"
+    ENDPOINT = "endpoint"
+    CURVE = "curve"
 
 
 class XcosdError(Exception):
     """Base of every error raised by xcosd."""
 
-    code: str = "internal"
+    code: ErrorCode = ErrorCode.INTERNAL
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: ErrorCode | str | None = None) -> None:
         super().__init__(message)
         if code is not None:
-            self.code = code
+            self.code = ErrorCode(code)  # a plain string must name a member
 
     @property
     def message(self) -> str:
@@ -28,40 +79,40 @@ class XcosdError(Exception):
 class InvalidDistribution(XcosdError, ValueError):
     """A probability vector is NaN, negative, the wrong shape or not normalised."""
 
-    code = "bad_vector"
+    code = ErrorCode.BAD_VECTOR
 
 
 class VocabError(XcosdError, ValueError):
     """A vocabulary could not be loaded, or two sides disagree on V_C."""
 
-    code = "vocab"
+    code = ErrorCode.VOCAB
 
 
 class CodecError(XcosdError, ValueError):
     """A probability codec could not encode or decode a payload."""
 
-    code = "codec"
+    code = ErrorCode.CODEC
 
 
 class ProtocolError(XcosdError):
     """A peer sent something the protocol does not allow."""
 
-    code = "protocol"
+    code = ErrorCode.PROTOCOL
 
 
 class TransportError(XcosdError):
     """The connection failed, timed out or was closed."""
 
-    code = "transport"
+    code = ErrorCode.TRANSPORT
 
 
 class BusyError(XcosdError):
     """The cloud is at a configured limit; retry later."""
 
-    code = "busy"
+    code = ErrorCode.BUSY
 
 
 class ModelError(XcosdError):
     """A language model could not be loaded or run."""
 
-    code = "model"
+    code = ErrorCode.MODEL

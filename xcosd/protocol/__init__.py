@@ -34,7 +34,7 @@ from .edge import (
     SessionReady,
     TokensEmitted,
 )
-from .errors import CODES, error_code, exception_for
+from .errors import CODES, ErrorCode, error_code, exception_for
 from .messages import (
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
@@ -79,7 +79,7 @@ def unpack(frames: Any, limits: Limits | None = None) -> Message:
 __all__ = [
     "CODES", "MESSAGE_TYPES", "PROTOCOL_VERSION", "Close", "CloudConfig", "CloudConnection",
     "CloudSession", "DraftMsg", "Drafter", "EdgeHandshake", "EdgeOutput", "EdgeSession",
-    "Error", "Finished", "FollowUp", "Hello", "Message", "Open", "Opened", "Output", "Ping",
+    "Error", "ErrorCode", "Finished", "FollowUp", "Hello", "Message", "Open", "Opened", "Output", "Ping",
     "Pong", "Rejected", "RequestMsg", "Retry", "RoundOutcome", "RoundSettled", "RoundVerified",
     "ScoreNeeded", "ServerLimits", "SessionClosed", "SessionOpened", "SessionReady",
     "TokensEmitted", "VerdictMsg", "VocabMapAccepted", "VocabMapUpload", "VocabRequest",

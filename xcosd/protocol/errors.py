@@ -13,6 +13,7 @@ instead of parsing messages. Codes a peer can act on:
 ``bad_field``             a field is missing or has the wrong type or range
 ``bad_vector``            a vector with NaN, negatives, wrong length, q(x) = 0
 ``bad_token``             a token id outside the vocabulary or not allowed here
+``bad_message``           a follow-up request or reply kind the method lacks
 ``bad_request``           a follow-up request the method does not allow now
 ``no_session``            the session does not exist (never opened, closed, freed)
 ``session_exists``        an open for a session id already in use
@@ -22,9 +23,14 @@ instead of parsing messages. Codes a peer can act on:
 ``vocab``                 vocabulary fingerprints do not match
 ``method``                unknown method, codec or method options
 ``busy``                  a cloud limit (sessions, queued work); retry later
+``codec``                 a payload the session's codec cannot decode
 ``model``                 the target model failed on this session
 ``internal``              a bug on the sender's side
 ========================  =====================================================
+
+A received code this side does not know (a newer peer) stays a plain string on
+the :class:`~xcosd.protocol.messages.Error` and becomes a ``ProtocolError`` with
+code ``protocol`` that names it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 from ..errors import (
     BusyError,
     CodecError,
+    ErrorCode,
     InvalidDistribution,
     ModelError,
     ProtocolError,
@@ -39,36 +46,39 @@ from ..errors import (
     XcosdError,
 )
 
-CODES: tuple[str, ...] = (
-    "bad_frame", "too_large", "unknown_type", "version", "bad_field", "bad_vector",
-    "bad_token", "bad_request", "no_session", "session_exists", "replay", "state",
-    "handshake", "vocab", "method", "busy", "model", "internal", "codec",
+#: the codes an ``error`` message carries (the table above)
+CODES: tuple[ErrorCode, ...] = (
+    ErrorCode.BAD_FRAME, ErrorCode.TOO_LARGE, ErrorCode.UNKNOWN_TYPE, ErrorCode.VERSION,
+    ErrorCode.BAD_FIELD, ErrorCode.BAD_VECTOR, ErrorCode.BAD_TOKEN, ErrorCode.BAD_MESSAGE,
+    ErrorCode.BAD_REQUEST, ErrorCode.NO_SESSION, ErrorCode.SESSION_EXISTS, ErrorCode.REPLAY,
+    ErrorCode.STATE, ErrorCode.HANDSHAKE, ErrorCode.VOCAB, ErrorCode.METHOD, ErrorCode.CODEC,
+    ErrorCode.BUSY, ErrorCode.MODEL, ErrorCode.INTERNAL,
 )
 
-_CLASSES: dict[str, type[XcosdError]] = {
-    "busy": BusyError,
-    "vocab": VocabError,
-    "bad_vector": InvalidDistribution,
-    "codec": CodecError,
-    "model": ModelError,
+_CLASSES: dict[ErrorCode, type[XcosdError]] = {
+    ErrorCode.BUSY: BusyError,
+    ErrorCode.VOCAB: VocabError,
+    ErrorCode.BAD_VECTOR: InvalidDistribution,
+    ErrorCode.CODEC: CodecError,
+    ErrorCode.MODEL: ModelError,
 }
 
 
-def error_code(exc: BaseException) -> str:
+def error_code(exc: BaseException) -> ErrorCode:
     """The wire code for an exception raised while handling a peer's message."""
     if isinstance(exc, XcosdError):
-        return exc.code if exc.code else "internal"
+        return exc.code
     if isinstance(exc, (TypeError, ValueError)):
-        return "bad_field"
-    return "internal"
+        return ErrorCode.BAD_FIELD
+    return ErrorCode.INTERNAL
 
 
-def exception_for(code: str, message: str) -> XcosdError:
+def exception_for(code: ErrorCode | str, message: str) -> XcosdError:
     """The exception a received wire error becomes on this side."""
-    cls = _CLASSES.get(code)
-    if cls is not None:
-        return cls(message, code=code)
-    return ProtocolError(message, code=code)
+    if code not in ErrorCode.__members__.values():
+        return ProtocolError(f"{code}: {message}", code=ErrorCode.PROTOCOL)
+    known = ErrorCode(code)
+    return _CLASSES.get(known, ProtocolError)(message, code=known)
 
 
-__all__ = ["CODES", "error_code", "exception_for"]
+__all__ = ["CODES", "ErrorCode", "error_code", "exception_for"]
