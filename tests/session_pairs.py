@@ -16,7 +16,7 @@ import numpy as np
 
 from xcosd.models import TableModel
 from xcosd.models.base import ContextModel
-from xcosd.sampling import SamplingParams, check_distribution
+from xcosd.sampling import check_distribution
 from xcosd.vocab import VocabMap, Vocabulary
 
 from .helpers.waits import until
@@ -101,87 +101,6 @@ __all__ = [
     "itertools",
     "pair",
 ]
-
-
-# ----------------------------------------------------------------- no-network wiring
-
-
-class LocalLink:
-    """An edge and a cloud state machine wired together with no network and no
-    transport: every message still goes through its wire form (pack/unpack)."""
-
-    def __init__(self, target: TableModel, draft: TableModel, *, max_sessions: int = 64,
-                 max_draft: int = 16) -> None:
-        from xcosd.protocol import CloudConfig, CloudConnection, EdgeHandshake, ServerLimits
-        from xcosd.vocab import VocabMap
-
-        self.target, self.draft = target, draft
-        limits = ServerLimits(16 << 20, max_sessions, max_draft, 5.0, 30.0)
-        self.config = CloudConfig(target.vocab, target.tokenize, limits, "local")
-        self.cloud = CloudConnection(self.config, b"peer")
-        self.handshake = EdgeHandshake(lambda tv: VocabMap(draft.vocab, tv))
-        self.sent: list[str] = []
-        self.events: list[object] = []
-        pending = self.to_cloud(self.handshake.hello())
-        while pending:
-            for m in self.handshake.receive(pending.pop(0)).send:
-                pending += self.to_cloud(m)
-        assert self.handshake.ready
-        self._next = 0
-
-    @staticmethod
-    def wire(msg):
-        from xcosd.protocol import pack, unpack
-
-        return unpack(pack(msg))
-
-    def to_cloud(self, msg) -> list:
-        from xcosd.nodes.scheduler import score_batch
-        from xcosd.protocol import ScoreNeeded
-
-        self.sent.append(msg.TYPE)
-        out = self.cloud.receive(self.wire(msg))
-        send = list(out.send)
-        self.events += out.events
-        for ev in out.events:
-            if isinstance(ev, ScoreNeeded):
-                [outcome] = score_batch(self.target, [ev])
-                o2 = self.cloud.scored(ev.session, outcome)
-                self.events += o2.events
-                send += o2.send
-        return [self.wire(m) for m in send]
-
-    def session(self, method: str = "xcosd-e", *, codec: str = "f32", prompt: str = "ab",
-                max_new_tokens: int = 8, params: SamplingParams | None = None,
-                seed: int | None = 0, draft_len: int = 4, **options):
-        from xcosd.methods import Space, get_method
-        from xcosd.protocol import Drafter, EdgeSession
-
-        params = params or SamplingParams()
-        vmap = self.handshake.vmap
-        assert vmap is not None and self.handshake.welcome is not None
-        m = get_method(method, codec=codec, **options)
-        self._next += 1
-        return EdgeSession(self._next, method=m, vmap=vmap, space=Space.from_vocab_map(vmap),
-                           drafter=Drafter(self.draft, vmap, params, prompt), prompt=prompt,
-                           max_new_tokens=max_new_tokens, params=params,
-                           stop_ids=self.handshake.welcome.stop_ids, draft_len=draft_len,
-                           seed=seed)
-
-    def generate(self, method: str = "xcosd-e", **kw):
-        """Run one whole generation; returns the finished EdgeSession."""
-        es = self.session(method, **kw)
-        for m in self.to_cloud(es.open()):
-            es.receive(m)
-        while not es.done:
-            pending = self.to_cloud(es.next_draft())
-            while pending:
-                out = es.receive(pending.pop(0))
-                for s in out.send:
-                    pending += self.to_cloud(s)
-        self.to_cloud(es.close())
-        es.drafter.end()
-        return es
 
 
 # ----------------------------------------------------------- real vocabularies

@@ -10,22 +10,23 @@ import json
 import numpy as np
 import pytest
 
-from xcosd.bench.local import LocalLink
 from xcosd.bench.methods import RECORD_KEYS, MethodsConfig, format_report, run_methods
 from xcosd.bench.tv import MemoCodec, witness_tv
 from xcosd.codecs import get_codec
 from xcosd.models import SyntheticModel
+from xcosd.nodes.pump import Pump
 
 
-def test_local_link_counts_every_message() -> None:
+def test_the_pump_counts_every_message() -> None:
     target = SyntheticModel(256)
     draft = SyntheticModel(target.vocab, skew=0.9, name="draft")
-    link = LocalLink(draft, target)
-    st, ids = link.generate("Once upon a time", 20, method="xcosd-e", seed=3)
-    assert st.tokens == len(ids) > 0
-    assert st.uplink_bytes == sum(n for d, n in st.trace if d == "up")
-    assert st.downlink_bytes == sum(n for d, n in st.trace if d == "down")
-    assert st.messages == len(st.trace)
+    pump = Pump(target, draft)
+    g = pump.generate("xcosd-e", prompt="Once upon a time", max_new_tokens=20, seed=3)
+    st = g.stats
+    assert st.tokens == len(g.token_ids) > 0
+    assert st.uplink_bytes == sum(n for d, n in g.trace if d == "up")
+    assert st.downlink_bytes == sum(n for d, n in g.trace if d == "down")
+    assert st.messages == len(g.trace)
     assert st.target_calls == st.rounds  # one target call per round
     assert st.accepted <= st.drafted
     assert st.rejection_downlink_bytes <= st.downlink_bytes

@@ -4,7 +4,7 @@ Every generation here is 5 target tokens long and drafts 4 tokens per round, so 
 rejection happens at every draft position, and every message crosses its wire form
 (pack / unpack, codecs included) between the edge's :class:`EdgeSession` and the
 cloud's :class:`CloudConnection`, with the cloud's rows scored by the scheduler's own
-``score_batch`` (:class:`tests.session_pairs.LocalLink`). Target and draft are bigram
+``score_batch`` (:class:`tests.session_pairs.Pump`). Target and draft are bigram
 tables on different vocabularies (V_O carries ~40 % of the target's mass, the draft
 has tokens the target lacks), so a row taken from the wrong position or the wrong
 context changes the law.
@@ -24,12 +24,13 @@ import numpy as np
 import pytest
 
 from xcosd.methods import Space
+from xcosd.nodes.pump import Pump
 from xcosd.protocol import RoundVerified
 from xcosd.sampling import SamplingParams, warp
 from xcosd.vocab import VocabMap
 
 from .helpers.law import bigram_law, check_law, committed_row, markov_law
-from .session_pairs import LocalLink, pair, real_pair
+from .session_pairs import pair, real_pair
 
 PROMPT = "c"
 TOKENS = 5
@@ -60,11 +61,11 @@ CODECS = ["f32", "f16", "bf16", "q8", "sparse", "topk:3", "f32+zstd", "q8+zstd"]
 
 
 @pytest.fixture(scope="module")
-def link() -> LocalLink:
-    return LocalLink(*pair())
+def link() -> Pump:
+    return Pump(*pair())
 
 
-def generate(link: LocalLink, variant: str, codec: str, params: SamplingParams, n: int,
+def generate(link: Pump, variant: str, codec: str, params: SamplingParams, n: int,
              seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``n`` generations of :data:`TOKENS` tokens: (sequences, rejections by draft
     position)."""
@@ -82,7 +83,7 @@ def generate(link: LocalLink, variant: str, codec: str, params: SamplingParams, 
     return seqs, rejected_at
 
 
-def exact_law(link: LocalLink, variant: str, codec: str, params: SamplingParams) -> np.ndarray:
+def exact_law(link: Pump, variant: str, codec: str, params: SamplingParams) -> np.ndarray:
     name = LOSSLESS.get(variant, (variant, {}))[0]
     target = link.target
     space = Space.from_vocab_map(VocabMap(link.draft.vocab, target.vocab))
@@ -93,7 +94,7 @@ def exact_law(link: LocalLink, variant: str, codec: str, params: SamplingParams)
     return bigram_law(target.table, target.tokenize(PROMPT), TOKENS, row)
 
 
-def assert_law(link: LocalLink, variant: str, codec: str, params: SamplingParams, n: int,
+def assert_law(link: Pump, variant: str, codec: str, params: SamplingParams, n: int,
                seed: int) -> None:
     seqs, rejected_at = generate(link, variant, codec, params, n, seed)
     report = check_law(seqs, exact_law(link, variant, codec, params))
@@ -108,7 +109,7 @@ def assert_law(link: LocalLink, variant: str, codec: str, params: SamplingParams
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(LOSSLESS))
-def test_every_lossless_method(link: LocalLink, variant: str) -> None:
+def test_every_lossless_method(link: Pump, variant: str) -> None:
     """Built to catch TV 0.02 at one step (power >= 0.9, test_law_power.py)."""
     assert_law(link, variant, "f32", T1, N_HIGH, seed=1_000_000)
 
@@ -119,14 +120,14 @@ def test_every_lossless_method(link: LocalLink, variant: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("warper", ["T0.7-topk4", "topp0.85"])
 @pytest.mark.parametrize("variant", ["xcosd-e", "straightforward"])
-def test_every_warper(link: LocalLink, variant: str, warper: str) -> None:
+def test_every_warper(link: Pump, variant: str, warper: str) -> None:
     """N = 20,000: built to catch TV 0.03 at one step."""
     assert_law(link, variant, "f32", WARPERS[warper], N_WARPER, seed=2_000_000)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("codec", [c for c in CODECS if c != "f32"])
-def test_every_codec(link: LocalLink, codec: str) -> None:
+def test_every_codec(link: Pump, codec: str) -> None:
     """N = 10,000: built to catch TV 0.04 at one step; lossy codecs against their
     committed law."""
     assert_law(link, "xcosd-e", codec, T1, N_CODEC, seed=3_000_000)
@@ -154,7 +155,7 @@ def _cover() -> list[tuple[str, str, str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("variant", "codec", "warper"), _cover())
-def test_method_codec_warper_cover(link: LocalLink, variant: str, codec: str,
+def test_method_codec_warper_cover(link: Pump, variant: str, codec: str,
                                    warper: str) -> None:
     """N = 2,500: a smoke test of the path (built to catch TV ~0.08 at one step and
     any token outside the committed support)."""
@@ -165,13 +166,13 @@ def test_method_codec_warper_cover(link: LocalLink, variant: str, codec: str,
 
 
 @pytest.mark.parametrize("method", ["target-resample", "greedy-resample", "uhlm"])
-def test_lossy_methods_fail_the_same_check(link: LocalLink, method: str) -> None:
+def test_lossy_methods_fail_the_same_check(link: Pump, method: str) -> None:
     seqs, _ = generate(link, method, "f32", T1, N_LOSSY, seed=5_000_000)
     report = check_law(seqs, exact_law(link, "ar", "f32", T1))
     assert not report.ok, f"a lossy method passed: {report}"
 
 
-def test_a_lossy_codec_fails_the_exact_law(link: LocalLink) -> None:
+def test_a_lossy_codec_fails_the_exact_law(link: Pump) -> None:
     """A lossy codec's committed law is not the target's: ``topk:3`` output passes
     against its committed law and fails against the exact one, so the committed-law
     tests above do not pass by slack."""
@@ -180,7 +181,7 @@ def test_a_lossy_codec_fails_the_exact_law(link: LocalLink) -> None:
     assert not check_law(seqs, exact_law(link, "ar", "f32", T1)).ok
 
 
-def test_the_pair_is_adversarial(link: LocalLink) -> None:
+def test_the_pair_is_adversarial(link: Pump) -> None:
     """V_O carries real mass at every step and the draft disagrees with the target,
     so rejections and target-only tokens are common."""
     vmap = VocabMap(link.draft.vocab, link.target.vocab)
@@ -195,14 +196,14 @@ N_REAL = 1_500
 
 
 @pytest.fixture(scope="module")
-def real_link() -> LocalLink:
+def real_link() -> Pump:
     target, draft, _ = real_pair()
-    return LocalLink(target, draft)  # type: ignore[arg-type]
+    return Pump(target, draft)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["xcosd-e", "straightforward"])
-def test_real_vocabularies(real_link: LocalLink, variant: str) -> None:
+def test_real_vocabularies(real_link: Pump, variant: str) -> None:
     """5-token generations whose every vector is 200k wide, V_C scattered over the real
     ids. Built to catch any id-mapping error (a token off the target's support) and
     TV 0.1 at one step (N = 1,500 over 8 support tokens)."""

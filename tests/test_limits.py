@@ -29,6 +29,7 @@ from zmq.utils.monitor import parse_monitor_message
 import xcosd
 from xcosd.errors import ProtocolError
 from xcosd.methods.base import CandidatesReply, Draft
+from xcosd.nodes.pump import Pump
 from xcosd.protocol import (
     MESSAGE_TYPES,
     Close,
@@ -77,7 +78,7 @@ from xcosd.wire.frames import (
 from .helpers.gated import GatedModel
 from .helpers.raw import handshake, reply
 from .helpers.waits import HANG_S, until
-from .session_pairs import LocalLink, pair
+from .session_pairs import pair
 
 
 def header_of(size: int, t: str = "x", **fields: Any) -> bytes:
@@ -461,7 +462,7 @@ def test_vocab_table_blob_claiming_more_than_its_lengths_is_refused_unread() -> 
 # ------------------------------------------------------------------ the cloud state machine
 
 
-def _open(link: LocalLink, s: int, method: str = "xcosd", options: dict[str, Any] | None = None,
+def _open(link: Pump, s: int, method: str = "xcosd", options: dict[str, Any] | None = None,
           seed: int | None = 1) -> list[Any]:
     fp = link.handshake.vmap.fingerprint  # type: ignore[union-attr]
     return link.to_cloud(Open(s, 0, fp, method, "f32", options or {}, 1.0, 0, 1.0, seed, "ab", 16))
@@ -472,13 +473,13 @@ def _code(replies: list[Any]) -> str:
     return str(replies[0].code)
 
 
-def _drafts(link: LocalLink, s: int, d: int, q: float = 0.5) -> Draft:
+def _drafts(link: Pump, s: int, d: int, q: float = 0.5) -> Draft:
     c = int(link.cloud.sessions[s].space.common_ids[0])
     return Draft(ids=np.full(d, c, dtype=np.int64), q_values=np.full(d, q, dtype=np.float32))
 
 
 def test_max_draft_at_its_value() -> None:
-    link = LocalLink(*pair(), max_draft=3)
+    link = Pump(*pair(), max_draft=3)
     for s in (1, 2):
         assert _open(link, s)[0].TYPE == "opened"
     assert link.to_cloud(DraftMsg(1, 1, 0, None, _drafts(link, 1, 3)))[0].TYPE == "verdict"
@@ -486,7 +487,7 @@ def test_max_draft_at_its_value() -> None:
 
 
 def test_max_sessions_at_its_value() -> None:
-    link = LocalLink(*pair(), max_sessions=3)
+    link = Pump(*pair(), max_sessions=3)
     for s in (1, 2, 3):
         assert _open(link, s)[0].TYPE == "opened"
     assert _code(_open(link, 4)) == "busy"
@@ -499,7 +500,7 @@ def test_k_is_capped_by_what_one_reply_can_carry() -> None:
     """xcosd-e sends K candidates in one reply and the edge refuses a reply with more
     than MAX_CANDIDATES; a larger K (from a hostile edge: it would also make the
     cloud sample that many) is refused when the session opens."""
-    link = LocalLink(*pair())
+    link = Pump(*pair())
     assert _open(link, 1, "xcosd-e", {"K": MAX_CANDIDATES})[0].TYPE == "opened"
     assert _code(_open(link, 2, "xcosd-e", {"K": MAX_CANDIDATES + 1})) == "method"
     assert _code(_open(link, 3, "xcosd-e", {"K": (1 << 31) - 1})) == "method"
@@ -509,7 +510,7 @@ def test_m_candidate_rounds_then_no_more() -> None:
     """xcosd-e answers a rejection with candidates and at most M - 1 ``more``
     requests after it: M candidate rounds in all."""
     m = 3
-    link = LocalLink(*pair())
+    link = Pump(*pair())
     for seed in range(100):  # the first seed whose round rejects its one draft
         s = 10 + seed
         _open(link, s, "xcosd-e", {"K": 1, "M": m}, seed=seed)
@@ -526,7 +527,7 @@ def test_m_candidate_rounds_then_no_more() -> None:
 
 
 def test_known_maps_keep_the_newest_max_maps() -> None:
-    link = LocalLink(*pair())
+    link = Pump(*pair())
     _open(link, 1)
     space = link.cloud.sessions[1].space
     cfg = CloudConfig(link.target.vocab, link.target.tokenize, link.config.limits, "x",

@@ -9,6 +9,7 @@ import pytest
 
 from xcosd.errors import ProtocolError
 from xcosd.methods.base import Draft
+from xcosd.nodes.pump import Pump
 from xcosd.protocol import (
     Close,
     DraftMsg,
@@ -24,15 +25,15 @@ from xcosd.protocol import (
 from xcosd.protocol.messages import ids_to_bytes
 from xcosd.wire.frames import Limits
 
-from .session_pairs import LocalLink, pair
+from .session_pairs import pair
 
 
 @pytest.fixture
-def link() -> LocalLink:
-    return LocalLink(*pair())
+def link() -> Pump:
+    return Pump(*pair())
 
 
-def _open(link: LocalLink, s: int) -> None:
+def _open(link: Pump, s: int) -> None:
     es = link.session("xcosd-e", prompt="ab")
     msg = es.open()
     m = Open(s, 0, msg.map_fp, msg.method, msg.codec, msg.options, 1.0, 0, 1.0, 1, "ab", 16)
@@ -81,7 +82,7 @@ def test_vector_defects() -> None:
     assert _frames_code(frames) == "bad_field"
 
 
-def test_session_defects_are_refused_and_others_carry_on(link: LocalLink) -> None:
+def test_session_defects_are_refused_and_others_carry_on(link: Pump) -> None:
     _open(link, 100)
     _open(link, 200)
     sp = link.cloud.sessions[100].space
@@ -113,7 +114,7 @@ def test_session_defects_are_refused_and_others_carry_on(link: LocalLink) -> Non
     assert 200 in link.cloud.sessions
 
 
-def test_connection_defects(link: LocalLink) -> None:
+def test_connection_defects(link: Pump) -> None:
     assert _code(link.to_cloud(Hello(version=99))) == "version"
     _open(link, 1)
     assert _code(link.to_cloud(Open(1, 0, "x", "xcosd", "f32", {}, 1.0, 0, 1.0, 1, "", 4))) \
@@ -131,7 +132,7 @@ def test_connection_defects(link: LocalLink) -> None:
 
 
 def test_session_limit_is_busy() -> None:
-    lk = LocalLink(*pair(), max_sessions=2)
+    lk = Pump(*pair(), max_sessions=2)
     _open(lk, 1)
     _open(lk, 2)
     es = lk.session()
@@ -143,7 +144,7 @@ def test_session_limit_is_busy() -> None:
 def test_before_hello_is_a_handshake_error() -> None:
     from xcosd.protocol import CloudConnection
 
-    lk = LocalLink(*pair())
+    lk = Pump(*pair())
     fresh = CloudConnection(lk.config, b"other")
     out = fresh.receive(Ping(1))
     assert isinstance(out.send[0], Error) and out.send[0].code == "handshake"

@@ -8,20 +8,21 @@ import numpy as np
 import pytest
 
 from xcosd.methods import METHODS
-from xcosd.protocol import RoundVerified, SessionClosed
+from xcosd.nodes.pump import Pump
+from xcosd.protocol import DraftNeeded, RoundVerified, SessionClosed
 from xcosd.sampling import SamplingParams
 
-from .session_pairs import TARGET_EOS, LocalLink, greedy_decode, pair
+from .session_pairs import TARGET_EOS, greedy_decode, pair
 
 
 @pytest.fixture(scope="module")
-def link() -> LocalLink:
-    return LocalLink(*pair())
+def link() -> Pump:
+    return Pump(*pair())
 
 
 @pytest.mark.parametrize("method", list(METHODS))
 @pytest.mark.parametrize("prompt", ["", "abcd"])
-def test_every_method_generates(link: LocalLink, method: str, prompt: str) -> None:
+def test_every_method_generates(link: Pump, method: str, prompt: str) -> None:
     es = link.generate(method, prompt=prompt, max_new_tokens=12, seed=3)
     assert len(es.token_ids) == 12
     assert all(0 <= t < link.target.vocab.size for t in es.token_ids)
@@ -31,7 +32,7 @@ def test_every_method_generates(link: LocalLink, method: str, prompt: str) -> No
 
 
 @pytest.mark.parametrize("method", [m for m in METHODS if m != "uhlm"])
-def test_greedy_equals_target_greedy(link: LocalLink, method: str) -> None:
+def test_greedy_equals_target_greedy(link: Pump, method: str) -> None:
     want = greedy_decode(link.target, "ba", 20)
     es = link.generate(method, prompt="ba", max_new_tokens=20,
                        params=SamplingParams(temperature=0.0))
@@ -39,7 +40,7 @@ def test_greedy_equals_target_greedy(link: LocalLink, method: str) -> None:
 
 
 def test_stops_at_eos_and_frees_the_session() -> None:
-    lk = LocalLink(*pair(eos_mass=0.3))
+    lk = Pump(*pair(eos_mass=0.3))
     for seed in range(10):
         es = lk.generate("xcosd", prompt="a", max_new_tokens=200, seed=seed)
         assert es.token_ids[-1] == TARGET_EOS and TARGET_EOS not in es.token_ids[:-1]
@@ -48,7 +49,7 @@ def test_stops_at_eos_and_frees_the_session() -> None:
     assert sum(isinstance(e, SessionClosed) for e in lk.events) == 10
 
 
-def test_zero_and_one_token(link: LocalLink) -> None:
+def test_zero_and_one_token(link: Pump) -> None:
     assert link.generate("xcosd-e", max_new_tokens=0).token_ids == []
     es = link.generate("xcosd-e", max_new_tokens=1)
     assert len(es.token_ids) == 1
@@ -57,7 +58,7 @@ def test_zero_and_one_token(link: LocalLink) -> None:
     assert rounds[-1].drafted == 0
 
 
-def test_rounds_accept_and_reject(link: LocalLink) -> None:
+def test_rounds_accept_and_reject(link: Pump) -> None:
     n0 = len(link.events)
     link.generate("xcosd-e", max_new_tokens=60, seed=11)
     rounds = [e for e in link.events[n0:] if isinstance(e, RoundVerified)]
@@ -67,23 +68,25 @@ def test_rounds_accept_and_reject(link: LocalLink) -> None:
 
 
 @pytest.mark.parametrize("method", ["xcosd", "xcosd-e", "straightforward", "sd-uplink", "uhlm"])
-def test_the_draft_context_stays_in_step(link: LocalLink, method: str) -> None:
+def test_the_draft_context_stays_in_step(link: Pump, method: str) -> None:
     """After a generation the draft model's context is the prompt plus each emitted
     target token in draft spelling (V_C by id, V_O re-tokenised from its bytes)."""
     es = link.session(method, prompt="abca", max_new_tokens=30, seed=5)
     for m in link.to_cloud(es.open()):
         es.receive(m)
     while not es.done:
-        pending = link.to_cloud(es.next_draft())
+        pending = link.to_cloud(link.next_draft(es))
         while pending:
             out = es.receive(pending.pop(0))
             for s in out.send:
                 pending += link.to_cloud(s)
-    es.drafter._apply()
-    want = list(es.drafter.prompt_ids)
+    drafter = link.drafters[es.s]
+    # the edits the last rounds queued reach the drafter with the next DraftNeeded
+    drafter.run(DraftNeeded(es, 0, es._drop, es._append))
+    want = list(drafter.prompt_ids)
     for t in es.token_ids:
         want += es._draft_ids(t, {})
-    assert es.drafter.session is not None and es.drafter.session.ids == want
+    assert drafter.session is not None and drafter.session.ids == want
     assert any(es.space.to_common[t] < 0 for t in es.token_ids)  # V_O tokens were in it
     link.to_cloud(es.close())
 
@@ -94,13 +97,13 @@ def test_session_closed_while_its_round_is_scored() -> None:
     from xcosd.nodes.scheduler import score_batch
     from xcosd.protocol import ScoreNeeded
 
-    link = LocalLink(*pair())
+    link = Pump(*pair())
     sessions = [link.session("xcosd", seed=i) for i in range(2)]
     needs = []
     for es in sessions:
         for m in link.to_cloud(es.open()):
             es.receive(m)
-        out = link.cloud.receive(link.wire(es.next_draft()))
+        out = link.cloud.receive(link.wire(link.next_draft(es)))
         needs += [ev for ev in out.events if isinstance(ev, ScoreNeeded)]
     assert len(needs) == 2
     link.cloud.end(needs[0].session, "closed")  # the edge went away mid-round
@@ -115,7 +118,7 @@ def test_session_closed_while_its_round_is_scored() -> None:
 def test_greedy_draft_whose_top_token_is_draft_only_still_drafts() -> None:
     from xcosd.methods import Space, get_method
     from xcosd.models import TableModel
-    from xcosd.protocol import Drafter
+    from xcosd.nodes.drafter import Drafter
     from xcosd.vocab import VocabMap
 
     def draft_probs(ctx):
@@ -131,7 +134,7 @@ def test_greedy_draft_whose_top_token_is_draft_only_still_drafts() -> None:
     assert all(q.tolist() == [1.0, 0.0] for q in q_raw)
 
 
-def test_phases_move_only_along_their_tables(link: LocalLink) -> None:
+def test_phases_move_only_along_their_tables(link: Pump) -> None:
     """Every phase change goes through the transition tables: a step the table does
     not list is a ``state`` error and leaves the phase as it was."""
     from xcosd.errors import ProtocolError
@@ -141,7 +144,7 @@ def test_phases_move_only_along_their_tables(link: LocalLink) -> None:
     es = link.session("xcosd-e", max_new_tokens=3)
     assert es.phase is EdgePhase.NEW
     with pytest.raises(ProtocolError) as e:
-        es.next_draft()  # not opened yet
+        es.next_round()  # not opened yet
     assert e.value.code == "state" and es.phase is EdgePhase.NEW
     for m in link.to_cloud(es.open()):
         es.receive(m)

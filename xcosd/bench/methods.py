@@ -1,7 +1,7 @@
 """``xcosd bench methods``: every resampling method x codec x warper on real models.
 
 For each (pair, method, codec, warper) the same prompts and seeds run through the
-real edge and cloud state machines wired in process (:mod:`xcosd.bench.local`),
+real edge and cloud state machines wired in process (:mod:`xcosd.nodes.pump`),
 which gives acceptance, cloud target calls, wire bytes up and down (per token and
 per rejection), follow-up round trips and the measured compute of each side. From
 the recorded message sequence the link model (``RTT/2 + 8 * bytes / rate`` per
@@ -26,10 +26,11 @@ from typing import Any
 
 from ..methods import METHODS
 from ..models.base import LanguageModel
+from ..nodes.pump import Generation, Pump
+from ..nodes.stats import merge
 from ..transport import LinkSpec
 from ..vocab import VocabMap, Vocabulary
 from .grid import CODECS, RATES_MBPS, RTT_MS, WARPERS, all_methods, codecs_for
-from .local import LocalLink, LocalStats
 from .report import machine, table
 from .tv import context_rows, measure_tv
 
@@ -127,11 +128,9 @@ def link_for(rate_mbps: float, rtt_ms: float) -> LinkSpec:
     return LinkSpec.of(up_bps=rate_mbps * 1e6, down_bps=rate_mbps * 1e6, rtt_s=rtt_ms / 1e3)
 
 
-def _record(pair: str, method: str, codec: str, warper: str, gens: list[LocalStats],
+def _record(pair: str, method: str, codec: str, warper: str, gens: list[Generation],
             cfg: MethodsConfig) -> dict[str, Any]:
-    tot = LocalStats()
-    for g in gens:
-        tot.add(g)
+    tot = merge([g.stats for g in gens])
     tok = max(1, tot.tokens)
     modeled = {}
     for rate in cfg.rates_mbps:
@@ -160,8 +159,8 @@ def _record(pair: str, method: str, codec: str, warper: str, gens: list[LocalSta
         "extra_round_trips_per_token": tot.extra_round_trips / tok,
         "sr_dv_trials": tot.trials, "fallbacks": tot.fallbacks,
         "messages": tot.messages,
-        "edge_compute_ms_per_token": 1e3 * tot.edge_s / tok,
-        "cloud_compute_ms_per_token": 1e3 * tot.cloud_s / tok,
+        "edge_compute_ms_per_token": 1e3 * tot.draft_compute_s / tok,
+        "cloud_compute_ms_per_token": 1e3 * tot.cloud_compute_s / tok,
         "modeled_tokens_per_s": modeled,
         "rtt_ms": cfg.rtt_ms,
         "tv_to_target": None, "tv_stderr": None, "tv_commit": None, "tv_trials": 0,
@@ -227,7 +226,7 @@ def run_methods(cfg: MethodsConfig, *, progress: bool | None = None) -> dict[str
             continue
         timings[f"{pair}: load"] = time.perf_counter() - t0
         vmap = VocabMap(draft.vocab, target.vocab)
-        link = LocalLink(draft, target, vmap=vmap)
+        link = Pump(target, draft, vmap=vmap)
         n_tokens = cfg.tokens if pair == "embedded" else cfg.real_tokens
         prompts = list(PROMPTS[: cfg.prompts])
         grid = [(m, c) for m in cfg.methods for c in codecs_for(m, cfg.codecs)]
@@ -239,8 +238,9 @@ def run_methods(cfg: MethodsConfig, *, progress: bool | None = None) -> dict[str
             live_runs: list[dict[str, Any]] = []
             for k, (m, c) in enumerate(grid):
                 _say(show, f"[{pair} {w}] {k + 1}/{len(grid)} {m} {c}")
-                gens = [link.generate(p, n_tokens, method=m, codec=c, params=params,
-                                      draft_len=cfg.draft_len, seed=cfg.seed * 1000 + i)[0]
+                gens = [link.generate(m, prompt=p, max_new_tokens=n_tokens, codec=c,
+                                      params=params, draft_len=cfg.draft_len,
+                                      seed=cfg.seed * 1000 + i)
                         for i, p in enumerate(prompts)]
                 rec = _record(pair, m, c, w, gens, cfg)
                 if contexts:

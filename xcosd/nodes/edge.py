@@ -37,7 +37,7 @@ from ..methods import FullVectorReply, HybridReply, Method, Space, get_method
 from ..models.base import ContextModel, LanguageModel
 from ..protocol import pack
 from ..protocol.edge import (
-    Drafter,
+    DraftNeeded,
     EdgeHandshake,
     EdgeSession,
     Finished,
@@ -59,6 +59,7 @@ from ..transport import LinkConnection, LinkSpec, Meter, connect, sequence_laten
 from ..transport.base import Connection
 from ..vocab import VocabMap, Vocabulary
 from ..wire.frames import Limits, decode_message, message_bytes
+from .drafter import Drafter
 from .stats import GenerationResult, GenerationStats
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,8 @@ class EdgeNode:
         self._hb_task: asyncio.Task[None] | None = None
         self._control: asyncio.Queue[Message] = asyncio.Queue()
         self._inboxes: dict[int, asyncio.Queue[Any]] = {}
+        #: each live generation's draft model session, by session id
+        self._drafters: dict[int, Drafter] = {}
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-draft")
         self._jobs: set[Future[Any]] = set()
@@ -502,7 +505,7 @@ class EdgeNode:
                 if ids is not None else str(prompt))
         return EdgeSession(
             s, method=m, vmap=vmap, space=self._space,
-            drafter=Drafter(self.draft, vmap, params, text),
+        self._drafters[s] = Drafter(self.draft, vmap, params, text)
             prompt="" if ids is not None else text,
             max_new_tokens=cfg.max_new_tokens, params=params, stop_ids=welcome.stop_ids,
             draft_len=cfg.draft_len, max_draft=welcome.limits.max_draft, seed=cfg.seed)
@@ -545,7 +548,7 @@ class EdgeNode:
                 with contextlib.suppress(Exception):
                     await self._send(es.close(), st, None)
             with contextlib.suppress(Exception):
-                await self._in_worker(es.drafter.end)
+                await self._in_worker(self._drafters.pop(s).end)
         text, token_ids = es.text, list(es.token_ids)
         if watch.end is not None:  # a stop string: the output ends with it
             text = watch.text[:watch.end]
@@ -635,7 +638,11 @@ class EdgeNode:
     async def _round(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
                      trace: list[tuple[str, int]], on_text: Callable[[str], None] | None) -> None:
         t = time.perf_counter()
-        msg = await self._in_worker(es.next_draft)
+        out = es.next_round()
+        for ev in out.events:
+            if isinstance(ev, DraftNeeded):  # the draft model runs in the worker
+                out = es.drafted(*await self._in_worker(self._drafters[es.s].run, ev))
+        [msg] = out.send
         st.draft_compute_s += time.perf_counter() - t
         await self._send(msg, st, trace)
         delay = self.busy_retry_s
@@ -664,12 +671,7 @@ class EdgeNode:
                         on_text(ev.text)
                 elif isinstance(ev, RoundSettled):
                     settled = True
-                    st.rounds += 1
-                    st.drafted += ev.drafted
-                    st.accepted += ev.accepted
-                    st.extra_round_trips += ev.extra_trips
-                    st.trials += ev.trials
-                    st.fallbacks += ev.fallbacks
+                    st.settle(ev)
                 elif isinstance(ev, Finished):
                     settled = True
             if settled:

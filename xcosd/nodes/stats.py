@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..protocol.edge import RoundSettled
+
 
 @dataclass
 class GenerationStats:
@@ -28,6 +30,11 @@ class GenerationStats:
     extra_round_trips: int = 0
     trials: int = 0
     fallbacks: int = 0
+    #: rounds with a rejection, and the bytes those rounds moved (verdict and
+    #: follow-ups down, the draft and requests up)
+    rejections: int = 0
+    rejection_uplink_bytes: int = 0
+    rejection_downlink_bytes: int = 0
     uplink_bytes: int = 0
     downlink_bytes: int = 0
     uplink_by_type: dict[str, int] = field(default_factory=dict)
@@ -58,6 +65,21 @@ class GenerationStats:
     @property
     def modeled_tokens_per_s(self) -> float:
         return self.tokens / self.modeled_s if self.modeled_s > 0 else 0.0
+
+    @property
+    def messages(self) -> int:
+        return self.messages_up + self.messages_down
+
+    def settle(self, ev: RoundSettled) -> None:
+        """Count a round the edge's state machine settled (the one place rounds are
+        tallied, for the node and the in-process pump alike)."""
+        self.rounds += 1
+        self.drafted += ev.drafted
+        self.accepted += ev.accepted
+        self.extra_round_trips += ev.extra_trips
+        self.trials += ev.trials
+        self.fallbacks += ev.fallbacks
+        self.rejections += int(ev.accepted < ev.drafted)
 
     def count(self, direction: str, mtype: str, nbytes: int) -> None:
         if direction == "up":
@@ -98,7 +120,8 @@ def merge(stats: list[GenerationStats]) -> GenerationStats:
         out.method, out.codec = stats[0].method, stats[0].codec
     for s in stats:
         for k in ("tokens", "rounds", "drafted", "accepted", "target_calls", "extra_round_trips",
-                  "trials", "fallbacks", "uplink_bytes", "downlink_bytes", "messages_up",
+                  "trials", "fallbacks", "rejections", "rejection_uplink_bytes",
+                  "rejection_downlink_bytes", "uplink_bytes", "downlink_bytes", "messages_up",
                   "messages_down", "resumes", "busy_retries"):
             setattr(out, k, getattr(out, k) + getattr(s, k))
         for k in ("wall_s", "modeled_s", "draft_compute_s", "cloud_compute_s"):

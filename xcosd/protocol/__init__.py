@@ -24,11 +24,12 @@ from .cloud import (
     SessionOpened,
 )
 from .edge import (
-    Drafter,
+    DraftNeeded,
     EdgeHandshake,
     EdgeOutput,
     EdgeSession,
     Finished,
+    HandshakeDone,
     Retry,
     RoundSettled,
     SessionReady,
@@ -78,10 +79,11 @@ def unpack(frames: Any, limits: Limits | None = None) -> Message:
 
 __all__ = [
     "CODES", "MESSAGE_TYPES", "PROTOCOL_VERSION", "Close", "CloudConfig", "CloudConnection",
-    "CloudSession", "DraftMsg", "Drafter", "EdgeHandshake", "EdgeOutput", "EdgeSession",
-    "Error", "ErrorCode", "Finished", "FollowUp", "Hello", "Message", "Open", "Opened", "Output", "Ping",
-    "Pong", "Rejected", "RequestMsg", "Retry", "RoundOutcome", "RoundSettled", "RoundVerified",
-    "ScoreNeeded", "ServerLimits", "SessionClosed", "SessionOpened", "SessionReady",
-    "TokensEmitted", "VerdictMsg", "VocabMapAccepted", "VocabMapUpload", "VocabRequest",
-    "VocabTable", "Welcome", "error_code", "exception_for", "from_wire", "pack", "unpack",
+    "CloudSession", "DraftMsg", "DraftNeeded", "EdgeHandshake", "EdgeOutput", "EdgeSession",
+    "Error", "ErrorCode", "Finished", "FollowUp", "HandshakeDone", "Hello", "Message", "Open",
+    "Opened", "Output", "Ping", "Pong", "Rejected", "RequestMsg", "Retry", "RoundOutcome",
+    "RoundSettled", "RoundVerified", "ScoreNeeded", "ServerLimits", "SessionClosed",
+    "SessionOpened", "SessionReady", "TokensEmitted", "VerdictMsg", "VocabMapAccepted",
+    "VocabMapUpload", "VocabRequest", "VocabTable", "Welcome", "error_code", "exception_for",
+    "from_wire", "pack", "unpack",
 ]

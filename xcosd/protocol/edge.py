@@ -3,11 +3,12 @@
 :class:`EdgeHandshake` runs a connection's handshake (hello, the target
 vocabulary if the device lacks it, the V_C map upload if the cloud lacks it).
 :class:`EdgeSession` runs one generation: it produces the ``open``, each round's
-``draft`` (drafting through a :class:`Drafter`, which is pure compute over the
-draft model) and the follow-up ``request`` messages, and turns the cloud's
-verdicts and replies into emitted tokens and text. It never touches a socket or
-a clock; the node moves its messages and calls :meth:`EdgeSession.next_draft`
-where the draft model may run (a worker thread).
+``draft`` and the follow-up ``request`` messages, and turns the cloud's verdicts
+and replies into emitted tokens and text. It never touches a socket, a clock or a
+model: the drafting it needs it asks for with a :class:`DraftNeeded` event (as the
+cloud asks for scoring with ``ScoreNeeded``); the node runs the draft model where it
+may run (``xcosd/nodes/drafter.py``, in a worker thread) and hands the drafts back
+through :meth:`EdgeSession.drafted`.
 
 A round on the device, as in ``xcosd/simulate.py``: draft ``d`` tokens from the
 TLI distribution (the draft's warped row restricted to V_C,
@@ -21,7 +22,8 @@ Session phases (:class:`EdgePhase`, changed only through
 :data:`EDGE_TRANSITIONS`)::
 
     new ─open─► opening ─opened─► ready ─draft─► waiting ─verdict─► ready | done
-                                                     └─► resolving ─reply─► ready | done
+                                    └─draft needed─► drafting ─drafted─┘
+                                                     waiting └─► resolving ─reply─► ready | done
     (open again from any live phase: resume after a cloud restart)
     any ─close─► closed
 """
@@ -29,7 +31,6 @@ Session phases (:class:`EdgePhase`, changed only through
 from __future__ import annotations
 
 import codecs
-import contextlib
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidDistribution, ProtocolError, VocabError, XcosdError
+from ..errors import ProtocolError, VocabError, XcosdError
 from ..methods.base import (
     CandidatesReply,
     DeviceState,
@@ -49,9 +50,7 @@ from ..methods.base import (
     Space,
     TokenReply,
 )
-from ..methods.tli import restrict_kept, restrict_to_common
-from ..models.base import LanguageModel, Session
-from ..sampling import SamplingParams, sample_index, warp, warp_kept
+from ..sampling import SamplingParams
 from ..vocab import VocabMap, Vocabulary
 from .errors import exception_for
 from .messages import (
@@ -167,103 +166,6 @@ class EdgeHandshake:
         return HandshakeOutput([], [HandshakeDone(self.vmap, self.welcome)])
 
 
-# ------------------------------------------------------------------------ drafter
-
-
-def _draft_prompt(model: LanguageModel, prompt: str) -> list[int]:
-    """The prompt in draft ids. The draft only conditions on it, so a prompt the draft
-    tokenizer cannot fully cover is split around the bytes it lacks (worse drafts,
-    never a wrong output: the cloud tokenises the prompt for the target)."""
-    if not prompt:
-        return []
-    try:
-        return [int(i) for i in model.tokenize(prompt)]
-    except VocabError:
-        vocab = model.vocab
-        out: list[int] = []
-        for ch in prompt:
-            with contextlib.suppress(VocabError):
-                out.extend(vocab.encode_bytes(ch.encode("utf-8")))
-        return out
-
-
-class Drafter:
-    """The device's draft model, kept in step with the generation in draft ids.
-
-    Pure compute (no I/O). Rollbacks and appends requested by :meth:`settle` are
-    applied lazily at the next :meth:`draft`, so every model call happens where the
-    node runs drafting (its worker thread).
-    """
-
-    def __init__(self, model: LanguageModel, vmap: VocabMap, params: SamplingParams,
-                 prompt: str) -> None:
-        self.model = model
-        self.vmap = vmap
-        self.params = params
-        self.prompt_ids = _draft_prompt(model, prompt)
-        self.session: Session | None = None
-        self.length = len(self.prompt_ids)  # draft context length once settled
-        self._keep: int | None = None
-        self._append: list[int] = []
-
-    def settle(self, keep: int, append: Sequence[int]) -> None:
-        """After a round: keep ``keep`` draft tokens of context, then add ``append``."""
-        if self._keep is None or keep <= self._keep:
-            self._keep, self._append = keep, list(append)
-        else:  # cut inside what an earlier settle appended
-            self._append = [*self._append[: keep - self._keep], *append]
-        self.length = keep + len(append)
-
-    def _apply(self) -> None:
-        if self.session is None:
-            self.session = self.model.start(self.prompt_ids)
-        if self._keep is not None:
-            self.model.rollback(self.session, self._keep)
-            if self._append:
-                self.model.append(self.session, self._append)
-            self._keep, self._append = None, []
-
-    def draft(self, d: int, method: Method, space: Space,
-              rng: np.random.Generator) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
-        """Draft up to ``d`` tokens: ``(target ids, raw q rows, q rows sampled from)``.
-
-        Stops early when the draft puts no mass on V_C (nothing can be drafted).
-        """
-        self._apply()
-        assert self.session is not None
-        ids: list[int] = []
-        q_raw: list[np.ndarray] = []
-        q_rows: list[np.ndarray] = []
-        cd = self.vmap.common_draft_ids
-        to_common = self.vmap.draft_to_common
-        for _ in range(d):
-            row = self.model.score([(self.session, [])])[0][-1]
-            try:
-                # the TLI vector restrict_to_common(warp(row)), from the kept set only
-                q = restrict_kept(warp_kept(row, self.params), cd, to_common)
-            except InvalidDistribution:
-                # The warped draft has no mass on V_C (greedy picked a draft-only
-                # token, say): warp the draft's V_C part instead. Any proposal on V_C
-                # keeps the output exact; this one keeps drafting.
-                try:
-                    q = warp(restrict_to_common(row, cd), self.params)
-                except InvalidDistribution:
-                    break
-            qr = method.draft_row(q)
-            c = sample_index(qr, rng)
-            ids.append(int(space.common_ids[c]))
-            q_raw.append(q)
-            q_rows.append(qr)
-            self.model.append(self.session, [int(cd[c])])
-        self.length += len(ids)
-        return np.array(ids, dtype=np.int64), q_raw, q_rows
-
-    def end(self) -> None:
-        if self.session is not None:
-            self.model.end(self.session)
-            self.session = None
-
-
 # ------------------------------------------------------------------------ events
 
 
@@ -301,7 +203,25 @@ class Retry:
     error: XcosdError
 
 
-EdgeEvent = TokensEmitted | RoundSettled | Finished | SessionReady | Retry
+@dataclass(eq=False)
+class DraftNeeded:
+    """Draft up to ``length`` tokens for ``session`` with the draft model, then hand
+    the result to :meth:`EdgeSession.drafted`.
+
+    The draft model's context must first lose its last ``drop`` tokens and gain
+    ``append`` (draft ids): what the rounds since the last draft settled (rejected
+    drafts out, the resolved token's draft spelling in). Drafts are sampled from
+    ``session.method.draft_row(q)`` with ``session.rng``, q being the TLI vector
+    (the draft's warped row restricted to V_C) over ``session.space``.
+    """
+
+    session: EdgeSession
+    length: int
+    drop: int
+    append: list[int]
+
+
+EdgeEvent = TokensEmitted | RoundSettled | Finished | SessionReady | Retry | DraftNeeded
 
 
 #: what :meth:`EdgeSession.receive` returns
@@ -316,7 +236,8 @@ class EdgePhase(enum.Enum):
 
     NEW = "new"
     OPENING = "opening"      # ``open`` sent, waiting for ``opened``
-    READY = "ready"          # may draft the next round
+    READY = "ready"          # may start the next round
+    DRAFTING = "drafting"    # the drafter is asked for this round's drafts
     WAITING = "waiting"      # the round's draft is out, waiting for the verdict
     RESOLVING = "resolving"  # a rejection is being resolved (follow-ups)
     DONE = "done"            # finished (length or stop); only ``close`` is left
@@ -328,6 +249,7 @@ class EdgeStep(enum.Enum):
 
     OPEN = "open"
     OPENED = "opened"
+    DRAFT_NEEDED = "draft_needed"
     DRAFT = "draft"
     REJECTED = "rejected"
     SETTLED = "settled"      # a round ended with tokens and the generation goes on
@@ -343,13 +265,16 @@ EDGE_TRANSITIONS: dict[tuple[EdgePhase, EdgeStep], EdgePhase] = {
     **{(p, EdgeStep.OPEN): EdgePhase.OPENING for p in _LIVE},
     (EdgePhase.OPENING, EdgeStep.OPENED): EdgePhase.READY,
     (EdgePhase.OPENING, EdgeStep.FINISHED): EdgePhase.DONE,
+    (EdgePhase.READY, EdgeStep.DRAFT_NEEDED): EdgePhase.DRAFTING,
     (EdgePhase.READY, EdgeStep.DRAFT): EdgePhase.WAITING,
+    (EdgePhase.DRAFTING, EdgeStep.DRAFT): EdgePhase.WAITING,
     (EdgePhase.WAITING, EdgeStep.REJECTED): EdgePhase.RESOLVING,
     (EdgePhase.WAITING, EdgeStep.SETTLED): EdgePhase.READY,
     (EdgePhase.WAITING, EdgeStep.FINISHED): EdgePhase.DONE,
     (EdgePhase.RESOLVING, EdgeStep.SETTLED): EdgePhase.READY,
     (EdgePhase.RESOLVING, EdgeStep.FINISHED): EdgePhase.DONE,
-    **{(p, EdgeStep.CLOSE): EdgePhase.CLOSED for p in (*_LIVE, EdgePhase.DONE)},
+    **{(p, EdgeStep.CLOSE): EdgePhase.CLOSED
+       for p in (*_LIVE, EdgePhase.DRAFTING, EdgePhase.DONE)},
 }
 
 
@@ -360,7 +285,7 @@ class EdgeSession:
     """One generation on the device."""
 
     def __init__(self, s: int, *, method: Method, vmap: VocabMap, space: Space,
-                 drafter: Drafter, prompt: str, max_new_tokens: int,
+                 prompt: str, max_new_tokens: int,
                  params: SamplingParams, stop_ids: Sequence[int], draft_len: int = 4,
                  max_draft: int = 64, seed: int | None = None,
                  options: dict[str, Any] | None = None) -> None:
@@ -372,7 +297,6 @@ class EdgeSession:
         self.method = method
         self.vmap = vmap
         self.space = space
-        self.drafter = drafter
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
         self.params = params
@@ -395,7 +319,11 @@ class EdgeSession:
         self._draft_msg: DraftMsg | None = None
         self._q_rows: list[np.ndarray] = []
         self._dev: DeviceState | None = None
-        self._base = 0  # drafter length before this round's drafts
+        #: draft-context edits not yet handed to the drafter (see DraftNeeded)
+        self._drop = 0
+        self._append: list[int] = []
+        #: drafts this round appended to the draft model's context
+        self._drafted = 0
         self._trips = 0
         self._accepted = 0
         self._other: dict[int, bytes] = {}
@@ -422,7 +350,7 @@ class EdgeSession:
         """The ``open`` message (again after a cloud restart: it then carries the tokens
         generated so far as ``resume``, and the round in flight is abandoned)."""
         if self.phase in (EdgePhase.WAITING, EdgePhase.RESOLVING):
-            self.drafter.settle(self._base, [])
+            self._edit(self._drafted, [])  # the round in flight is abandoned
         self._advance(EdgeStep.OPEN)
         self.seq = 0
         self.round = 0
@@ -444,22 +372,53 @@ class EdgeSession:
             return 0
         return max(0, min(self.draft_len, self.remaining - 1, self.max_draft))
 
-    def next_draft(self) -> DraftMsg:
-        """Draft this round (runs the draft model) and return its message."""
+    def next_round(self) -> EdgeOutput:
+        """Start the next round: a :class:`DraftNeeded` event when the round drafts,
+        else (``ar``, the last token) the ``draft`` message at once."""
         if self.phase is not EdgePhase.READY:
-            raise ProtocolError(f"session {self.s}: cannot draft in phase {self.phase.value}",
-                                code="state")
-        self._base = self.drafter.length
-        ids, q_raw, q_rows = self.drafter.draft(self.round_length(), self.method, self.space,
-                                                self.rng)
+            raise ProtocolError(f"session {self.s}: cannot start a round in phase "
+                                f"{self.phase.value}", code="state")
+        d = self.round_length()
+        if d == 0:
+            return self._send_draft(np.zeros(0, dtype=np.int64), [], [])
+        self._advance(EdgeStep.DRAFT_NEEDED)
+        need = DraftNeeded(self, d, self._drop, self._append)
+        self._drop, self._append = 0, []
+        return EdgeOutput([], [need])
+
+    def drafted(self, ids: np.ndarray, q_raw: list[np.ndarray],
+                q_rows: list[np.ndarray]) -> EdgeOutput:
+        """The drafter's answer to :class:`DraftNeeded`: target ids drafted (at most
+        the length asked, fewer when the draft puts no mass on V_C), the TLI rows
+        and the rows they were sampled from. Returns the ``draft`` message."""
+        if self.phase is not EdgePhase.DRAFTING:
+            raise ProtocolError(f"session {self.s}: drafts arrived in phase "
+                                f"{self.phase.value}", code="state")
+        ids = np.asarray(ids, dtype=np.int64)
+        if not (ids.shape[0] == len(q_raw) == len(q_rows) <= self.round_length()):
+            raise ValueError("drafted ids and rows do not match the draft asked for")
+        return self._send_draft(ids, q_raw, q_rows)
+
+    def _send_draft(self, ids: np.ndarray, q_raw: list[np.ndarray],
+                    q_rows: list[np.ndarray]) -> EdgeOutput:
         draft = (self.method.draft_message(ids, q_raw, self.space) if ids.shape[0]
                  else Draft(ids=ids, q_values=np.zeros(0, dtype=np.float32)))
         self._draft, self._q_rows = draft, q_rows
+        self._drafted = int(ids.shape[0])
         self._trips = 0
         self.seq += 1
         self._draft_msg = DraftMsg(self.s, self.seq, self.round, self._pending_token, draft)
         self._advance(EdgeStep.DRAFT)
-        return self._draft_msg
+        return EdgeOutput([self._draft_msg])
+
+    def _edit(self, drop: int, append: list[int]) -> None:
+        """Queue a draft-context edit (drop the last ``drop`` ids, then add ``append``)
+        onto those not yet handed to the drafter."""
+        if drop <= len(self._append):
+            self._append = [*self._append[: len(self._append) - drop], *append]
+        else:
+            self._drop += drop - len(self._append)
+            self._append = list(append)
 
     def resend(self) -> DraftMsg:
         """The current round's draft again, with a fresh sequence number (after ``busy``)."""
@@ -545,7 +504,7 @@ class EdgeSession:
         dev = self._dev
         new = [*draft.ids[:n].tolist(), token]
         # the draft model keeps the accepted drafts and the token's draft spelling
-        self.drafter.settle(self._base + n, self._draft_ids(token, other))
+        self._edit(self._drafted - n, self._draft_ids(token, other))
         settled = RoundSettled(draft.length, n, self._trips,
                                dev.trials if dev else 0, dev.fallbacks if dev else 0)
         self._pending_token = token if n < draft.length else None

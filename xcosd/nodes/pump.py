@@ -1,0 +1,217 @@
+"""An edge and a cloud wired together in one thread, with no sockets: the pump.
+
+In the spirit of h11's ``ConnectionPair``: the real state machines
+(:class:`~xcosd.protocol.EdgeHandshake`, :class:`~xcosd.protocol.EdgeSession`,
+:class:`~xcosd.protocol.CloudConnection`) talk to each other, every message takes
+its wire form (``pack`` on the sender, ``unpack`` on the receiver, codecs
+included), the cloud's rows are scored by the scheduler's own
+:func:`~xcosd.nodes.scheduler.score_batch` and the drafts come from the node's own
+:class:`~xcosd.nodes.drafter.Drafter`. What is left out is only the waiting, so a
+generation costs its compute alone: the high-N law tests, the methods benchmark and
+anything that wants a reproducible run use it.
+
+Each message is metered as it would cross a ZeroMQ link (frames plus ZMTP's
+framing, the count :class:`~xcosd.nodes.EdgeNode` makes) into a
+:class:`~xcosd.nodes.stats.GenerationStats`, with the compute of each side timed;
+the link's delay can be modeled afterwards from :attr:`Generation.trace`
+(:func:`~xcosd.transport.sequence_latency`), so one run answers for every link.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..methods import Space, get_method
+from ..models.base import LanguageModel
+from ..protocol import (
+    CloudConfig,
+    CloudConnection,
+    DraftNeeded,
+    EdgeHandshake,
+    EdgeSession,
+    Message,
+    RoundSettled,
+    ScoreNeeded,
+    ServerLimits,
+    pack,
+    unpack,
+)
+from ..sampling import SamplingParams
+from ..transport import LinkSpec, sequence_latency
+from ..transport.zeromq import zmtp_overhead
+from ..vocab import VocabMap
+from ..wire.frames import FrameList, message_bytes
+from .drafter import Drafter
+from .scheduler import score_batch
+from .stats import GenerationStats
+
+
+def wire_bytes(frames: FrameList) -> int:
+    """A message's bytes on a ZeroMQ link: frames plus ZMTP's framing."""
+    return message_bytes(frames) + zmtp_overhead(frames, False)
+
+
+@dataclass
+class Generation:
+    """One finished generation through the pump."""
+
+    session: EdgeSession
+    stats: GenerationStats
+    #: every message in order: (direction, wire bytes), for the link model
+    trace: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return list(self.session.token_ids)
+
+    @property
+    def text(self) -> str:
+        return self.session.text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.session.finish_reason
+
+    def modeled_s(self, link: LinkSpec) -> float:
+        """Measured compute plus the link model over this generation's messages."""
+        st = self.stats
+        return st.draft_compute_s + st.cloud_compute_s + sequence_latency(
+            self.trace, link)  # type: ignore[arg-type]
+
+
+class Pump:
+    """One edge and one cloud connection in process (see the module docstring).
+
+    ``events`` collects every cloud event (tests read and clear it); ``sent`` the
+    type of every message the edge sent.
+    """
+
+    def __init__(self, target: LanguageModel, draft: LanguageModel, *,
+                 vmap: VocabMap | None = None, max_sessions: int = 64, max_draft: int = 32,
+                 max_message: int = 16 << 20) -> None:
+        self.target, self.draft = target, draft
+        self.limits = ServerLimits(max_message, max_sessions, max_draft, 5.0, 30.0)
+        self.config = CloudConfig(target.vocab, target.tokenize, self.limits, "local")
+        self.cloud = CloudConnection(self.config, b"local")
+        self.vmap = vmap or VocabMap(draft.vocab, target.vocab)
+        self.handshake = EdgeHandshake(lambda tv: self.vmap, target.vocab)
+        self.space = Space.from_vocab_map(self.vmap)
+        self.events: list[object] = []
+        self.sent: list[str] = []
+        self.drafters: dict[int, Drafter] = {}
+        self._stats = GenerationStats()
+        self._trace: list[tuple[str, int]] = []
+        self._next = 0
+        pending = self.to_cloud(self.handshake.hello())
+        while pending:
+            for m in self.handshake.receive(pending.pop(0)).send:
+                pending += self.to_cloud(m)
+        if not self.handshake.ready:
+            raise RuntimeError("the in-process handshake did not complete")
+
+    @staticmethod
+    def wire(msg: Message) -> Message:
+        """``msg`` as the receiver decodes it from its frames."""
+        return unpack(pack(msg))
+
+    # -- the cloud side ----------------------------------------------------------
+
+    def to_cloud(self, msg: Message) -> list[Message]:
+        """Send ``msg`` up; the cloud answers (scoring what it asks to be scored) and
+        its replies come back as the edge decodes them."""
+        st, trace = self._stats, self._trace
+        t0 = time.perf_counter()
+        frames = pack(msg)
+        n = wire_bytes(frames)
+        t1 = time.perf_counter()
+        st.draft_compute_s += t1 - t0
+        st.count("up", msg.TYPE, n)
+        trace.append(("up", n))
+        self.sent.append(msg.TYPE)
+        out = self.cloud.receive(unpack(frames))
+        self.events += out.events
+        send = list(out.send)
+        for ev in out.events:
+            if isinstance(ev, ScoreNeeded):
+                st.target_calls += 1
+                [outcome] = score_batch(self.target, [ev])
+                scored = self.cloud.scored(ev.session, outcome)
+                self.events += scored.events
+                send += scored.send
+        replies = [pack(m) for m in send]
+        t2 = time.perf_counter()
+        st.cloud_compute_s += t2 - t1
+        decoded = []
+        for m, f in zip(send, replies, strict=True):
+            n = wire_bytes(f)
+            st.count("down", m.TYPE, n)
+            trace.append(("down", n))
+            decoded.append(unpack(f))
+        st.draft_compute_s += time.perf_counter() - t2
+        return decoded
+
+    # -- the edge side -----------------------------------------------------------
+
+    def session(self, method: str = "xcosd-e", *, codec: str = "f32", prompt: str = "ab",
+                max_new_tokens: int = 8, params: SamplingParams | None = None,
+                seed: int | None = 0, draft_len: int = 4, **options: Any) -> EdgeSession:
+        """A new generation's state machine (not opened yet) and its drafter."""
+        params = params or SamplingParams()
+        welcome = self.handshake.welcome
+        assert welcome is not None
+        m = get_method(method, codec=codec, **options)
+        self._next += 1
+        es = EdgeSession(self._next, method=m, vmap=self.vmap, space=self.space,
+                         prompt=prompt, max_new_tokens=max_new_tokens, params=params,
+                         stop_ids=welcome.stop_ids, draft_len=draft_len,
+                         max_draft=welcome.limits.max_draft, seed=seed)
+        self.drafters[es.s] = Drafter(self.draft, self.vmap, params, prompt)
+        return es
+
+    def next_draft(self, es: EdgeSession) -> Message:
+        """Start ``es``'s next round, drafting if it asks to; its ``draft`` message."""
+        t0 = time.perf_counter()
+        out = es.next_round()
+        for ev in out.events:
+            if isinstance(ev, DraftNeeded):
+                out = es.drafted(*self.drafters[es.s].run(ev))
+        self._stats.draft_compute_s += time.perf_counter() - t0
+        [msg] = out.send
+        return msg
+
+    def receive(self, es: EdgeSession, msg: Message) -> list[Message]:
+        """Feed a cloud message to ``es``; what it sends back."""
+        t0 = time.perf_counter()
+        out = es.receive(msg)
+        self._stats.draft_compute_s += time.perf_counter() - t0
+        for ev in out.events:
+            if isinstance(ev, RoundSettled):
+                self._stats.settle(ev)
+        return list(out.send)
+
+    def drive(self, es: EdgeSession) -> Generation:
+        """Open ``es``, run it to its end, close it."""
+        st = self._stats = GenerationStats(method=es.method.name, codec=es.method.codec.name)
+        trace = self._trace = []
+        for reply in self.to_cloud(es.open()):
+            self.receive(es, reply)
+        while not es.done:
+            up, down, rejections = st.uplink_bytes, st.downlink_bytes, st.rejections
+            pending = self.to_cloud(self.next_draft(es))
+            while pending:
+                for m in self.receive(es, pending.pop(0)):
+                    pending += self.to_cloud(m)
+            if st.rejections > rejections:
+                st.rejection_uplink_bytes += st.uplink_bytes - up
+                st.rejection_downlink_bytes += st.downlink_bytes - down
+        self.to_cloud(es.close())
+        self.drafters.pop(es.s).end()
+        st.tokens = len(es.token_ids)
+        st.finish_reason = es.finish_reason or ""
+        return Generation(es, st, trace)
+
+    def generate(self, method: str = "xcosd-e", **kw: Any) -> Generation:
+        """One whole generation (:meth:`session`'s arguments)."""
+        return self.drive(self.session(method, **kw))
