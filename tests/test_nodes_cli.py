@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+
 import pytest
 
+import xcosd
+import xcosd.models
 from xcosd.cli import main
+
+from .session_pairs import greedy_decode, pair
 
 
 @pytest.mark.slow
@@ -12,7 +21,10 @@ def test_demo_runs_every_method_and_prints_the_table(capsys: pytest.CaptureFixtu
     rc = main(["demo", "--edges", "2", "--prompts", "2", "--max-new-tokens", "8",
                "--link-rtt-ms", "2", "--no-stream"])
     assert rc == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    # stderr is no terminal here: progress is whole lines, no carriage returns
+    assert "\r" not in captured.err
     from xcosd.methods import METHODS
 
     for name in METHODS:
@@ -27,3 +39,41 @@ def test_commands_are_registered() -> None:
     for cmd in ("serve", "edge", "demo"):
         args = p.parse_args([cmd] if cmd != "edge" else [cmd, "hello"])
         assert callable(args.func)
+
+
+@pytest.fixture
+def table_cloud() -> Iterator[str]:
+    """A CloudNode on the small table pair, in its own thread and event loop, for a
+    command (which runs its own loop) to connect to over real ZeroMQ on loopback."""
+    target, _ = pair()
+    ready: list[str] = []
+    started, stop = threading.Event(), threading.Event()
+
+    async def serve() -> None:
+        async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud:
+            ready.append(cloud.endpoint)
+            started.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.02)
+
+    t = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    t.start()
+    assert started.wait(60), "the cloud did not start"
+    yield ready[0]
+    stop.set()
+    t.join(60)
+
+
+def test_edge_json_goes_to_stdout(table_cloud: str, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    target, draft = pair()
+    monkeypatch.setattr(xcosd.models, "load_model", lambda spec: draft)
+    rc = main(["edge", "--connect", table_cloud, "--json", "--greedy", "--max-new-tokens", "12",
+               "ab", "cd"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert [d["prompt"] for d in docs] == ["ab", "cd"]
+    for d in docs:
+        assert d["token_ids"] == greedy_decode(target, d["prompt"], 12)
+        assert d["stats"]["tokens"] == len(d["token_ids"]) and d["finish_reason"]

@@ -25,11 +25,16 @@ COMMANDS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from . import __version__
+    from .commands.options import ArgumentParser
+
+    parser = ArgumentParser(
         prog="xcosd",
         description="Lossless collaborative speculative decoding across vocabularies.",
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (-vv: debug); also accepted after the command")
+    parser.add_argument("--version", action="version", version=f"xcosd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for _name, module in COMMANDS.items():
@@ -44,12 +49,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; a mistake is one ``xcosd: error: ...`` line and status 2.
+
+    Parsing errors and each command's ``check`` (combinations of options, model
+    specs, key files) come before any model loads; errors while running
+    (:class:`~xcosd.errors.XcosdError`: the cloud cannot be reached ...) after.
+    """
+    from .commands.options import UsageError, fail
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
+    verbose = args.verbose + getattr(args, "verbose_sub", 0)
+    level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from .errors import XcosdError
 
+    check = getattr(args, "check", None)
+    if check is not None:
+        try:
+            check(args)
+        except (UsageError, XcosdError) as e:
+            fail(e.message if isinstance(e, XcosdError) else str(e))
     try:
         return int(args.func(args) or 0)
     except XcosdError as e:

@@ -19,6 +19,17 @@ import sys
 import time
 from typing import Any
 
+from .options import (
+    add_generation_args,
+    add_link_args,
+    add_loop_args,
+    add_verbose,
+    check_model,
+    generation_config,
+    is_tty,
+    method_list,
+    positive_int,
+)
 from .serve import run_main
 
 PROMPTS = [
@@ -39,23 +50,25 @@ def add_parser(sub: Any) -> None:
                                    "an emulated link; every method; one table.")
     p.add_argument("--real", action="store_true",
                    help="SmolLM2-135M (draft) -> Gemma-3-270M (target), if installed")
-    p.add_argument("--edges", type=int, default=4, help="edge nodes (devices)")
-    p.add_argument("--prompts", type=int, default=12, help="prompts per method")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--methods", default=None, help="comma-separated (default: all)")
-    p.add_argument("--codec", default="f32")
-    p.add_argument("--draft-len", type=int, default=4)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--link-mbps", type=float, default=100.0)
-    p.add_argument("--link-rtt-ms", type=float, default=20.0)
+    p.add_argument("--edges", type=positive_int, default=4, help="edge nodes (devices)")
+    p.add_argument("--prompts", type=positive_int, default=12, help="prompts per method")
+    p.add_argument("--methods", type=method_list, default=None,
+                   help="comma-separated methods (default: all)")
+    add_generation_args(p, method=False, seed=0)
+    add_link_args(p, mbps=100.0, rtt_ms=20.0)
     p.add_argument("--no-emulate", action="store_true",
                    help="model the link but do not delay messages for real")
     p.add_argument("--no-stream", action="store_true", help="skip the streamed generation")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--uvloop", action="store_true", help="run on uvloop")
-    p.set_defaults(func=run)
+    add_loop_args(p)
+    add_verbose(p)
+    p.set_defaults(func=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    generation_config(args, method="xcosd-e")
+    if args.real:
+        check_model("smollm2-135m", "--real")
+        check_model("gemma3-270m", "--real")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,10 +102,9 @@ async def _demo(args: argparse.Namespace) -> int:
     spec = LinkSpec.of(up_bps=args.link_mbps * 1e6, down_bps=args.link_mbps * 1e6,
                        rtt_s=args.link_rtt_ms / 1000)
     emulate = None if args.no_emulate else spec
-    methods = ([m.strip() for m in args.methods.split(",")] if args.methods
-               else list(METHODS))
+    methods = args.methods or list(METHODS)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.prompts)]
-    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    cfg = generation_config(args, method="xcosd-e")
     rows: list[tuple[str, Any, float]] = []
     async with CloudNode(target=target, bind="tcp://127.0.0.1:0", max_wait_s=0.002) as cloud:
         _say(f"cloud on {cloud.endpoint}; {args.edges} edges behind an emulated "
@@ -100,8 +112,7 @@ async def _demo(args: argparse.Namespace) -> int:
              + (" (modeled only)" if emulate is None else ""))
         def edge(i: int, vmap: Any = None) -> EdgeNode:
             return EdgeNode(draft=draft, connect=cloud.endpoint, link=emulate, model_link=spec,
-                            codec=args.codec, draft_len=args.draft_len, name=f"edge-{i}",
-                            vocab_map=vmap, **sampling)
+                            config=cfg, name=f"edge-{i}", vocab_map=vmap)
 
         edges = [edge(0)]
         try:
@@ -138,8 +149,7 @@ async def _stream_one(edge: Any, prompt: str, args: argparse.Namespace) -> None:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    res = await edge.generate(prompt, max_new_tokens=args.max_new_tokens * 2, method="xcosd-e",
-                              seed=args.seed, on_text=show)
+    res = await edge.generate(prompt, max_new_tokens=args.max_new_tokens * 2, on_text=show)
     st = res.stats
     sys.stdout.write("\n")
     _say(f"--- {st.tokens} tokens, acceptance {st.acceptance_rate:.2f}, mean length "
@@ -152,21 +162,24 @@ async def _run_method(name: str, edges: list[Any], prompts: list[str],
 
     t = time.perf_counter()
     done = 0
+    # carriage-return progress is for a terminal; in a log it would be one long line
+    live = is_tty(sys.stderr)
 
     async def one(i: int, p: str) -> Any:
         nonlocal done
-        r = await edges[i % len(edges)].generate(p, max_new_tokens=args.max_new_tokens,
-                                                 method=name, seed=args.seed + i)
+        seed = None if args.seed is None else args.seed + i
+        r = await edges[i % len(edges)].generate(p, method=name, seed=seed)
         done += 1
-        print(f"\r  {name:<16} {done}/{len(prompts)} generations", end="", file=sys.stderr,
-              flush=True)
+        if live:
+            print(f"\r  {name:<16} {done}/{len(prompts)} generations", end="",
+                  file=sys.stderr, flush=True)
         return r
 
     results = await asyncio.gather(*[one(i, p) for i, p in enumerate(prompts)])
     wall = time.perf_counter() - t
     st = merge([r.stats for r in results])
-    print(f"\r  {name:<16} {len(prompts)} generations, {st.tokens} tokens in {wall:.1f}s",
-          file=sys.stderr, flush=True)
+    print(f"{chr(13) if live else ''}  {name:<16} {len(prompts)} generations, {st.tokens} "
+          f"tokens in {wall:.1f}s", file=sys.stderr, flush=True)
     return name, st, wall
 
 

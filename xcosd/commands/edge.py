@@ -3,8 +3,9 @@
     xcosd edge --connect tcp://127.0.0.1:5555 --method xcosd-e "Return a new list"
 
 Text streams to stdout as it is committed; a stats line per generation goes to
-stderr (``--json`` prints the full stats). Several prompts (arguments, or
-``--prompts-file`` with one per line) run concurrently with ``--concurrent``.
+stderr. ``--json`` prints instead one JSON object per prompt on stdout (text, token
+ids, finish reason, full stats). Several prompts (arguments, or ``--prompts-file``
+with one per line) run concurrently with ``--concurrent``.
 """
 
 from __future__ import annotations
@@ -15,56 +16,63 @@ import json
 import sys
 from typing import Any
 
-from .serve import add_link_args, link_from_args, run_main
+from .options import (
+    UsageError,
+    add_generation_args,
+    add_link_args,
+    add_loop_args,
+    add_transport_arg,
+    add_verbose,
+    check_curve_transport,
+    check_model,
+    endpoint,
+    existing_file,
+    generation_config,
+    link_from_args,
+    positive_float,
+    probe,
+)
+from .serve import run_main
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("edge", help="run an edge node (the draft model) and generate",
                        description="Draft on this device, verify in the cloud.")
-    p.add_argument("prompts", nargs="*", help="prompt text (default: read --prompts-file)")
-    p.add_argument("--prompts-file", default=None, help="one prompt per line")
+    p.add_argument("prompts", nargs="*",
+                   help="prompt text (default: --prompts-file, else stdin when piped)")
+    p.add_argument("--prompts-file", default=None, type=existing_file,
+                   help="one prompt per line")
     p.add_argument("--draft", default="default-draft",
-                   help="model spec for xcosd.models.load_model (default: default-draft)")
-    p.add_argument("--connect", default="tcp://127.0.0.1:5555", help="the cloud's endpoint")
-    p.add_argument("--transport", choices=("zmq", "tcp"), default="zmq")
-    p.add_argument("--method", default="xcosd-e")
-    p.add_argument("--codec", default="f32")
-    p.add_argument("--draft-len", type=int, default=4)
-    p.add_argument("-K", type=int, default=None, help="xcosd-e candidates per round")
-    p.add_argument("-M", type=int, default=None, help="xcosd-e candidate rounds before HR")
-    p.add_argument("--no-hr-presample", action="store_true",
-                   help="HR: ask for the V_O sample with an extra round trip")
-    p.add_argument("--threshold", type=float, default=None, help="uhlm uncertainty threshold")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+                   help="model spec for xcosd.models.load_model")
+    p.add_argument("--connect", default="tcp://127.0.0.1:5555", type=endpoint,
+                   help="the cloud's endpoint")
+    add_transport_arg(p)
+    add_generation_args(p, method_options=True, stop=True)
     p.add_argument("--concurrent", action="store_true", help="run all prompts at once")
     p.add_argument("--no-stream", action="store_true", help="print each text when done")
-    p.add_argument("--json", action="store_true", help="print full stats as JSON (stderr)")
-    p.add_argument("--curve-secret", default=None, help="device key file (NAME.key_secret)")
-    p.add_argument("--curve-server-key", default=None, help="the server's public key file")
-    p.add_argument("--timeout", type=float, default=15.0)
-    p.add_argument("--uvloop", action="store_true", help="run on uvloop")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object per prompt on stdout (prompt, text, token ids, "
+                        "stats) instead of the text")
+    p.add_argument("--curve-secret", default=None, type=existing_file,
+                   help="device key file (NAME.key_secret): turns CURVE on")
+    p.add_argument("--curve-server-key", default=None, type=existing_file,
+                   help="the server's public key file (with --curve-secret)")
+    p.add_argument("--timeout", type=positive_float, default=15.0,
+                   help="seconds of silence before the cloud counts as lost")
+    p.add_argument("--connect-timeout", type=positive_float, default=30.0,
+                   help="seconds to wait for the cloud to accept the connection")
+    add_loop_args(p)
     add_link_args(p)
-    p.set_defaults(func=run)
+    add_verbose(p)
+    p.set_defaults(func=run, check=check)
 
 
-def method_options(args: argparse.Namespace) -> dict[str, Any]:
-    from ..methods import get_method
-
-    opts: dict[str, Any] = {}
-    if args.K is not None:
-        opts["K"] = args.K
-    if args.M is not None:
-        opts["M"] = args.M
-    if args.no_hr_presample:
-        opts["hr_presample"] = False
-    if args.threshold is not None:
-        opts["threshold"] = args.threshold
-    known = get_method(args.method).options()
-    return {k: v for k, v in opts.items() if k in known}
+def check(args: argparse.Namespace) -> None:
+    generation_config(args)
+    if bool(args.curve_secret) != bool(args.curve_server_key):
+        raise UsageError("--curve-secret and --curve-server-key go together")
+    check_curve_transport(args, bool(args.curve_secret))
+    check_model(args.draft, "--draft")
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
@@ -92,6 +100,9 @@ async def _edge(args: argparse.Namespace) -> int:
     from ..models import load_model
     from ..nodes import EdgeNode
 
+    cfg = generation_config(args)
+    # a wrong or dead address fails now, with its reason, not after loading the model
+    await asyncio.to_thread(probe, args.connect, args.connect_timeout)
     curve = None
     if args.curve_secret:
         from ..transport import CurveClient
@@ -100,33 +111,30 @@ async def _edge(args: argparse.Namespace) -> int:
     print(f"loading {args.draft} ...", file=sys.stderr, flush=True)
     draft = await asyncio.to_thread(load_model, args.draft)
     prompts = _prompts(args)
-    kw: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "seed": args.seed}
     async with EdgeNode(draft=draft, connect=args.connect, transport=args.transport,
-                        method=args.method, codec=args.codec, draft_len=args.draft_len,
-                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        link=link_from_args(args), curve=curve, timeout_s=args.timeout,
-                        **method_options(args)) as edge:
-        if args.concurrent or args.no_stream:
-            results = ([await edge.generate(p, **kw) for p in prompts] if not args.concurrent
-                       else await asyncio.gather(*[edge.generate(p, **kw) for p in prompts]))
+                        config=cfg, link=link_from_args(args), curve=curve,
+                        timeout_s=args.timeout,
+                        connect_timeout_s=args.connect_timeout) as edge:
+        if args.concurrent or args.no_stream or args.json:
+            results = ([await edge.generate(p) for p in prompts] if not args.concurrent
+                       else await asyncio.gather(*[edge.generate(p) for p in prompts]))
             for p, r in zip(prompts, results, strict=True):
-                print(p + r.text, flush=True)
-                _report(args, r.stats)
+                if args.json:
+                    print(json.dumps({"prompt": p, "text": r.text, "token_ids": r.token_ids,
+                                      "finish_reason": r.finish_reason,
+                                      "stats": r.stats.to_dict()}), flush=True)
+                else:
+                    print(p + r.text, flush=True)
+                    print(stats_line(r.stats), file=sys.stderr, flush=True)
             return 0
+
         def show(piece: str) -> None:
             sys.stdout.write(piece)
             sys.stdout.flush()
 
         for p in prompts:
             show(p)
-            r = await edge.generate(p, on_text=show, **kw)
+            r = await edge.generate(p, on_text=show)
             show("\n")
-            _report(args, r.stats)
+            print(stats_line(r.stats), file=sys.stderr, flush=True)
     return 0
-
-
-def _report(args: argparse.Namespace, st: Any) -> None:
-    if args.json:
-        print(json.dumps(st.to_dict(), indent=2), file=sys.stderr)
-    else:
-        print(stats_line(st), file=sys.stderr, flush=True)

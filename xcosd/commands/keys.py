@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .options import add_verbose, existing_file
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("keys", help="CURVE key pairs and allowlists for ZeroMQ",
@@ -22,15 +24,17 @@ def add_parser(sub: Any) -> None:
     ks.required = True
     g = ks.add_parser("generate", help="write NAME.key and NAME.key_secret into DIR")
     g.add_argument("dir", help="directory for the key files (created if missing)")
-    g.add_argument("--name", default="xcosd", help="file name stem (default: xcosd)")
+    g.add_argument("--name", default="xcosd", help="file name stem")
     g.add_argument("--force", action="store_true", help="overwrite existing files")
     g.add_argument("--json", action="store_true", help="print JSON")
     s = ks.add_parser("show", help="print the public key of a key file")
-    s.add_argument("file")
+    s.add_argument("file", type=existing_file, help="a NAME.key or NAME.key_secret file")
     a = ks.add_parser("allow", help="add a device's public key to an allowlist directory")
-    a.add_argument("allow_dir")
-    a.add_argument("file", help="the device's NAME.key or NAME.key_secret")
+    a.add_argument("allow_dir", help="the cloud's allowlist directory (serve --curve-allow)")
+    a.add_argument("file", type=existing_file, help="the device's NAME.key or NAME.key_secret")
     a.add_argument("--name", help="name in the allowlist (default: the file's stem)")
+    for leaf in (g, s, a):
+        add_verbose(leaf)
     p.set_defaults(func=run)
 
 

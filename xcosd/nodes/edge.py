@@ -323,7 +323,9 @@ class EdgeNode:
             except (TransportError, TimeoutError, OSError) as e:
                 await self._teardown()
                 if time.monotonic() + delay > deadline:
-                    raise TransportError(f"cannot reach the cloud at {self.endpoint}: {e}",
+                    # asyncio's TimeoutError has no text: say what timed out
+                    reason = str(e) or f"no answer within {self.connect_timeout_s:g} s"
+                    raise TransportError(f"cannot reach the cloud at {self.endpoint}: {reason}",
                                          code="connect") from e
                 log.info("cloud not reachable (%s); retrying in %.2fs", e, delay)
                 await asyncio.sleep(delay)

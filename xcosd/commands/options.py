@@ -1,0 +1,323 @@
+"""What the ``xcosd`` subcommands share: the parser class, the option groups, the checks.
+
+Every option that several commands take (generation settings, the link emulation,
+CURVE, the event loop) is defined here once, so its name, default, help and
+validation cannot drift between ``serve``, ``edge``, ``demo`` and ``bench``.
+
+Mistakes are caught before any model loads: values by the ``type=`` of each option
+(argparse calls them while parsing), combinations by each command's ``check``
+(``set_defaults(check=...)``, run by :func:`xcosd.cli.main` right after parsing).
+Either way the user gets one line, ``xcosd: error: ...``, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+# --------------------------------------------------------------------------- parser
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every option's default, except the uninformative ``None`` / ``False``
+    of optional values and flags."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class UsageError(ValueError):
+    """A mistake on the command line found after parsing (a combination of options)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with defaults in ``--help`` and one-line errors.
+
+    argparse's own ``error`` prints the usage and ``PROG SUB: error: ...``; a user
+    who mistyped one option wants the one line that says what is wrong, the same
+    for every subcommand: ``xcosd: error: ...`` on stderr, exit status 2.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        fail(message)
+
+
+def fail(message: str) -> NoReturn:
+    """Print the one error line and exit with status 2."""
+    print(f"xcosd: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def add_verbose(p: argparse.ArgumentParser) -> None:
+    """``-v`` after the subcommand too (``xcosd edge -v ...``); cli.main adds the two
+    counts. A separate dest: a subcommand's default would overwrite the top level's."""
+    p.add_argument("-v", "--verbose", dest="verbose_sub", action="count",
+                   default=argparse.SUPPRESS, help="more logging (-vv: debug)")
+
+
+# --------------------------------------------------------------------------- types
+
+
+def _number(kind: Callable[[str], Any], what: str, ok: Callable[[Any], bool]) -> Callable[[str], Any]:
+    def parse(s: str) -> Any:
+        try:
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+        if (isinstance(v, float) and not math.isfinite(v)) or not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        return v
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+positive_int = _number(int, "an integer >= 1", lambda v: v >= 1)
+nonneg_int = _number(int, "an integer >= 0", lambda v: v >= 0)
+positive_float = _number(float, "a number > 0", lambda v: v > 0)
+nonneg_float = _number(float, "a number >= 0", lambda v: v >= 0)
+probability = _number(float, "a number in (0, 1]", lambda v: 0 < v <= 1)
+unit_interval = _number(float, "a number in [0, 1]", lambda v: 0 <= v <= 1)
+
+
+def method_names() -> list[str]:
+    from ..methods import METHODS
+
+    return list(METHODS)
+
+
+def codec_name(s: str) -> str:
+    """``--codec``: any name :func:`xcosd.codecs.get_codec` accepts."""
+    from ..codecs import get_codec
+    from ..errors import CodecError
+
+    try:
+        get_codec(s)
+    except CodecError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+    return s
+
+
+def method_list(s: str) -> list[str]:
+    """A comma-separated list of method names, each checked."""
+    names = [x.strip() for x in s.split(",") if x.strip()]
+    known = method_names()
+    bad = [x for x in names if x not in known]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown method {', '.join(map(repr, bad)) or repr(s)}; known: {', '.join(known)}")
+    return names
+
+
+def endpoint(s: str) -> str:
+    """``tcp://HOST:PORT`` (either transport) or ``ipc://PATH`` (ZeroMQ); checked here
+    because a malformed endpoint otherwise shows up as a connection that never comes."""
+    if s.startswith("ipc://") and len(s) > len("ipc://"):
+        return s
+    from ..errors import TransportError
+    from ..transport.tcp import parse_tcp_endpoint
+
+    try:
+        _, port = parse_tcp_endpoint(s)
+    except TransportError as e:
+        raise argparse.ArgumentTypeError(f"bad endpoint: {e.message}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"bad endpoint {s!r}: port out of range")
+    return s
+
+
+def existing_file(s: str) -> str:
+    if not Path(s).is_file():
+        raise argparse.ArgumentTypeError(f"file {s!r} does not exist")
+    return s
+
+
+# --------------------------------------------------------------------------- groups
+
+
+def add_generation_args(p: argparse.ArgumentParser, *, method: bool = True,
+                        method_options: bool = False, max_new_tokens: int = 64,
+                        seed: int | None = None, stop: bool = False) -> None:
+    """The settings of :class:`xcosd.config.GenerationConfig` (transformers' names)."""
+    from ..config import GenerationConfig
+
+    d = GenerationConfig()
+    if method:
+        p.add_argument("--method", default=d.method, choices=method_names(), metavar="METHOD",
+                       help="resampling method: %(choices)s")
+    p.add_argument("--codec", default=d.codec, type=codec_name,
+                   help="probability codec: f32, f16, bf16, q8, sparse, topk:K, each "
+                        "optionally +zstd")
+    p.add_argument("--draft-len", type=nonneg_int, default=d.draft_len,
+                   help="tokens drafted per round")
+    p.add_argument("--max-new-tokens", type=nonneg_int, default=max_new_tokens,
+                   help="target tokens per generation")
+    p.add_argument("--temperature", type=nonneg_float, default=d.temperature,
+                   help="sampling temperature (0: greedy)")
+    p.add_argument("--top-k", type=nonneg_int, default=d.top_k, help="top-k (0: off)")
+    p.add_argument("--top-p", type=probability, default=d.top_p, help="top-p (1: off)")
+    p.add_argument("--greedy", action="store_true",
+                   help="greedy decoding (transformers' do_sample=False)")
+    p.add_argument("--seed", type=nonneg_int, default=seed,
+                   help="seed (default: fresh entropy)" if seed is None else "seed")
+    if stop:
+        p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                       help="stop once the output contains TEXT (repeatable)")
+    if method_options:
+        p.add_argument("-K", type=positive_int, default=None,
+                       help="xcosd-e: candidates per round (default 20)")
+        p.add_argument("-M", type=positive_int, default=None,
+                       help="xcosd-e: candidate rounds before hybrid resampling (default 10)")
+        p.add_argument("--no-hr-presample", action="store_true",
+                       help="xcosd, xcosd-e: ask for the V_O sample with an extra round trip")
+        p.add_argument("--threshold", type=unit_interval, default=None,
+                       help="uhlm: uncertainty threshold (default 0.3)")
+
+
+def generation_config(args: argparse.Namespace, method: str | None = None) -> Any:
+    """The GenerationConfig the options describe (``method``: instead of ``--method``).
+
+    Raises UsageError for a combination GenerationConfig refuses (``-K`` with a
+    method that takes no K ...).
+    """
+    from ..config import GenerationConfig
+
+    kw: dict[str, Any] = {}
+    if getattr(args, "K", None) is not None:
+        kw["K"] = args.K
+    if getattr(args, "M", None) is not None:
+        kw["M"] = args.M
+    if getattr(args, "no_hr_presample", False):
+        kw["hr_presample"] = False
+    if getattr(args, "threshold", None) is not None:
+        kw["threshold"] = args.threshold
+    try:
+        return GenerationConfig(
+            method=method or args.method, codec=args.codec, draft_len=args.draft_len,
+            do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
+            top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+            stop_strings=tuple(getattr(args, "stop", None) or ()), seed=args.seed, **kw)
+    except ValueError as e:
+        raise UsageError(_option_names(str(e))) from None
+
+
+def _option_names(message: str) -> str:
+    """GenerationConfig speaks in field names; the user typed options."""
+    if "does not take" not in message:
+        return message
+    for field, opt in ((r"\bK\b", "-K"), (r"\bM\b", "-M"),
+                       (r"\bhr_presample\b", "--no-hr-presample"),
+                       (r"\bthreshold\b", "--threshold")):
+        message = re.sub(field, opt, message)
+    return message
+
+
+def add_link_args(p: argparse.ArgumentParser, *, mbps: float | None = None,
+                  rtt_ms: float = 0.0, what: str = "emulate") -> None:
+    """``--link-mbps`` / ``--link-rtt-ms``: the one pair of link flags of every command.
+
+    ``--link-rate-mbps`` and ``--rtt-ms`` (``bench load``'s old names) still work,
+    hidden from ``--help``.
+    """
+    p.add_argument("--link-mbps", type=positive_float, default=mbps,
+                   help=f"{what} a link of this rate, both directions (default: unlimited)"
+                   if mbps is None else f"{what} a link of this rate, both directions")
+    p.add_argument("--link-rate-mbps", dest="link_mbps", type=positive_float,
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--link-rtt-ms", type=nonneg_float, default=rtt_ms,
+                   help=f"{what} this round-trip time")
+    p.add_argument("--rtt-ms", dest="link_rtt_ms", type=nonneg_float,
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def link_from_args(args: argparse.Namespace) -> Any:
+    """The LinkSpec the link flags describe (``None``: no emulation)."""
+    if args.link_mbps is None and not args.link_rtt_ms:
+        return None
+    from ..transport import LinkSpec
+
+    rate = float("inf") if args.link_mbps is None else args.link_mbps * 1e6
+    return LinkSpec.of(up_bps=rate, down_bps=rate, rtt_s=args.link_rtt_ms / 1000)
+
+
+def add_loop_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--uvloop", action="store_true", help="run on uvloop")
+
+
+def add_transport_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--transport", choices=("zmq", "tcp"), default="zmq",
+                   help="ZeroMQ (CURVE capable) or raw TCP")
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_model(spec: str, what: str = "model") -> None:
+    """A model spec that cannot load fails here, before any other model loads."""
+    from ..errors import ModelError
+    from ..models.registry import check_spec
+
+    try:
+        check_spec(spec)
+    except ModelError as e:
+        raise UsageError(f"{what}: {e.message}") from None
+
+
+def check_curve_transport(args: argparse.Namespace, using_curve: bool) -> None:
+    if using_curve and args.transport != "zmq":
+        raise UsageError("CURVE encryption needs the zmq transport (not --transport "
+                         f"{args.transport})")
+
+
+def probe(endpoint_: str, timeout_s: float) -> None:
+    """Wait until something accepts TCP connections at ``endpoint_``, for up to
+    ``timeout_s`` seconds (a cloud still loading its model is waited for).
+
+    Done before the draft model loads, so a wrong address fails in seconds with a
+    reason instead of after a load and a handshake that never answers. ZeroMQ
+    accepts and drops a connection without a greeting, so the probe is harmless.
+    """
+    if not endpoint_.startswith("tcp://"):
+        return
+    from ..errors import TransportError
+    from ..transport.tcp import parse_tcp_endpoint
+
+    host, port = parse_tcp_endpoint(endpoint_)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.05, min(left, 2.0))):
+                return
+        except OSError as e:
+            if time.monotonic() + delay >= deadline:
+                reason = e.strerror or str(e) or type(e).__name__
+                raise TransportError(f"cannot reach the cloud at {endpoint_}: {reason} "
+                                     f"(tried for {timeout_s:g} s)", code="connect") from None
+        time.sleep(delay)
+        delay = min(0.5, delay * 2)
+
+
+def split(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
