@@ -2,9 +2,9 @@
 
     import xcosd
     async with xcosd.CloudNode(target=target_model, bind="tcp://127.0.0.1:5555") as cloud:
-        async with xcosd.EdgeNode(draft=draft_model, connect=cloud.endpoint,
-                                  method="xcosd-e", codec="f32") as edge:
-            res = await edge.generate("Once upon a time", max_new_tokens=64, seed=7)
+        async with xcosd.EdgeNode(draft=draft_model, connect=cloud.endpoint) as edge:
+            config = xcosd.GenerationConfig(method="xcosd-e", max_new_tokens=64, seed=7)
+            res = await edge.generate("Once upon a time", config=config)
 
 Names are imported lazily, so ``import xcosd`` stays cheap (no zmq, no models).
 """
@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "CloudNode": "xcosd.nodes",
     "EdgeNode": "xcosd.nodes",
+    "GenerationConfig": "xcosd.config",
     "GenerationResult": "xcosd.nodes",
     "GenerationStats": "xcosd.nodes",
     "SamplingParams": "xcosd.sampling",
@@ -43,6 +44,7 @@ _EXPORTS: dict[str, str] = {
 
 if TYPE_CHECKING:
     from .codecs import get_codec
+    from .config import GenerationConfig
     from .errors import BusyError, ProtocolError, TransportError, VocabError, XcosdError
     from .methods import LOSSLESS, METHODS, get_method
     from .models import default_pair, load_model
@@ -70,8 +72,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "LOSSLESS", "METHODS", "PROTOCOL_VERSION", "BusyError", "CloudNode", "CurveClient",
-    "CurveServer", "EdgeNode", "GenerationResult", "GenerationStats", "KeyPair", "LinkSpec",
-    "ProtocolError", "SamplingParams", "TransportError", "VocabError", "VocabMap",
+    "CurveServer", "EdgeNode", "GenerationConfig", "GenerationResult", "GenerationStats",
+    "KeyPair", "LinkSpec", "ProtocolError", "SamplingParams", "TransportError", "VocabError", "VocabMap",
     "Vocabulary", "XcosdError", "__version__", "default_pair", "get_codec", "get_method",
     "load_model",
 ]
