@@ -11,7 +11,8 @@ import pytest
 import xcosd
 from xcosd.config import GenerationConfig
 from xcosd.models import TableModel
-from xcosd.protocol.messages import Open
+from xcosd.nodes.pump import Pump
+from xcosd.protocol.messages import Error, Open, Opened
 
 from .session_pairs import TARGET_EOS, greedy_decode, pair
 
@@ -79,6 +80,22 @@ def test_open_carries_prompt_ids_on_the_wire() -> None:
         Open.from_wire({**h, "prompt": "ab"}, bufs)
     with pytest.raises(xcosd.ProtocolError, match="buffers"):
         Open.from_wire(h, bufs[:1])
+
+
+def test_cloud_takes_prompt_ids_as_the_context_and_checks_them() -> None:
+    link = Pump(*pair())
+    fp = link.session("xcosd", prompt="").open().map_fp
+
+    def open_with(s: int, ids: list[int]) -> object:
+        (reply,) = link.to_cloud(Open(s, 0, fp, "xcosd", "f32", {}, 1.0, 0, 1.0, 1, "", 4,
+                                      prompt_ids=np.array(ids, dtype=np.int64)))
+        return reply
+
+    opened = open_with(1, [0, 1, 2])
+    assert isinstance(opened, Opened) and opened.prompt_tokens == 3  # untokenised
+    assert link.cloud.sessions[1].start_ids == [0, 1, 2]
+    refused = open_with(2, [0, 9])  # the target has 9 ids: 0..8
+    assert isinstance(refused, Error) and refused.code == "bad_token"
 
 
 async def test_config_and_transformers_names_agree(
