@@ -505,9 +505,9 @@ class EdgeNode:
         # text of those target ids (the cloud gets the ids themselves, see _open)
         text = (vmap.target.decode(ids.tolist()).decode("utf-8", errors="replace")
                 if ids is not None else str(prompt))
+        self._drafters[s] = Drafter(self.draft, vmap, params, text)
         return EdgeSession(
             s, method=m, vmap=vmap, space=self._space,
-        self._drafters[s] = Drafter(self.draft, vmap, params, text)
             prompt="" if ids is not None else text,
             max_new_tokens=cfg.max_new_tokens, params=params, stop_ids=welcome.stop_ids,
             draft_len=cfg.draft_len, max_draft=welcome.limits.max_draft, seed=cfg.seed)
