@@ -10,10 +10,8 @@ Prints a table and writes ``bench/out/models.json``:
   ms per verification of ``d + 1`` positions (one ``score([(s, d drafts)])`` and
   the rollback a rejection costs);
 * acceptance of the default pair under method ``xcosd`` at T=1, d=4, measured on
-  text the target generates itself: drafts are drawn autoregressively from the
-  draft model restricted to V_C, verified against the target's rows, and rejections
-  resolved by the method's own server and device halves, exactly as
-  :func:`xcosd.simulate.simulate_round` composes them.
+  text the target generates itself: whole generations through the real edge and
+  cloud state machines, in process (:class:`xcosd.nodes.pump.Pump`).
 """
 
 from __future__ import annotations
@@ -30,9 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from xcosd.methods import DeviceState, Method, RejectState, Request, Space, Verdict, get_method
-from xcosd.models import LanguageModel, Session
-from xcosd.sampling import sample_index
+from xcosd.models import LanguageModel
+from xcosd.nodes.pump import Pump
 from xcosd.vocab import VocabMap
 
 D = 4
@@ -58,83 +55,29 @@ class Acceptance:
         return 1 + self.accepted / max(1, self.rounds)
 
 
-def _to_draft_ids(t: int, vmap: VocabMap) -> list[int]:
-    """A committed target token as draft tokens: its V_C twin, or its bytes re-split."""
-    d = int(vmap.target_to_draft[t])
-    if d >= 0:
-        return [d]
-    return vmap.draft.encode_bytes(vmap.target.token_bytes(t))
-
-
-def _round(method: Method, draft: LanguageModel, target: LanguageModel, ds: Session, ts: Session,
-           vmap: VocabMap, space: Space, d: int, rng: np.random.Generator) -> tuple[list[int], int]:
-    """One round: draft ``d`` tokens, verify, resolve. Returns (new target tokens, accepted)."""
-    dbase, tbase = len(ds.ids), len(ts.ids)
-    ids: list[int] = []
-    q_raw: list[np.ndarray] = []
-    q_rows: list[np.ndarray] = []
-    for _ in range(d):
-        row = draft.score([(ds, [])])[0][0]
-        q = vmap.draft_to_target_probs(row)[space.common_ids]
-        qr = method.draft_row(q)
-        tid = int(space.common_ids[sample_index(qr, rng)])
-        ids.append(tid)
-        q_raw.append(q)
-        q_rows.append(qr)
-        draft.append(ds, [int(vmap.target_to_draft[tid])])
-    arr = np.array(ids, dtype=np.int64)
-    msg = method.draft_message(arr, q_raw, space)
-    tp = target.score([(ts, ids)])[0]
-    p_star = np.stack([method.commit_row(tp[i], space) for i in range(d + 1)])
-    n = method.verify(p_star, msg, space, rng)
-    if n == d:
-        out = [*ids, Verdict(n, method.bonus(p_star[d], rng)).reply.token]  # type: ignore[union-attr]
-    else:
-        state = RejectState(p_raw=tp[n], p_star=p_star[n], rejected=ids[n],
-                            q_common=method.server_q(msg, n, space))
-        reply = method.on_reject(state, space, rng)
-        dev = DeviceState(q_common=q_rows[n], rejected=ids[n])
-        res = method.resolve(reply, dev, space, rng)
-        while isinstance(res, Request):
-            res = method.resolve(method.on_request(state, res, space, rng), dev, space, rng)
-        out = [*ids[:n], int(res)]
-    target.rollback(ts, tbase + n)
-    target.append(ts, out[n:])
-    draft.rollback(ds, dbase + n)
-    draft.append(ds, _to_draft_ids(out[n], vmap))
-    return out, n
-
-
 def measure_acceptance(draft: LanguageModel, target: LanguageModel, *, rounds: int = 400,
                        d: int = D, method: str = "xcosd", seed: int = 0,
                        max_len: int = 120) -> Acceptance:
-    """Acceptance of ``draft`` for ``target`` over ``rounds`` rounds of generation from
-    empty prompts (a new text starts at EOS or after ``max_len`` tokens)."""
-    vmap = VocabMap(draft.vocab, target.vocab)
-    space = Space.from_vocab_map(vmap)
-    m = get_method(method)
-    rng = np.random.default_rng(seed)
-    eos = target.vocab.roles.get("eos")
+    """Acceptance of ``draft`` for ``target`` over at least ``rounds`` rounds: whole
+    generations from empty prompts (each ends at EOS or after ``max_len`` tokens)
+    through the real state machines in process (:class:`~xcosd.nodes.pump.Pump`)."""
+    pump = Pump(target, draft)
     acc = Acceptance()
-    ds, ts = draft.start([]), target.start([])
-    text: list[int] = []
+    other = pump.vmap.other_mask
+    i = 0
     while acc.rounds < rounds:
-        out, n = _round(m, draft, target, ds, ts, vmap, space, d, rng)
-        acc.rounds += 1
-        acc.drafted += d
-        acc.accepted += n
-        acc.tokens += len(out)
-        acc.other_tokens += sum(1 for t in out if vmap.other_mask[t])
-        if n < d and vmap.other_mask[out[n]]:
-            acc.other_resolved += 1
-        text.extend(out)
-        if (eos is not None and eos in out) or len(ts.ids) >= max_len:
-            if len(acc.samples) < 3:
-                acc.samples.append(target.vocab.decode(text).decode("utf-8", "replace")[:160])
-            draft.end(ds)
-            target.end(ts)
-            ds, ts = draft.start([]), target.start([])
-            text = []
+        g = pump.generate(method, prompt="", max_new_tokens=max_len, draft_len=d,
+                          seed=seed * 100_003 + i)
+        i += 1
+        st = g.stats
+        acc.rounds += st.rounds
+        acc.drafted += st.drafted
+        acc.accepted += st.accepted
+        acc.tokens += st.tokens
+        acc.other_tokens += sum(1 for t in g.token_ids if other[t])
+        acc.other_resolved += sum(1 for t in g.resolved if other[t])
+        if len(acc.samples) < 3:
+            acc.samples.append(g.text[:160])
     return acc
 
 

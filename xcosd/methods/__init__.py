@@ -20,6 +20,7 @@ from .base import (
     RejectState,
     Reply,
     Request,
+    RequestKind,
     Space,
     TokenReply,
     Verdict,
@@ -54,6 +55,6 @@ def get_method(name: str, codec: Codec | str | None = None, **options: Any) -> M
 
 __all__ = [
     "LOSSLESS", "LOSSY", "METHODS", "CandidatesReply", "DeviceState", "Draft",
-    "FullVectorReply", "HybridReply", "Method", "RejectState", "Reply", "Request", "Space",
+    "FullVectorReply", "HybridReply", "Method", "RejectState", "Reply", "Request", "RequestKind", "Space",
     "TokenReply", "Verdict", "get_method", "verify",
 ]

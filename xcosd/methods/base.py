@@ -17,6 +17,7 @@ vectors on the server are over all target ids. :class:`Space` converts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -155,19 +156,31 @@ class CandidatesReply:
 Reply = TokenReply | FullVectorReply | HybridReply | CandidatesReply
 
 
+class RequestKind(StrEnum):
+    """The follow-ups a device may ask for after a rejection."""
+
+    #: more candidates (SR-DV)
+    MORE = "more"
+    #: the HR payload instead (SR-DV after ``M`` candidate rounds)
+    FALLBACK = "fallback"
+    #: one sample from ``p_j`` restricted to V_O (HR when the coin picks V_O)
+    OTHER = "other"
+
+
 @dataclass(frozen=True)
 class Request:
     """A device's follow-up after a rejection: ``more`` candidates (SR-DV), the HR
     ``fallback`` payload (SR-DV after ``M`` rounds), or an ``other`` sample (the
     paper's HR variant, when the coin picks V_O)."""
 
-    kind: str  # "more" | "fallback" | "other"
+    kind: RequestKind
 
-    KINDS: ClassVar[tuple[str, ...]] = ("more", "fallback", "other")
+    KINDS: ClassVar[tuple[RequestKind, ...]] = tuple(RequestKind)
 
     def __post_init__(self) -> None:
         if self.kind not in self.KINDS:
             raise ProtocolError(f"unknown follow-up request {self.kind!r}", code="bad_message")
+        object.__setattr__(self, "kind", RequestKind(self.kind))  # a plain string is typed
 
     def nbytes(self) -> int:
         return 1

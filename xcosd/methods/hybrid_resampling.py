@@ -26,6 +26,7 @@ from .base import (
     RejectState,
     Reply,
     Request,
+    RequestKind,
     Space,
     TokenReply,
 )
@@ -60,7 +61,7 @@ def hybrid_resolve(codec: Codec, reply: HybridReply, state: DeviceState, space: 
         return int(space.common_ids[sample_index(resid, rng)])
     if reply.other_token is not None:
         return int(reply.other_token)
-    return Request("other")
+    return Request(RequestKind.OTHER)
 
 
 class HybridResampling(Method):

@@ -29,6 +29,7 @@ from .base import (
     RejectState,
     Reply,
     Request,
+    RequestKind,
     Space,
     TokenReply,
 )
@@ -99,9 +100,9 @@ class SrDv(Method):
                 return int(reply.ids[hits[0]])
             state.trials += k
             if state.candidate_rounds < self.M:
-                return Request("more")
+                return Request(RequestKind.MORE)
             state.fallbacks += 1
-            return Request("fallback")
+            return Request(RequestKind.FALLBACK)
         if isinstance(reply, HybridReply):
             return hybrid_resolve(self.codec, reply, state, space, rng)
         return super().resolve(reply, state, space, rng)

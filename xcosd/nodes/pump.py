@@ -35,6 +35,7 @@ from ..protocol import (
     RoundSettled,
     ScoreNeeded,
     ServerLimits,
+    TokensEmitted,
     pack,
     unpack,
 )
@@ -61,6 +62,8 @@ class Generation:
     stats: GenerationStats
     #: every message in order: (direction, wire bytes), for the link model
     trace: list[tuple[str, int]] = field(default_factory=list)
+    #: the token each rejection was resolved to, in order
+    resolved: list[int] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:
@@ -103,6 +106,7 @@ class Pump:
         self.drafters: dict[int, Drafter] = {}
         self._stats = GenerationStats()
         self._trace: list[tuple[str, int]] = []
+        self._resolved: list[int] = []
         self._next = 0
         pending = self.to_cloud(self.handshake.hello())
         while pending:
@@ -186,15 +190,21 @@ class Pump:
         t0 = time.perf_counter()
         out = es.receive(msg)
         self._stats.draft_compute_s += time.perf_counter() - t0
+        emitted: list[int] = []
         for ev in out.events:
-            if isinstance(ev, RoundSettled):
+            if isinstance(ev, TokensEmitted):
+                emitted = ev.token_ids
+            elif isinstance(ev, RoundSettled):
                 self._stats.settle(ev)
+                if ev.accepted < ev.drafted and len(emitted) > ev.accepted:
+                    self._resolved.append(emitted[ev.accepted])
         return list(out.send)
 
     def drive(self, es: EdgeSession) -> Generation:
         """Open ``es``, run it to its end, close it."""
         st = self._stats = GenerationStats(method=es.method.name, codec=es.method.codec.name)
         trace = self._trace = []
+        resolved = self._resolved = []
         for reply in self.to_cloud(es.open()):
             self.receive(es, reply)
         while not es.done:
@@ -210,7 +220,7 @@ class Pump:
         self.drafters.pop(es.s).end()
         st.tokens = len(es.token_ids)
         st.finish_reason = es.finish_reason or ""
-        return Generation(es, st, trace)
+        return Generation(es, st, trace, resolved)
 
     def generate(self, method: str = "xcosd-e", **kw: Any) -> Generation:
         """One whole generation (:meth:`session`'s arguments)."""

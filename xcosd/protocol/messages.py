@@ -6,15 +6,21 @@ int32, probabilities as little-endian float32, codec payloads as the codec wrote
 them. Arrays never go element by element into msgpack: a 4-token draft costs 32
 bytes of buffers, not a msgpack list per value.
 
-Each message type is a frozen dataclass with ``to_wire() -> (header, buffers)``;
-:func:`from_wire` turns a decoded header and its buffers back into one, checking
-every field's type and every buffer's length. Anything malformed raises
-:class:`~xcosd.errors.ProtocolError` with a typed ``code`` (see
-:mod:`xcosd.protocol.errors`), so a hostile or broken peer gets a precise error and
-never a crash. Checks that need session knowledge (is this id inside the target
-vocabulary, is this round the current one) are the state machines' job.
+Each message type is a frozen dataclass that declares its header keys
+(``FIELDS``, a table of :class:`~xcosd.protocol.fields.Field`: attribute, wire
+key, type, bounds) and its buffers (``BUFFERS``); :class:`Message` encodes and
+decodes every message from those tables, checking every field's type and range
+and every buffer's length, so a bound is written once. The few parts whose shape
+depends on other fields (a draft's optional mask and vectors, a reply's payload
+kind, an open's prompt ids) are the ``_extra_*`` hooks of their messages.
+Anything malformed raises :class:`~xcosd.errors.ProtocolError` with a typed
+``code`` (see :mod:`xcosd.protocol.errors`), so a hostile or broken peer gets a
+precise error and never a crash. Checks that need session knowledge (is this id
+inside the target vocabulary, is this round the current one) are the state
+machines' job.
 
-The byte layout of every message is tabulated in ``docs/PROTOCOL.md``.
+The byte layout of every message is tabulated in ``docs/PROTOCOL.md``;
+``tests/test_wire_golden.py`` pins the bytes.
 """
 
 from __future__ import annotations
@@ -22,18 +28,47 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import ProtocolError
+from ..errors import ErrorCode, ProtocolError
 from ..methods.base import (
     CandidatesReply,
     Draft,
     FullVectorReply,
     HybridReply,
     Reply,
+    RequestKind,
     TokenReply,
+)
+from .fields import (
+    MAX_IDS,
+    MAX_NAME,
+    TOKEN_MAX,
+    Buf,
+    Buffers,
+    BufKind,
+    Field,
+    Header,
+    Kind,
+    bad,
+    bytes_to_f32,
+    bytes_to_ids,
+    check_count,
+    check_probs,
+    decode_buffers,
+    decode_fields,
+    encode_buffers,
+    encode_fields,
+    f32_to_bytes,
+    ids_to_bytes,
+    omit_falsy,
+    omit_none,
+    read_bool,
+    read_int,
+    read_str,
 )
 
 #: Version of the message set; a peer speaking another one is refused (code ``version``).
@@ -41,9 +76,7 @@ PROTOCOL_VERSION = 1
 
 #: Bounds on header fields, so a hostile header cannot make us allocate much.
 MAX_TEXT = 1 << 20  # prompt text, bytes of UTF-8
-MAX_NAME = 128  # method / codec / node names
 MAX_MESSAGE = 4096  # human-readable error text
-MAX_IDS = 1 << 22  # resume ids, V_C arrays
 MAX_BUFFERS = 4096
 MAX_OPTIONS = 16
 MAX_DRAFT = 1 << 16  # drafted ids per round (and accepted ones in a verdict)
@@ -57,130 +90,57 @@ MAX_PIECE = 4096  # bytes of one V_O token's spelling
 #: tell which session they belong to.
 MAX_HEADER_BYTES = MAX_TEXT + (64 << 10)
 
-Header = dict[str, Any]
-Buffers = list[bytes]
-
-
-def _bad(what: str, code: str = "bad_field") -> ProtocolError:
-    return ProtocolError(what, code=code)
-
-
-# ------------------------------------------------------------------ field readers
-
-
-def _get(h: Mapping[str, Any], key: str, t: str) -> Any:
-    try:
-        return h[key]
-    except KeyError:
-        raise _bad(f"{t}: missing field {key!r}") from None
-
-
-def _int(h: Mapping[str, Any], key: str, t: str, lo: int = 0, hi: int = (1 << 63) - 1,
-         optional: bool = False) -> Any:
-    if optional and h.get(key) is None:
-        return None
-    v = _get(h, key, t)
-    if type(v) is not int:  # bool is an int subclass: refuse it too
-        raise _bad(f"{t}: field {key!r} must be an integer, got {type(v).__name__}")
-    if not lo <= v <= hi:
-        raise _bad(f"{t}: field {key!r} = {v} outside {lo}..{hi}")
-    return v
-
-
-def _float(h: Mapping[str, Any], key: str, t: str, lo: float = -math.inf,
-           hi: float = math.inf) -> float:
-    v = _get(h, key, t)
-    if type(v) not in (int, float):
-        raise _bad(f"{t}: field {key!r} must be a number, got {type(v).__name__}")
-    f = float(v)
-    if not (math.isfinite(f) and lo <= f <= hi):
-        raise _bad(f"{t}: field {key!r} = {v!r} outside [{lo}, {hi}]")
-    return f
-
-
-def _str(h: Mapping[str, Any], key: str, t: str, maxlen: int = MAX_NAME,
-         optional: bool = False) -> Any:
-    if optional and h.get(key) is None:
-        return None
-    v = _get(h, key, t)
-    if not isinstance(v, str):
-        raise _bad(f"{t}: field {key!r} must be a string, got {type(v).__name__}")
-    if len(v) > maxlen:
-        raise _bad(f"{t}: field {key!r} longer than {maxlen}")
-    return v
-
-
-def _text(h: Mapping[str, Any], key: str, t: str, max_bytes: int) -> str:
-    """A string bounded in UTF-8 bytes (what it costs on the wire), not characters."""
-    v: str = _str(h, key, t, max_bytes)  # characters <= bytes: a cheap first cut
-    if len(v) * 4 > max_bytes and len(v.encode()) > max_bytes:
-        raise _bad(f"{t}: field {key!r} longer than {max_bytes} bytes of UTF-8")
-    return v
-
-
-def _bool(h: Mapping[str, Any], key: str, t: str, default: bool | None = None) -> bool:
-    if default is not None and key not in h:
-        return default
-    v = _get(h, key, t)
-    if not isinstance(v, bool):
-        raise _bad(f"{t}: field {key!r} must be a boolean, got {type(v).__name__}")
-    return v
-
-
-def _nbuf(buffers: Sequence[bytes], n: int, t: str) -> None:
-    if len(buffers) != n:
-        raise _bad(f"{t}: expected {n} buffers, got {len(buffers)}")
-
-
-def ids_to_bytes(ids: Any) -> bytes:
-    """Token ids as little-endian int32 bytes."""
-    return np.ascontiguousarray(np.asarray(ids, dtype=np.int64), dtype="<i4").tobytes()
-
-
-def bytes_to_ids(buf: bytes, t: str, what: str = "ids", n: int | None = None,
-                 max_n: int = MAX_IDS) -> np.ndarray:
-    """Little-endian int32 bytes -> int64 ids (checked length, never negative)."""
-    if len(buf) % 4:
-        raise _bad(f"{t}: {what} buffer of {len(buf)} bytes is not a whole number of int32")
-    k = len(buf) // 4
-    if (n is not None and k != n) or k > max_n:
-        raise _bad(f"{t}: {what} has {k} values, expected {n if n is not None else f'<= {max_n}'}")
-    a = np.frombuffer(buf, dtype="<i4").astype(np.int64)
-    if k and int(a.min()) < 0:
-        raise _bad(f"{t}: {what} contains a negative id", code="bad_token")
-    return a
-
-
-def bytes_to_f32(buf: bytes, t: str, what: str, n: int) -> np.ndarray:
-    """Little-endian float32 bytes -> float32 array of exactly ``n`` values."""
-    if len(buf) != 4 * n:
-        raise _bad(f"{t}: {what} has {len(buf)} bytes, expected {4 * n}")
-    return np.frombuffer(buf, dtype="<f4").astype(np.float32)
-
-
-def check_probs(v: np.ndarray, t: str, what: str) -> None:
-    """Probability values must be finite and in [0, 1] (``bad_vector`` otherwise)."""
-    if v.size and not (np.all(np.isfinite(v)) and float(v.min()) >= 0.0
-                       and float(v.max()) <= 1.0 + 1e-6):
-        raise ProtocolError(f"{t}: {what} contains NaN, negative or >1 values",
-                            code="bad_vector")
-
 
 # ----------------------------------------------------------------- base class
 
 
 @dataclass(frozen=True)
 class Message:
-    """A protocol message. ``TYPE`` is its header tag ``"t"``."""
+    """A protocol message. ``TYPE`` is its header tag ``"t"``; ``FIELDS`` and
+    ``BUFFERS`` declare its wire form."""
 
     TYPE: ClassVar[str] = ""
+    FIELDS: ClassVar[tuple[Field, ...]] = ()
+    BUFFERS: ClassVar[tuple[Buf, ...]] = ()
 
     def to_wire(self) -> tuple[Header, Buffers]:
-        raise NotImplementedError
+        """``(header, buffers)``: ``"t"``, then the fields in table order."""
+        h: Header = {"t": self.TYPE, **encode_fields(self, self.FIELDS)}
+        bufs = encode_buffers(self, self.BUFFERS)
+        bufs.extend(self._extra_to_wire(h))
+        return h, bufs
 
     @classmethod
     def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> Message:
-        raise NotImplementedError
+        """The message ``h`` and ``buffers`` describe, every field checked."""
+        t = cls.TYPE
+        n = cls._buffer_count(h, t)
+        if n is not None:
+            check_count(buffers, n, t)
+        kw = decode_fields(h, cls.FIELDS, t)
+        kw.update(decode_buffers(buffers, cls.BUFFERS, t))
+        kw.update(cls._extra_from_wire(h, buffers, t, kw))
+        return cls(**kw)
+
+    # hooks for the parts whose shape depends on other fields
+
+    def _extra_to_wire(self, h: Header) -> Buffers:
+        """Add header keys after the table's; return buffers after ``BUFFERS``."""
+        return []
+
+    @classmethod
+    def _buffer_count(cls, h: Mapping[str, Any], t: str) -> int | None:
+        """How many buffers ``h`` announces (``None``: the hook checks)."""
+        return len(cls.BUFFERS)
+
+    @classmethod
+    def _extra_from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes], t: str,
+                         kw: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+#: the session id, first field of every session message
+S = Field("s", "s", Kind.INT)
 
 
 @dataclass(frozen=True)
@@ -203,29 +163,31 @@ class Hello(Message):
     """
 
     TYPE: ClassVar[str] = "hello"
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("version", "v", Kind.INT, hi=1 << 31),
+        Field("node", "node", Kind.STR),
+        Field("target_fp", "tfp", Kind.STR, nullable=True),
+        Field("map_fp", "mfp", Kind.STR, nullable=True),
+        Field("want_vocab", "vocab", Kind.BOOL, default=False),
+    )
     version: int = PROTOCOL_VERSION
     node: str = ""
     target_fp: str | None = None
     map_fp: str | None = None
     want_vocab: bool = False
 
-    def to_wire(self) -> tuple[Header, Buffers]:
-        return {"t": self.TYPE, "v": self.version, "node": self.node, "tfp": self.target_fp,
-                "mfp": self.map_fp, "vocab": self.want_vocab}, []
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> Hello:
-        t = cls.TYPE
-        _nbuf(buffers, 0, t)
-        v = _int(h, "v", t, 0, 1 << 31)
-        return cls(v, _str(h, "node", t), _str(h, "tfp", t, optional=True),
-                   _str(h, "mfp", t, optional=True), _bool(h, "vocab", t, False))
-
 
 @dataclass(frozen=True)
 class ServerLimits:
     """What the cloud accepts; sent in :class:`Welcome` so the edge can comply."""
 
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("max_message", "msg", Kind.INT, lo=1),
+        Field("max_sessions", "sess", Kind.INT),
+        Field("max_draft", "draft", Kind.INT, hi=MAX_DRAFT),
+        Field("heartbeat_s", "hb", Kind.FLOAT, lo=0.0, hi=math.inf),
+        Field("timeout_s", "to", Kind.FLOAT, lo=0.0, hi=math.inf),
+    )
     max_message: int
     max_sessions: int
     max_draft: int
@@ -233,15 +195,13 @@ class ServerLimits:
     timeout_s: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"msg": self.max_message, "sess": self.max_sessions, "draft": self.max_draft,
-                "hb": self.heartbeat_s, "to": self.timeout_s}
+        return encode_fields(self, self.FIELDS)
 
     @classmethod
     def from_dict(cls, d: Any, t: str) -> ServerLimits:
         if not isinstance(d, dict):
-            raise _bad(f"{t}: limits must be a map")
-        return cls(_int(d, "msg", t, 1), _int(d, "sess", t, 0), _int(d, "draft", t, 0, MAX_DRAFT),
-                   _float(d, "hb", t, 0.0), _float(d, "to", t, 0.0))
+            raise bad(f"{t}: limits must be a map")
+        return cls(**decode_fields(d, cls.FIELDS, t))
 
 
 @dataclass(frozen=True)
@@ -253,6 +213,16 @@ class Welcome(Message):
     """
 
     TYPE: ClassVar[str] = "welcome"
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("version", "v", Kind.INT, hi=1 << 31),
+        Field("server_id", "sid", Kind.STR),
+        Field("target_name", "tname", Kind.STR),
+        Field("target_fp", "tfp", Kind.STR),
+        Field("target_size", "tsize", Kind.INT, lo=1, hi=1 << 31),
+        Field("stop_ids", "stop", Kind.INTS, size=MAX_STOP),
+        Field("limits", "lim", Kind.NESTED, nested=ServerLimits),
+        Field("map_known", "map", Kind.BOOL),
+    )
     version: int
     server_id: str
     target_name: str
@@ -262,38 +232,12 @@ class Welcome(Message):
     limits: ServerLimits
     map_known: bool
 
-    def to_wire(self) -> tuple[Header, Buffers]:
-        return {"t": self.TYPE, "v": self.version, "sid": self.server_id,
-                "tname": self.target_name, "tfp": self.target_fp, "tsize": self.target_size,
-                "stop": list(self.stop_ids), "lim": self.limits.to_dict(),
-                "map": self.map_known}, []
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> Welcome:
-        t = cls.TYPE
-        _nbuf(buffers, 0, t)
-        stop = _get(h, "stop", t)
-        if (not isinstance(stop, list) or not all(type(x) is int for x in stop)
-                or len(stop) > MAX_STOP):
-            raise _bad(f"{t}: stop must be a list of integers")
-        return cls(_int(h, "v", t, 0, 1 << 31), _str(h, "sid", t), _str(h, "tname", t),
-                   _str(h, "tfp", t), _int(h, "tsize", t, 1, 1 << 31), tuple(stop),
-                   ServerLimits.from_dict(_get(h, "lim", t), t), _bool(h, "map", t))
-
 
 @dataclass(frozen=True)
 class VocabRequest(Message):
     """Edge -> cloud: send me the target vocabulary (once per connection, if needed)."""
 
     TYPE: ClassVar[str] = "vocab_get"
-
-    def to_wire(self) -> tuple[Header, Buffers]:
-        return {"t": self.TYPE}, []
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> VocabRequest:
-        _nbuf(buffers, 0, cls.TYPE)
-        return cls()
 
 
 @dataclass(frozen=True)
@@ -306,6 +250,14 @@ class VocabTable(Message):
     """
 
     TYPE: ClassVar[str] = "vocab"
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("name", "name", Kind.STR),
+        Field("fingerprint", "fp", Kind.STR),
+        Field("roles", "roles", Kind.ROLES),
+        Field("compressed", "z", Kind.BOOL, default=True),
+    )
+    BUFFERS: ClassVar[tuple[Buf, ...]] = (
+        Buf("kinds", BufKind.RAW), Buf("lengths", BufKind.RAW), Buf("blob", BufKind.RAW))
     name: str
     fingerprint: str
     roles: dict[str, int]
@@ -313,22 +265,6 @@ class VocabTable(Message):
     lengths: bytes
     blob: bytes
     compressed: bool = True
-
-    def to_wire(self) -> tuple[Header, Buffers]:
-        return ({"t": self.TYPE, "name": self.name, "fp": self.fingerprint,
-                 "roles": dict(self.roles), "z": self.compressed},
-                [self.kinds, self.lengths, self.blob])
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> VocabTable:
-        t = cls.TYPE
-        _nbuf(buffers, 3, t)
-        roles = _get(h, "roles", t)
-        if not isinstance(roles, dict) or not all(
-                isinstance(k, str) and type(v) is int for k, v in roles.items()):
-            raise _bad(f"{t}: roles must map strings to ids")
-        return cls(_str(h, "name", t), _str(h, "fp", t), dict(roles), bytes(buffers[0]),
-                   bytes(buffers[1]), bytes(buffers[2]), _bool(h, "z", t, True))
 
 
 @dataclass(frozen=True, eq=False)
@@ -338,36 +274,26 @@ class VocabMapUpload(Message):
     fingerprint from the arrays and refuses a mismatch."""
 
     TYPE: ClassVar[str] = "vmap"
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("fingerprint", "fp", Kind.STR),
+        Field("draft_size", "dsize", Kind.INT, lo=1, hi=1 << 31),
+    )
+    BUFFERS: ClassVar[tuple[Buf, ...]] = (
+        Buf("common_target_ids", BufKind.IDS, "common target ids"),
+        Buf("common_draft_ids", BufKind.IDS, "common draft ids",
+            same_len_as="common_target_ids"),
+    )
     fingerprint: str
     draft_size: int
     common_target_ids: np.ndarray
     common_draft_ids: np.ndarray
 
-    def to_wire(self) -> tuple[Header, Buffers]:
-        return ({"t": self.TYPE, "fp": self.fingerprint, "dsize": self.draft_size},
-                [ids_to_bytes(self.common_target_ids), ids_to_bytes(self.common_draft_ids)])
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> VocabMapUpload:
-        t = cls.TYPE
-        _nbuf(buffers, 2, t)
-        ct = bytes_to_ids(buffers[0], t, "common target ids")
-        cd = bytes_to_ids(buffers[1], t, "common draft ids", n=ct.shape[0])
-        return cls(_str(h, "fp", t), _int(h, "dsize", t, 1, 1 << 31), ct, cd)
-
 
 @dataclass(frozen=True)
 class VocabMapAccepted(Message):
     TYPE: ClassVar[str] = "vmap_ok"
+    FIELDS: ClassVar[tuple[Field, ...]] = (Field("fingerprint", "fp", Kind.STR),)
     fingerprint: str
-
-    def to_wire(self) -> tuple[Header, Buffers]:
-        return {"t": self.TYPE, "fp": self.fingerprint}, []
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> VocabMapAccepted:
-        _nbuf(buffers, 0, cls.TYPE)
-        return cls(_str(h, "fp", cls.TYPE))
 
 
 @dataclass(frozen=True)
@@ -375,29 +301,21 @@ class Ping(Message):
     """Heartbeat; either side may send it, the other answers :class:`Pong`."""
 
     TYPE: ClassVar[str] = "ping"
+    FIELDS: ClassVar[tuple[Field, ...]] = (Field("n", "n", Kind.INT),)
     n: int = 0
-
-    def to_wire(self) -> tuple[Header, Buffers]:
-        return {"t": self.TYPE, "n": self.n}, []
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> Ping:
-        _nbuf(buffers, 0, cls.TYPE)
-        return cls(_int(h, "n", cls.TYPE))
 
 
 @dataclass(frozen=True)
 class Pong(Message):
     TYPE: ClassVar[str] = "pong"
+    FIELDS: ClassVar[tuple[Field, ...]] = (Field("n", "n", Kind.INT),)
     n: int = 0
 
-    def to_wire(self) -> tuple[Header, Buffers]:
-        return {"t": self.TYPE, "n": self.n}, []
 
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> Pong:
-        _nbuf(buffers, 0, cls.TYPE)
-        return cls(_int(h, "n", cls.TYPE))
+def _known_code(code: str) -> ErrorCode | str:
+    """A received code as its enum member; one this side does not know (a newer
+    peer) stays a string and becomes a ``protocol`` error that names it."""
+    return ErrorCode(code) if code in ErrorCode.__members__.values() else code
 
 
 @dataclass(frozen=True)
@@ -406,25 +324,17 @@ class Error(Message):
     and the session ``s`` / round ``r`` it concerns when there is one."""
 
     TYPE: ClassVar[str] = "error"
-    code: str
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("code", "code", Kind.STR, from_wire=_known_code),
+        Field("message", "msg", Kind.STR, size=MAX_MESSAGE,
+              to_wire=lambda m: m[:MAX_MESSAGE]),
+        Field("s", "s", Kind.INT, nullable=True, omit=omit_none),
+        Field("r", "r", Kind.INT, nullable=True, omit=omit_none),
+    )
+    code: ErrorCode | str
     message: str
     s: int | None = None
     r: int | None = None
-
-    def to_wire(self) -> tuple[Header, Buffers]:
-        h: Header = {"t": self.TYPE, "code": self.code, "msg": self.message[:MAX_MESSAGE]}
-        if self.s is not None:
-            h["s"] = self.s
-        if self.r is not None:
-            h["r"] = self.r
-        return h, []
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> Error:
-        t = cls.TYPE
-        _nbuf(buffers, 0, t)
-        return cls(_str(h, "code", t), _str(h, "msg", t, MAX_MESSAGE),
-                   _int(h, "s", t, optional=True), _int(h, "r", t, optional=True))
 
 
 # ---------------------------------------------------------------- session level
@@ -449,6 +359,21 @@ class Open(SessionMessage):
     """
 
     TYPE: ClassVar[str] = "open"
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        S,
+        Field("seq", "seq", Kind.INT),
+        Field("map_fp", "fp", Kind.STR),
+        Field("method", "m", Kind.STR),
+        Field("codec", "c", Kind.STR),
+        Field("options", "o", Kind.OPTIONS, size=MAX_OPTIONS),
+        Field("temperature", "T", Kind.FLOAT, lo=0.0, hi=1e6, to_wire=float),
+        Field("top_k", "k", Kind.INT, hi=1 << 31),
+        Field("top_p", "p", Kind.FLOAT, lo=0.0, hi=1.0, to_wire=float),
+        Field("seed", "seed", Kind.INT, hi=(1 << 64) - 1, nullable=True),
+        Field("prompt", "prompt", Kind.TEXT, size=MAX_TEXT),
+        Field("max_new_tokens", "max", Kind.INT, hi=1 << 31),
+    )
+    BUFFERS: ClassVar[tuple[Buf, ...]] = (Buf("resume", BufKind.IDS, "resume ids"),)
     seq: int
     map_fp: str
     method: str
@@ -463,40 +388,27 @@ class Open(SessionMessage):
     resume: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     prompt_ids: np.ndarray | None = None
 
-    def to_wire(self) -> tuple[Header, Buffers]:
-        h: dict[str, Any] = {
-            "t": self.TYPE, "s": self.s, "seq": self.seq, "fp": self.map_fp,
-            "m": self.method, "c": self.codec, "o": dict(self.options),
-            "T": float(self.temperature), "k": self.top_k, "p": float(self.top_p),
-            "seed": self.seed, "prompt": self.prompt, "max": self.max_new_tokens}
-        bufs = [ids_to_bytes(self.resume)]
-        if self.prompt_ids is not None:
-            h["pi"] = True
-            bufs.append(ids_to_bytes(self.prompt_ids))
-        return h, bufs
+    def _extra_to_wire(self, h: Header) -> Buffers:
+        if self.prompt_ids is None:
+            return []
+        h["pi"] = True
+        return [ids_to_bytes(self.prompt_ids)]
 
     @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> Open:
-        t = cls.TYPE
+    def _buffer_count(cls, h: Mapping[str, Any], t: str) -> int:
         by_ids = h.get("pi", False)
         if by_ids is not True and by_ids is not False:
-            raise _bad(f"{t}: pi must be a boolean")
-        _nbuf(buffers, 2 if by_ids else 1, t)
-        opts = _get(h, "o", t)
-        if not isinstance(opts, dict) or len(opts) > MAX_OPTIONS or not all(
-                isinstance(k, str) and len(k) <= MAX_NAME and type(v) in (int, float, bool)
-                for k, v in opts.items()):
-            raise _bad(f"{t}: options must map names to numbers or booleans")
-        prompt = _text(h, "prompt", t, MAX_TEXT)
-        if by_ids and prompt:
-            raise _bad(f"{t}: a prompt given as ids carries no text")
-        return cls(_int(h, "s", t), _int(h, "seq", t), _str(h, "fp", t), _str(h, "m", t),
-                   _str(h, "c", t), dict(opts), _float(h, "T", t, 0.0, 1e6),
-                   _int(h, "k", t, 0, 1 << 31), _float(h, "p", t, 0.0, 1.0),
-                   _int(h, "seed", t, 0, (1 << 64) - 1, optional=True),
-                   prompt, _int(h, "max", t, 0, 1 << 31),
-                   bytes_to_ids(buffers[0], t, "resume ids"),
-                   bytes_to_ids(buffers[1], t, "prompt ids") if by_ids else None)
+            raise bad(f"{t}: pi must be a boolean")
+        return 2 if by_ids else 1
+
+    @classmethod
+    def _extra_from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes], t: str,
+                         kw: dict[str, Any]) -> dict[str, Any]:
+        if not h.get("pi", False):
+            return {}
+        if kw["prompt"]:
+            raise bad(f"{t}: a prompt given as ids carries no text")
+        return {"prompt_ids": bytes_to_ids(buffers[1], t, "prompt ids")}
 
 
 @dataclass(frozen=True)
@@ -504,15 +416,8 @@ class Opened(SessionMessage):
     """Cloud -> edge: session ``s`` is open; ``prompt_tokens`` target tokens of context."""
 
     TYPE: ClassVar[str] = "opened"
+    FIELDS: ClassVar[tuple[Field, ...]] = (S, Field("prompt_tokens", "n", Kind.INT))
     prompt_tokens: int
-
-    def to_wire(self) -> tuple[Header, Buffers]:
-        return {"t": self.TYPE, "s": self.s, "n": self.prompt_tokens}, []
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> Opened:
-        _nbuf(buffers, 0, cls.TYPE)
-        return cls(_int(h, "s", cls.TYPE), _int(h, "n", cls.TYPE))
 
 
 @dataclass(frozen=True, eq=False)
@@ -530,48 +435,81 @@ class DraftMsg(SessionMessage):
     """
 
     TYPE: ClassVar[str] = "draft"
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        S,
+        Field("seq", "seq", Kind.INT),
+        Field("r", "r", Kind.INT),
+        Field("token", "tok", Kind.INT, hi=TOKEN_MAX, nullable=True),
+    )
     seq: int
     r: int
     token: int | None
     draft: Draft
 
-    def to_wire(self) -> tuple[Header, Buffers]:
+    def _extra_to_wire(self, h: Header) -> Buffers:
         d = self.draft
-        bufs = [ids_to_bytes(d.ids), np.ascontiguousarray(d.q_values, dtype="<f4").tobytes()]
-        h: Header = {"t": self.TYPE, "s": self.s, "seq": self.seq, "r": self.r,
-                     "tok": self.token}
+        bufs = [ids_to_bytes(d.ids), f32_to_bytes(d.q_values)]
         if d.verify_mask is not None:
             h["mk"] = True
             bufs.append(np.asarray(d.verify_mask, dtype=np.uint8).tobytes())
         if d.q_vectors is not None:
             h["nv"] = len(d.q_vectors)
             bufs.extend(d.q_vectors)
-        return h, bufs
+        return bufs
 
     @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> DraftMsg:
-        t = cls.TYPE
-        mk = _bool(h, "mk", t, False)
-        nv = _int(h, "nv", t, 0, MAX_BUFFERS, optional=True)
-        _nbuf(buffers, 2 + int(mk) + (nv or 0), t)
+    def _buffer_count(cls, h: Mapping[str, Any], t: str) -> int:
+        mk = "mk" in h and read_bool(h, "mk", t)
+        nv = 0 if h.get("nv") is None else read_int(h, "nv", t, 0, MAX_BUFFERS)
+        return 2 + int(mk) + nv
+
+    @classmethod
+    def _extra_from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes], t: str,
+                         kw: dict[str, Any]) -> dict[str, Any]:
+        mk = "mk" in h and bool(h["mk"])
         ids = bytes_to_ids(buffers[0], t, "draft ids", max_n=MAX_DRAFT)
         q = bytes_to_f32(buffers[1], t, "q values", ids.shape[0])
         check_probs(q, t, "q values")
         if ids.shape[0] and not float(q.min()) > 0.0:
-            raise ProtocolError(f"{t}: a drafted token has q(x) = 0", code="bad_vector")
+            raise ProtocolError(f"{t}: a drafted token has q(x) = 0", code=ErrorCode.BAD_VECTOR)
         mask = None
         if mk:
             raw = buffers[2]
             if len(raw) != ids.shape[0]:
-                raise _bad(f"{t}: mask has {len(raw)} bytes for {ids.shape[0]} drafts")
+                raise bad(f"{t}: mask has {len(raw)} bytes for {ids.shape[0]} drafts")
             mask = np.frombuffer(raw, dtype=np.uint8).astype(bool)
-        vectors = tuple(bytes(b) for b in buffers[2 + int(mk):]) if nv is not None else None
-        return cls(_int(h, "s", t), _int(h, "seq", t), _int(h, "r", t),
-                   _int(h, "tok", t, optional=True, hi=(1 << 31) - 1),
-                   Draft(ids=ids, q_values=q, q_vectors=vectors, verify_mask=mask))
+        vectors = (tuple(bytes(b) for b in buffers[2 + int(mk):])
+                   if h.get("nv") is not None else None)
+        return {"draft": Draft(ids=ids, q_values=q, q_vectors=vectors, verify_mask=mask)}
 
 
-# -- the method's payload (shared by Verdict and FollowUp) --------------------
+# -- the method's payload (shared by VerdictMsg and FollowUp) ------------------
+
+
+class ReplyKind(StrEnum):
+    """The ``"k"`` of a verdict or follow-up: which method payload it carries."""
+
+    TOKEN = "tok"
+    FULL = "full"
+    HYBRID = "hr"
+    CANDIDATES = "cand"
+
+
+#: per payload kind: its reply class, header fields and buffers
+REPLY_SPECS: dict[ReplyKind, tuple[type[Any], tuple[Field, ...], tuple[Buf, ...]]] = {
+    ReplyKind.TOKEN: (TokenReply, (Field("token", "tok", Kind.INT, hi=TOKEN_MAX,
+                                         to_wire=int),), ()),
+    ReplyKind.FULL: (FullVectorReply, (), (Buf("data", BufKind.RAW),)),
+    ReplyKind.HYBRID: (HybridReply, (
+        Field("theta_o", "th", Kind.FLOAT, lo=0.0, hi=1.0 + 1e-6, to_wire=float),
+        Field("other_token", "o", Kind.INT, hi=TOKEN_MAX, nullable=True, to_wire=int),
+    ), (Buf("data", BufKind.RAW),)),
+    ReplyKind.CANDIDATES: (CandidatesReply, (), (
+        Buf("ids", BufKind.IDS, "candidates", max_n=MAX_CANDIDATES),
+        Buf("values", BufKind.PROBS, "candidate values", same_len_as="ids"),
+    )),
+}
+_REPLY_KIND: dict[type[Any], ReplyKind] = {cls: k for k, (cls, _, _) in REPLY_SPECS.items()}
 
 
 def reply_to_wire(reply: Reply, h: Header, other_bytes: Mapping[int, bytes]) -> Buffers:
@@ -582,54 +520,32 @@ def reply_to_wire(reply: Reply, h: Header, other_bytes: Mapping[int, bytes]) -> 
     """
     if other_bytes:
         h["ob"] = [[int(k), bytes(v)] for k, v in other_bytes.items()]
-    if isinstance(reply, TokenReply):
-        h["k"], h["tok"] = "tok", int(reply.token)
-        return []
-    if isinstance(reply, FullVectorReply):
-        h["k"] = "full"
-        return [reply.data]
-    if isinstance(reply, HybridReply):
-        h["k"], h["th"] = "hr", float(reply.theta_o)
-        h["o"] = None if reply.other_token is None else int(reply.other_token)
-        return [reply.data]
-    if isinstance(reply, CandidatesReply):
-        h["k"] = "cand"
-        return [ids_to_bytes(reply.ids), np.ascontiguousarray(reply.values, dtype="<f4").tobytes()]
-    raise TypeError(f"not a method reply: {type(reply).__name__}")
+    kind = _REPLY_KIND.get(type(reply))
+    if kind is None:
+        raise TypeError(f"not a method reply: {type(reply).__name__}")
+    _, fields, bufs = REPLY_SPECS[kind]
+    h["k"] = kind.value
+    h.update(encode_fields(reply, fields))
+    return encode_buffers(reply, bufs)
 
 
 def reply_from_wire(h: Mapping[str, Any], buffers: Sequence[bytes],
                     t: str) -> tuple[Reply, dict[int, bytes]]:
-    kind = _str(h, "k", t)
+    kind = read_str(h, "k", t)
     ob_raw = h.get("ob") or []
     if not isinstance(ob_raw, list) or len(ob_raw) > MAX_CANDIDATES:
-        raise _bad(f"{t}: ob must be a list of [id, bytes] pairs")
+        raise bad(f"{t}: ob must be a list of [id, bytes] pairs")
     other: dict[int, bytes] = {}
     for pair in ob_raw:
         if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int
                 and isinstance(pair[1], bytes) and pair[0] >= 0 and len(pair[1]) <= MAX_PIECE):
-            raise _bad(f"{t}: ob must be a list of [id, bytes] pairs")
+            raise bad(f"{t}: ob must be a list of [id, bytes] pairs")
         other[pair[0]] = pair[1]
-    reply: Reply
-    if kind == "tok":
-        _nbuf(buffers, 0, t)
-        reply = TokenReply(_int(h, "tok", t, hi=(1 << 31) - 1))
-    elif kind == "full":
-        _nbuf(buffers, 1, t)
-        reply = FullVectorReply(bytes(buffers[0]))
-    elif kind == "hr":
-        _nbuf(buffers, 1, t)
-        theta = _float(h, "th", t, 0.0, 1.0 + 1e-6)
-        reply = HybridReply(bytes(buffers[0]), theta, _int(h, "o", t, optional=True,
-                                                            hi=(1 << 31) - 1))
-    elif kind == "cand":
-        _nbuf(buffers, 2, t)
-        ids = bytes_to_ids(buffers[0], t, "candidates", max_n=MAX_CANDIDATES)
-        vals = bytes_to_f32(buffers[1], t, "candidate values", ids.shape[0])
-        check_probs(vals, t, "candidate values")
-        reply = CandidatesReply(ids=ids, values=vals)
-    else:
-        raise _bad(f"{t}: unknown reply kind {kind!r}")
+    if kind not in ReplyKind.__members__.values():
+        raise bad(f"{t}: unknown reply kind {kind!r}")
+    cls, fields, bufs = REPLY_SPECS[ReplyKind(kind)]
+    check_count(buffers, len(bufs), t)
+    reply = cls(**decode_fields(h, fields, t), **decode_buffers(buffers, bufs, t))
     return reply, other
 
 
@@ -639,6 +555,13 @@ class VerdictMsg(SessionMessage):
     token (all accepted) or the method's rejection payload."""
 
     TYPE: ClassVar[str] = "verdict"
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        S,
+        Field("r", "r", Kind.INT),
+        Field("accepted", "n", Kind.INT, hi=MAX_DRAFT),
+        Field("compute_us", "us", Kind.INT, nullable=True, default=0, omit=omit_falsy,
+              to_wire=int),
+    )
     r: int
     accepted: int
     reply: Reply
@@ -646,19 +569,18 @@ class VerdictMsg(SessionMessage):
     #: the cloud's measured compute for this round (its batch), microseconds; 0 = unknown
     compute_us: int = 0
 
-    def to_wire(self) -> tuple[Header, Buffers]:
-        h: Header = {"t": self.TYPE, "s": self.s, "r": self.r, "n": self.accepted}
-        if self.compute_us:
-            h["us"] = int(self.compute_us)
-        return h, reply_to_wire(self.reply, h, self.other_bytes)
+    def _extra_to_wire(self, h: Header) -> Buffers:
+        return reply_to_wire(self.reply, h, self.other_bytes)
 
     @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> VerdictMsg:
-        t = cls.TYPE
+    def _buffer_count(cls, h: Mapping[str, Any], t: str) -> None:
+        return None  # the reply's kind decides
+
+    @classmethod
+    def _extra_from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes], t: str,
+                         kw: dict[str, Any]) -> dict[str, Any]:
         reply, other = reply_from_wire(h, buffers, t)
-        us = _int(h, "us", t, optional=True) or 0
-        return cls(_int(h, "s", t), _int(h, "r", t), _int(h, "n", t, 0, MAX_DRAFT), reply, other,
-                   us)
+        return {"reply": reply, "other_bytes": other}
 
 
 @dataclass(frozen=True)
@@ -666,21 +588,15 @@ class RequestMsg(SessionMessage):
     """Edge -> cloud: a follow-up after a rejection (``more``, ``fallback``, ``other``)."""
 
     TYPE: ClassVar[str] = "request"
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        S,
+        Field("seq", "seq", Kind.INT),
+        Field("r", "r", Kind.INT),
+        Field("kind", "k", Kind.STR, choices=RequestKind),
+    )
     seq: int
     r: int
-    kind: str
-
-    def to_wire(self) -> tuple[Header, Buffers]:
-        return {"t": self.TYPE, "s": self.s, "seq": self.seq, "r": self.r, "k": self.kind}, []
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> RequestMsg:
-        t = cls.TYPE
-        _nbuf(buffers, 0, t)
-        kind = _str(h, "k", t)
-        if kind not in ("more", "fallback", "other"):
-            raise _bad(f"{t}: unknown follow-up request {kind!r}")
-        return cls(_int(h, "s", t), _int(h, "seq", t), _int(h, "r", t), kind)
+    kind: RequestKind
 
 
 @dataclass(frozen=True, eq=False)
@@ -688,19 +604,23 @@ class FollowUp(SessionMessage):
     """Cloud -> edge: the answer to a :class:`RequestMsg` (same payload kinds as a verdict)."""
 
     TYPE: ClassVar[str] = "reply"
+    FIELDS: ClassVar[tuple[Field, ...]] = (S, Field("r", "r", Kind.INT))
     r: int
     reply: Reply
     other_bytes: dict[int, bytes] = field(default_factory=dict)
 
-    def to_wire(self) -> tuple[Header, Buffers]:
-        h: Header = {"t": self.TYPE, "s": self.s, "r": self.r}
-        return h, reply_to_wire(self.reply, h, self.other_bytes)
+    def _extra_to_wire(self, h: Header) -> Buffers:
+        return reply_to_wire(self.reply, h, self.other_bytes)
 
     @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> FollowUp:
-        t = cls.TYPE
+    def _buffer_count(cls, h: Mapping[str, Any], t: str) -> None:
+        return None  # the reply's kind decides
+
+    @classmethod
+    def _extra_from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes], t: str,
+                         kw: dict[str, Any]) -> dict[str, Any]:
         reply, other = reply_from_wire(h, buffers, t)
-        return cls(_int(h, "s", t), _int(h, "r", t), reply, other)
+        return {"reply": reply, "other_bytes": other}
 
 
 @dataclass(frozen=True)
@@ -708,15 +628,8 @@ class Close(SessionMessage):
     """Edge -> cloud: session ``s`` is over; the cloud frees its state."""
 
     TYPE: ClassVar[str] = "close"
+    FIELDS: ClassVar[tuple[Field, ...]] = (S, Field("seq", "seq", Kind.INT))
     seq: int
-
-    def to_wire(self) -> tuple[Header, Buffers]:
-        return {"t": self.TYPE, "s": self.s, "seq": self.seq}, []
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> Close:
-        _nbuf(buffers, 0, cls.TYPE)
-        return cls(_int(h, "s", cls.TYPE), _int(h, "seq", cls.TYPE))
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
@@ -729,21 +642,22 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 def from_wire(header: Any, buffers: Sequence[bytes]) -> Message:
     """The message a decoded header and its buffers describe, fully checked."""
     if not isinstance(header, dict):
-        raise _bad("header is not a map", code="bad_frame")
+        raise bad("header is not a map", code=ErrorCode.BAD_FRAME)
     t = header.get("t")
     if not isinstance(t, str):
-        raise _bad("header has no message type 't'", code="bad_frame")
+        raise bad("header has no message type 't'", code=ErrorCode.BAD_FRAME)
     cls = MESSAGE_TYPES.get(t)
     if cls is None:
-        raise ProtocolError(f"unknown message type {t[:MAX_NAME]!r}", code="unknown_type")
+        raise ProtocolError(f"unknown message type {t[:MAX_NAME]!r}",
+                            code=ErrorCode.UNKNOWN_TYPE)
     if len(buffers) > MAX_BUFFERS:
-        raise _bad(f"{t}: too many buffers ({len(buffers)})")
+        raise bad(f"{t}: too many buffers ({len(buffers)})")
     try:
         return cls.from_wire(header, buffers)
     except ProtocolError:
         raise
     except (TypeError, ValueError, KeyError, OverflowError) as e:
-        raise _bad(f"{t}: malformed ({e})") from e
+        raise bad(f"{t}: malformed ({e})") from e
 
 
 def session_of(header: Any) -> int | None:
@@ -754,3 +668,14 @@ def session_of(header: Any) -> int | None:
         if type(s) is int and s >= 0:
             return s
     return None
+
+
+__all__ = [
+    "MAX_BUFFERS", "MAX_CANDIDATES", "MAX_DRAFT", "MAX_HEADER_BYTES", "MAX_IDS", "MAX_MESSAGE",
+    "MAX_NAME", "MAX_OPTIONS", "MAX_PIECE", "MAX_STOP", "MAX_TEXT", "MESSAGE_TYPES",
+    "PROTOCOL_VERSION", "REPLY_SPECS", "Close", "DraftMsg", "Error", "FollowUp", "Hello",
+    "Message", "Open", "Opened", "Ping", "Pong", "ReplyKind", "RequestMsg", "ServerLimits",
+    "SessionMessage", "VerdictMsg", "VocabMapAccepted", "VocabMapUpload", "VocabRequest",
+    "VocabTable", "Welcome", "bytes_to_f32", "bytes_to_ids", "check_probs", "from_wire",
+    "ids_to_bytes", "reply_from_wire", "reply_to_wire", "session_of",
+]
