@@ -33,17 +33,27 @@ How a run works:
   without it the real tree would be imported; the harness checks) and bytecode
   writing off (a same-size mutant written within the same second could otherwise
   reuse a stale ``.pyc``). The mutated file is restored after every run.
-* A baseline first runs each needed test set on the unmutated copy: if it fails,
-  every mutant would look killed, so the run stops; its time sets the per-mutant
-  timeout (``--timeout`` overrides).
+* A failing test on the unmutated code would make every mutant look killed. A full
+  unmutated run of the law tests costs as much as a dozen mutants, so by default
+  each test set is only collected first (a file mid-edit stops the run), and after
+  the mutants every test that killed one is rerun on the unmutated copy: a kill by a
+  test that fails there too becomes ``unconfirmed`` and is not scored.
+  ``--baseline`` runs the whole sets first instead (and sets the timeouts from them).
+* A per-test alarm (a tiny plugin written into the copy, ``--test-timeout``) ends a
+  hung test; ``--timeout`` bounds a whole mutant as a backstop.
+* The same plugin runs first the test that killed the mutant in the previous report
+  (``--json``; ``--no-history`` to skip): the verdict cannot change, since pytest
+  still runs every test until one fails, but a repeated run of a mutant the law
+  tests kill costs that one test instead of every cheaper file before it.
 
 Statuses: ``killed`` (pytest exit 1), ``timeout``, ``error`` (any other non-zero
 exit, e.g. the mutant breaks the import: detected, but cheaply), ``survived``
-(exit 0). The score is detected / run, detected = killed + timeout + error.
+(exit 0); not scored: ``unconfirmed`` and ``not-run`` (``--budget`` ran out). The
+score is detected / run, detected = killed + timeout + error.
 
 Prints a table per file, the named mutants and every survivor with its diff line;
 writes ``bench/out/mutation.json``. ``make mutation`` runs the named mutants plus a
-deterministic sample; no options at all runs every mutant (hours on 2 cores).
+deterministic sample; no options at all runs every mutant (a day or more on 2 cores).
 """
 
 from __future__ import annotations
@@ -567,6 +577,12 @@ def _expired(signum, frame):
     os._exit({TIMEOUT_EXIT})
 
 
+def pytest_collection_modifyitems(session, config, items):
+    first = os.environ.get("MUTATION_FIRST", "")
+    if first:  # the test that killed this mutant last time runs first (stable sort)
+        items.sort(key=lambda it: it.nodeid != first)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     if LIMIT <= 0:
@@ -596,8 +612,9 @@ _LIVE: set[subprocess.Popen[bytes]] = set()
 _LIVE_LOCK = threading.Lock()
 
 
-def _env(workdir: Path, test_timeout: float = 0.0) -> dict[str, str]:
+def _env(workdir: Path, test_timeout: float = 0.0, first: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    env["MUTATION_FIRST"] = first or ""
     env["PYTHONPATH"] = str(workdir) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["MUTATION_TEST_TIMEOUT"] = str(test_timeout)
@@ -619,18 +636,20 @@ def pytest_command(tests: Sequence[str], workers: int = 0, *, stop_first: bool =
 
 
 #: a node id in pytest's short summary; parametrize ids may hold spaces: ``t[top-p 0.95]``
-_FAILED = re.compile(r"^(?:FAILED|ERROR) ([^\s\[]+(?:\[[^\]]*\])?)", re.MULTILINE)
+SUMMARY_ID = re.compile(r"^(?:FAILED|ERROR) ([^\s\[]+(?:\[[^\]]*\])?)", re.MULTILINE)
 
 
 def run_tests(workdir: Path, tests: Sequence[str], timeout: float, workers: int = 0,
-              test_timeout: float = 0.0, *, stop_first: bool = True) -> Outcome:
-    """pytest on ``tests`` in ``workdir``; the whole process group dies on timeout (and
-    after the run, so a test's stray child process cannot outlive it)."""
+              test_timeout: float = 0.0, *, stop_first: bool = True,
+              first: str | None = None) -> Outcome:
+    """pytest on ``tests`` in ``workdir`` (``first``: a node id to run before the rest);
+    the whole process group dies on timeout (and after the run, so a test's stray
+    child process cannot outlive it)."""
     t0 = time.perf_counter()
     mark = workdir / TIMEOUT_FILE
     mark.unlink(missing_ok=True)
     proc = subprocess.Popen(pytest_command(tests, workers, stop_first=stop_first), cwd=workdir,
-                            env=_env(workdir, test_timeout), stdout=subprocess.PIPE,
+                            env=_env(workdir, test_timeout, first), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     with _LIVE_LOCK:
         _LIVE.add(proc)
@@ -652,9 +671,9 @@ def run_tests(workdir: Path, tests: Sequence[str], timeout: float, workers: int 
         mark.unlink()
         return Outcome("timeout", rc, time.perf_counter() - t0, hung, text[-2000:])
     status = "survived" if rc == 0 else "killed" if rc == 1 else "error"
-    m = _FAILED.search(text)
+    m = SUMMARY_ID.search(text)
     return Outcome(status, rc, time.perf_counter() - t0, m.group(1) if m else None, text[-2000:],
-                   frozenset(_FAILED.findall(text)))
+                   frozenset(SUMMARY_ID.findall(text)))
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -783,11 +802,14 @@ def markdown_section(data: dict[str, Any] | None) -> list[str]:
         "raw instead of committed values; `theta_o` left unnormalised; the stream decoder "
         "checking each frame instead of the running total; a limit check off by one): "
         "`make mutation` fails if one survives.", "",
-        f"Regenerate with `{MAKE_COMMAND}` (the named mutants plus a deterministic "
-        "sample, `MUTANTS=... SEED=...`); every generated mutant: "
-        "`python -m bench.mutation` (hours on 2 cores); one file: "
-        "`python -m bench.mutation --files xcosd/wire/frames.py`. The report is "
-        "`bench/out/mutation.json`.", ""]
+        f"Regenerate with `{MAKE_COMMAND}`: the named mutants plus a deterministic, "
+        "proportionally allocated sample of the generated ones (`MUTANTS`, `SEED`; no new "
+        "mutant starts after `BUDGET` minutes). A mutant that survives runs every mapped "
+        "test file, the N = 40k law tests included (about 20 CPU-minutes for a method), so "
+        "that sample is small and its score a rough estimate; every generated mutant: "
+        "`python -m bench.mutation` (a day or more on 2 cores), or one file at a time "
+        "(`--files xcosd/wire/frames.py`). The report is `bench/out/mutation.json`; "
+        "this section is printed from it by `python -m bench.mutation --section`.", ""]
     if data is None:
         return [*lines, "Not run yet: the figures appear here after the run above.", ""]
     s = data["summary"]
@@ -878,6 +900,9 @@ def main(argv: list[str] | None = None) -> int:
                          "it the sets are only collected, and kills are confirmed afterwards")
     ap.add_argument("--budget", type=float, default=None,
                     help="minutes after which no further mutant starts (the rest: not-run)")
+    ap.add_argument("--no-history", action="store_true",
+                    help="do not run first the test that killed each mutant in the previous "
+                         "report (--json); the order changes the cost, not the verdict")
     ap.add_argument("--list", action="store_true", help="list the selected mutants and exit")
     ap.add_argument("--section", action="store_true",
                     help="print the RESULTS.md section from the saved --json report and exit")
@@ -904,6 +929,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(named)} named + {len(generated)} of {n_generated} generated mutants")
         return 1 if stale else 0
 
+    # the previous run's killer of each mutant: tried first, most mutants die in seconds
+    history: dict[str, str] = {}
+    if not args.no_history and args.json.exists():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            history = {m["id"]: m["killed_by"] for m in json.loads(args.json.read_text())["mutants"]
+                       if m["status"] == "killed" and m.get("killed_by")}
     plan = {m.path: mapped_tests(m.path) for m in mutants}
     missing = sorted({t for _, miss in plan.values() for t in miss})
     if missing:
@@ -972,7 +1003,7 @@ def main(argv: list[str] | None = None) -> int:
                 def go(w: Path) -> Outcome:
                     with applied(w / m.path, m):
                         return run_tests(w, tests, timeout_for(tests), args.pytest_workers,
-                                         args.test_timeout)
+                                         args.test_timeout, first=history.get(m.id))
 
                 o = in_workdir(go)
             return Result(m.id, m.path, m.line, m.col, m.operator, m.named, m.old_line,

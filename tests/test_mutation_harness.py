@@ -16,7 +16,9 @@ import pytest
 from bench.mutation import (
     NAMED,
     ROOT,
+    SUMMARY_ID,
     TEST_MAP,
+    TIMEOUT_PLUGIN,
     applied,
     generate_mutants,
     mapped_tests,
@@ -135,3 +137,10 @@ def test_test_map_covers_the_scope_and_names_the_law_and_limit_tests() -> None:
             "tests/test_protocol_sm.py", "tests/test_frames.py"} <= mapped
     assert "tests/test_law.py" in mapped_tests("xcosd/protocol/edge.py")[0] + \
         mapped_tests("xcosd/protocol/edge.py")[1]
+
+
+def test_pytest_plugin_parses_and_summary_ids_keep_their_parameters() -> None:
+    ast.parse(TIMEOUT_PLUGIN)
+    summary = ("FAILED tests/a.py::t[top-p 0.95] - assert 1\nERROR tests/b.py - x\n"
+               "FAILED tests/c.py::u\n")
+    assert SUMMARY_ID.findall(summary) == ["tests/a.py::t[top-p 0.95]", "tests/b.py", "tests/c.py::u"]
