@@ -7,7 +7,7 @@ EXTRAS ?= models,fast,bench,dev
 # the suite is CPU-bound (statistical exactness tests): one worker per core
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup setup-real test demo lint bench clean
+.PHONY: setup setup-real test demo lint bench clean mutation
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +46,18 @@ lint: setup
 
 bench: setup setup-real
 	$(BIN)/python -m bench.run_all
+
+# Mutation testing (bench/mutation.py): the five named mutants (faults the suite once
+# missed; the target fails if one survives) plus a deterministic sample of MUTANTS
+# generated ones, JOBS at a time; no new mutant starts after BUDGET minutes. Every
+# generated mutant: $(BIN)/python -m bench.mutation (a day or more on 2 cores; one file
+# at a time with --files). Report: bench/out/mutation.json.
+MUTANTS ?= 12
+SEED ?= 1
+BUDGET ?= 25
+mutation: setup
+	$(BIN)/python -m bench.mutation --sample $(MUTANTS) --seed $(SEED) --budget $(BUDGET) \
+		--jobs $(JOBS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
