@@ -8,12 +8,11 @@ functions and under ``TYPE_CHECKING`` too: a late import is for a heavy optional
 dependency (torch, zmq) or a fast CLI start, never to dodge a cycle, and the
 cycle check sees through it.
 
-Where ``models`` sits: the edge's state machine drafts with a local
-:class:`~xcosd.models.base.LanguageModel` (drafting is local compute the
-sans-I/O machine runs itself), so models sit below the protocol; the cloud's
-state machine never scores anything itself, it asks the node with a
-``ScoreNeeded`` event, and :func:`test_the_cloud_protocol_asks_for_scores` keeps
-it free of models.
+Where ``models`` sits: above the protocol and the transports, below the nodes.
+Neither state machine runs a model: the cloud's asks its node for target scores
+(``ScoreNeeded``), the edge's for drafts (``DraftNeeded``), and the nodes (and the
+in-process pump) hold the models and answer. So the protocol stays sans-I/O and
+model-free, and a model backend can never reach into it.
 """
 
 from __future__ import annotations
@@ -32,10 +31,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("sampling / vocab", ("xcosd.sampling", "xcosd.vocab")),
     ("codecs", ("xcosd.codecs",)),
     ("methods", ("xcosd.methods", "xcosd.simulate")),
-    ("models", ("xcosd.models",)),
     ("wire", ("xcosd.wire",)),
     ("protocol", ("xcosd.protocol",)),
     ("transport", ("xcosd.transport",)),
+    ("models", ("xcosd.models",)),
     # the generation config is what an edge node and the CLI are given
     ("nodes", ("xcosd.nodes", "xcosd.config")),
     ("bench", ("xcosd.bench",)),
@@ -150,22 +149,6 @@ def test_no_import_cycles() -> None:
         if m not in index:
             visit(m)
     assert cycles == []
-
-
-def test_the_cloud_protocol_asks_for_scores() -> None:
-    """The cloud's state machine, the messages and the wire never touch a model:
-    scoring is the node's job, requested with a ``ScoreNeeded`` event."""
-    free = ["xcosd.protocol.cloud", "xcosd.protocol.messages", "xcosd.protocol.errors",
-            "xcosd.protocol.vocab_transfer", "xcosd.wire.frames"]
-    reached: set[str] = set()
-    todo = list(free)
-    while todo:  # everything they import, transitively
-        m = todo.pop()
-        for dep, _ in GRAPH[m]:
-            if dep not in reached:
-                reached.add(dep)
-                todo.append(dep)
-    assert sorted(d for d in reached if d.startswith("xcosd.models")) == []
 
 
 def test_every_layer_entry_names_a_module() -> None:
