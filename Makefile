@@ -45,7 +45,7 @@ lint: setup
 	$(BIN)/mypy
 
 bench: setup setup-real
-	$(BIN)/python -m bench.run_all
+	$(BIN)/python -m xcosd.bench.run_all
 
 # Mutation testing (bench/mutation.py): the five named mutants (faults the suite once
 # missed; the target fails if one survives) plus a deterministic sample of MUTANTS

@@ -1,7 +1,7 @@
 """``xcosd bench load``: the report's fields exist and agree with each other.
 
 Small runs (a few devices, a few generations) against a cheap synthetic target;
-speed itself is measured in bench/, never asserted here. Neither is what happens
+speed itself is measured by `make bench`, never asserted here. Neither is what happens
 inside a wall-clock window: a loaded machine may finish no generation (or no
 round) in a one-second window, so what the window counts is checked on records
 with set times (``analyse``), and the live duration run checks only what holds

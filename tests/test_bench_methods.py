@@ -1,6 +1,6 @@
 """``xcosd bench methods``: records carry the documented keys and agree with each
 other; the TV estimator and the local link count what they claim. Speed is
-measured in bench/, never asserted here."""
+measured by `make bench` (xcosd/bench/), never asserted here."""
 
 from __future__ import annotations
 

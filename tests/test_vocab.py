@@ -74,7 +74,7 @@ def test_map_is_consistent_by_bytes(vocabs):
 
 
 def test_map_fingerprint_is_stable(vocabs):
-    # how fast the map builds is measured in bench/, never asserted here
+    # how fast the map builds is measured by the benchmarks (xcosd/bench/), never asserted here
     d, t = vocabs["llama3"], vocabs["qwen"]
     a = VocabMap(d, t)
     assert a.fingerprint == VocabMap(d, t).fingerprint

@@ -1,6 +1,6 @@
 """Codec costs on real model rows: bytes, encode/decode time and TV(p, p*).
 
-    .venv/bin/python -m bench.codecs [--rows N] [--quick]
+    .venv/bin/python -m xcosd.bench.codecs [--rows N] [--quick]
 
 Rows are the default pair's target distributions (``xcosd.models.default_pair()``:
 a 4-gram model over Llama 3's 128,256 ids) at successive positions of a text,
@@ -23,11 +23,11 @@ import json
 import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from xcosd.bench.report import OUT_DIR
 from xcosd.codecs import get_codec
 from xcosd.methods.base import Space
 from xcosd.methods.commit import committed_hybrid
@@ -35,7 +35,7 @@ from xcosd.methods.distance import total_variation, tv_distance
 from xcosd.sampling import SamplingParams, warp
 from xcosd.vocab import VocabMap
 
-OUT = Path(__file__).resolve().parent / "out" / "codecs.json"
+OUT = OUT_DIR / "codecs.json"
 CODECS = ["f32", "f16", "bf16", "q8", "q8:lin", "q8:sqrt", "sparse", "topk:50",
           "topk:1000", "f32+zstd", "f16+zstd", "bf16+zstd", "q8+zstd", "sparse+zstd"]
 WARPS = [("T=1", SamplingParams()), ("top-p 0.95", SamplingParams(top_p=0.95)),

@@ -1,6 +1,6 @@
 """Model costs on this machine, and the default pair's acceptance.
 
-    .venv/bin/python -m bench.models [--rounds N] [--real] [--quick]
+    .venv/bin/python -m xcosd.bench.models [--rounds N] [--real] [--quick]
 
 Prints a table and writes ``bench/out/models.json``:
 
@@ -23,17 +23,17 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from xcosd.bench.report import OUT_DIR
 from xcosd.models import LanguageModel
 from xcosd.nodes.pump import Pump
 from xcosd.vocab import VocabMap
 
 D = 4
-OUT = Path(__file__).resolve().parent / "out" / "models.json"
+OUT = OUT_DIR / "models.json"
 
 
 @dataclass
@@ -149,7 +149,7 @@ def time_vocab_map(draft: str, target: str, runs: int = 3) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench.models", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="xcosd.bench.models", description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=400, help="rounds for the acceptance measurement")
     ap.add_argument("--real", action="store_true", help="also time SmolLM2 / Gemma-3 (installed)")
     ap.add_argument("--quick", action="store_true", help="skip first-run training and acceptance")

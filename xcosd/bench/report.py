@@ -2,7 +2,7 @@
 histograms, the machine description and table formatting.
 
 Reports are plain dicts of JSON types, so a test can check their invariants and
-``bench/results.py`` can render them without importing the code that made them.
+:mod:`xcosd.bench.results` can render them without importing the code that made them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+#: where the benchmarks write their JSON and :mod:`xcosd.bench.results` reads it:
+#: ``bench/out`` under the working directory, not next to this file, because the
+#: package may be installed (read-only, in site-packages); run them from the
+#: repository root, as ``make bench`` does, so docs/RESULTS.md finds them
+OUT_DIR = Path("bench") / "out"
 
 #: the percentiles load-testing tools print (wrk, ghz, ``vllm bench serve``)
 PERCENTILES = (50, 90, 99)

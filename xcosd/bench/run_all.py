@@ -1,11 +1,14 @@
 """Everything ``make bench`` runs, in order, then ``docs/RESULTS.md``.
 
-    .venv/bin/python -m bench.run_all [--skip-real] [--only STEP,...]
+    .venv/bin/python -m xcosd.bench.run_all [--skip-real] [--only STEP,...]
 
 Each step is a separate process (a crash or a hung model cannot take the others
 down) whose exact command line, exit status and wall time are saved in
-``bench/out/run_all.json``; ``bench/results.py`` prints them in RESULTS.md. The
-sizes below were chosen so the whole run fits in about 15 minutes on 2 cores.
+``bench/out/run_all.json``; :mod:`xcosd.bench.results` prints them in RESULTS.md.
+The sizes below were chosen so the whole run fits in about 15 minutes on 2 cores.
+
+Run it from the repository root: every step reads and writes ``bench/out/`` and
+``docs/`` relative to the working directory (see :data:`xcosd.bench.report.OUT_DIR`).
 """
 
 from __future__ import annotations
@@ -19,20 +22,21 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "out"
-IMG = ROOT / "docs" / "img"
+from xcosd.bench.report import OUT_DIR
+
+OUT = OUT_DIR
+IMG = Path("docs") / "img"
 PY = sys.executable
 XCOSD = [PY, "-m", "xcosd"]
 
 
 def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
     """(name, argv) of every step."""
-    out = "bench/out"  # relative: every step runs in the repository root
+    out = str(OUT)  # relative: every step runs in the working directory
     s: list[tuple[str, list[str]]] = [
-        ("models", [PY, "-m", "bench.models", "--rounds", "200"]),
-        ("codecs", [PY, "-m", "bench.codecs", "--rows", "8"]),
-        ("transport", [PY, "-m", "bench.transport"]),
+        ("models", [PY, "-m", "xcosd.bench.models", "--rounds", "200"]),
+        ("codecs", [PY, "-m", "xcosd.bench.codecs", "--rows", "8"]),
+        ("transport", [PY, "-m", "xcosd.bench.transport"]),
         ("load-scaling", [*XCOSD, "bench", "load", "--scaling", "1,4,16,64,256", "--duration", "4",
                           "--warmup", "2", "--json", f"{out}/load_scaling.json",
                           "--no-progress"]),
@@ -57,12 +61,12 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
                                    "--real-tokens", "12", "--tv-trials", "600",
                                    "--tv-contexts", "1", "--live", "none",
                                    "--json", f"{out}/methods_real.json", "--no-progress"]))
-    s.append(("results", [PY, "-m", "bench.results"]))
+    s.append(("results", [PY, "-m", "xcosd.bench.results"]))
     return s
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench.run_all", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="xcosd.bench.run_all", description=__doc__.splitlines()[0])
     ap.add_argument("--skip-real", action="store_true",
                     help="skip the SmolLM2 -> Gemma-3 pair (its two models load in minutes)")
     ap.add_argument("--only", default=None, help="comma list of step names")
@@ -74,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     done: dict[str, dict[str, object]] = {}
     if only is not None and log_path.exists():
         done = {s["name"]: s for s in json.loads(log_path.read_text()).get("steps", [])}
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "MPLBACKEND": "Agg"}
+    env = {**os.environ, "MPLBACKEND": "Agg"}
     t_all = time.perf_counter()
     failed = 0
     for name, cmd in steps(args.skip_real):
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         shown = " ".join(shlex.quote(c) for c in cmd).replace(PY, "python")
         print(f"== {name}: {shown}", flush=True)
         t0 = time.perf_counter()
-        rc = subprocess.call(cmd, cwd=ROOT, env=env)
+        rc = subprocess.call(cmd, env=env)
         wall = time.perf_counter() - t0
         print(f"== {name}: exit {rc} in {wall:.1f} s", flush=True)
         failed += rc != 0
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         order = [n for n, _ in steps(args.skip_real)]
         log = {"steps": sorted(done.values(), key=lambda s: order.index(str(s["name"]))
                                if s["name"] in order else 99),
-               "total_s": sum(float(s["wall_s"]) for s in done.values())}  # type: ignore[arg-type]
+               "total_s": sum(float(str(s["wall_s"])) for s in done.values())}
         log_path.write_text(json.dumps(log, indent=1))
     print(f"== all steps in {time.perf_counter() - t_all:.1f} s, {failed} failed", flush=True)
     return 1 if failed else 0

@@ -1,6 +1,6 @@
 """Warper and verification cost at full vocabulary size.
 
-    .venv/bin/python -m bench.sampling [--quick]
+    .venv/bin/python -m xcosd.bench.sampling [--quick]
 
 Two measurements, on synthetic rows over 262,144 ids (Gemma-3's vocabulary size):
 
@@ -21,25 +21,26 @@ machine are noisy; the medians over repetitions are what is reported.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from xcosd.bench.report import OUT_DIR
 from xcosd.methods import Space, get_method
 from xcosd.methods.base import Draft
-from xcosd.models.base import Session
+from xcosd.models.base import LanguageModel, Session
 from xcosd.nodes.scheduler import score_batch
 from xcosd.protocol.cloud import CloudSession, ScoreNeeded
 from xcosd.protocol.messages import Open
 from xcosd.sampling import SamplingParams, warp
 
-OUT = Path(__file__).resolve().parent / "out" / "sampling.json"
+OUT = OUT_DIR / "sampling.json"
 VOCAB = 262_144
 WARPERS = {"T=1": SamplingParams(), "top-p 0.95": SamplingParams(top_p=0.95),
            "top-k 50": SamplingParams(top_k=50), "T=0.7": SamplingParams(temperature=0.7)}
@@ -91,7 +92,7 @@ def warp_table(reps: int, rng: np.random.Generator) -> dict[str, dict[str, Any]]
         for label, params in WARPERS.items():
             if params.identity:
                 continue
-            ms = _median_ms(lambda row=row, params=params: warp(row, params), reps)
+            ms = _median_ms(functools.partial(warp, row, params), reps)
             kept = int(np.count_nonzero(warp(row, params)))
             out[kind][label] = {"ms": ms, "kept": kept}
     return out
@@ -156,10 +157,10 @@ def batch_table(reps: int, rng: np.random.Generator, sessions: Sequence[int]
             continue
         out[label] = {}
         for n in sessions:
-            model = _RowsModel(blocks)
+            # score_batch only scores: the rows model needs no vocabulary or tokenizer
+            model = cast(LanguageModel, _RowsModel(blocks))
             reqs = _requests(n, params, space, blocks, rng)
-            ms = _median_ms(lambda model=model, reqs=reqs: score_batch(model, reqs),
-                            max(3, reps // n))
+            ms = _median_ms(functools.partial(score_batch, model, reqs), max(3, reps // n))
             out[label][str(n)] = {"ms_per_batch": ms, "ms_per_session": ms / n,
                                   "ms_per_row": ms / (n * (DRAFT + 1))}
     return out

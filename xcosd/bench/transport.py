@@ -1,6 +1,6 @@
 """Transport overhead: xcosd's framing over each transport against bare pyzmq.
 
-    .venv/bin/python -m bench.transport [--quick] [--uvloop]
+    .venv/bin/python -m xcosd.bench.transport [--quick] [--uvloop]
 
 For each payload (a small draft-sized message and a 100 KB HR-sized one) and each
 transport (``zmq``, ``tcp``, ``memory``), one edge connection and the listener in
@@ -22,17 +22,17 @@ import asyncio
 import json
 import platform
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zmq
 import zmq.asyncio
 
+from xcosd.bench.report import OUT_DIR
 from xcosd.transport import connect, listen
 from xcosd.wire.frames import decode_message, encode_message
 
-OUT = Path(__file__).resolve().parent / "out" / "transport.json"
+OUT = OUT_DIR / "transport.json"
 PAYLOADS = {"draft 32 B": 32, "hr 100 KB": 100_000}
 WINDOW = 64
 
@@ -82,7 +82,7 @@ async def bench_bare_zmq(size: int, n_rtt: int, n_pipe: int) -> dict[str, float]
     ctx = zmq.asyncio.Context()
     router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
     router.bind("tcp://127.0.0.1:0")
-    dealer.connect(router.getsockopt(zmq.LAST_ENDPOINT).decode())
+    dealer.connect(str(router.getsockopt_string(zmq.LAST_ENDPOINT)))
     payload = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8).tobytes()
 
     async def server() -> None:

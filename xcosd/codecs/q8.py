@@ -19,7 +19,7 @@ the scale is kept exactly. Three quantisers share it:
 of magnitude and most of a dense row's mass sits in its tail, where the linear
 and square-root grids are coarsest. On Zipf and Gaussian-logit rows over 152k
 ids its TV(p, p*) is about 1e-2 dense and 1-5e-3 after top-p / top-k, against
-0.1-0.5 (lin) and 0.02-0.05 (sqrt) dense; ``bench/codecs.py`` measures all three
+0.1-0.5 (lin) and 0.02-0.05 (sqrt) dense; ``xcosd/bench/codecs.py`` measures all three
 on the same rows.
 
 Decoding uses only exact operations: the 128 constants ``2^(-j/128)`` are written
