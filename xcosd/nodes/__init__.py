@@ -5,12 +5,13 @@ that run inside the caller's event loop."""
 from __future__ import annotations
 
 from .cloud import CloudNode
-from .edge import EdgeNode
+from .edge import EdgeNode, RoundObserved
 from .metrics import MetricsServer, prometheus_text
 from .scheduler import BatchStats, Scheduler, score_batch
 from .stats import GenerationResult, GenerationStats, merge
 
 __all__ = [
     "BatchStats", "CloudNode", "EdgeNode", "GenerationResult", "GenerationStats",
-    "MetricsServer", "Scheduler", "merge", "prometheus_text", "score_batch",
+    "MetricsServer", "RoundObserved", "Scheduler", "merge", "prometheus_text",
+    "score_batch",
 ]

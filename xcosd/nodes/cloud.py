@@ -50,7 +50,7 @@ from ..protocol.messages import (
 )
 from ..transport import LinkListener, LinkSpec, Listener, listen
 from ..wire.frames import Limits, decode_message
-from .scheduler import Scheduler
+from .scheduler import BatchStats, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -320,6 +320,14 @@ class CloudNode:
             await self.reap()
 
     # -- stats -----------------------------------------------------------------------
+
+    @property
+    def batch_stats(self) -> BatchStats | None:
+        """The scheduler's live record (``None`` before :meth:`start`): besides the
+        totals :meth:`stats` summarises, every request's queue wait in the order its
+        batch ran, so a benchmark can cut a measured window out of a run after the
+        fact."""
+        return self._scheduler.stats if self._scheduler is not None else None
 
     def stats(self) -> dict[str, Any]:
         """Counters, the scheduler's batch histogram and timings, and bytes by type."""

@@ -71,6 +71,29 @@ LOST_CODES = frozenset({"handshake", "no_session"})
 Prompt = str | Sequence[int] | np.ndarray
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundObserved:
+    """One round of one generation as the edge node saw it, passed to
+    :attr:`EdgeNode.on_round` (a load benchmark times every round with it, without
+    reaching into the node).
+
+    ``start`` / ``end``: :func:`time.monotonic` when the round began (before drafting)
+    and when it settled; the clock is system-wide on Linux, so observers in several
+    processes can compare them. The counts are this round's share of the
+    generation's :class:`~xcosd.nodes.GenerationStats`: target tokens committed, wire
+    bytes up and down (busy retries and a method's second trip included), tokens
+    drafted and accepted."""
+
+    session: int
+    start: float
+    end: float
+    tokens: int
+    uplink_bytes: int
+    downlink_bytes: int
+    drafted: int
+    accepted: int
+
+
 class _StopStrings:
     """Watches the generated text for stop strings as it streams.
 
@@ -146,6 +169,12 @@ class EdgeNode:
     ``curve``: a :class:`~xcosd.transport.CurveClient`. ``draft_thread``: draft in a
     worker thread so the event loop stays free (default: yes, except for the cheap
     pure-Python context models).
+
+    ``on_round``: called with a :class:`RoundObserved` after every round of every
+    generation, in the event loop (keep it cheap). It is how a caller observes rounds
+    without subclassing; an exception it raises ends that generation between two
+    rounds (the session is closed first) and comes out of :meth:`generate`, which is
+    how a benchmark stops its devices at the end of a measured window.
     """
 
     def __init__(self, draft: LanguageModel, connect: str = "tcp://127.0.0.1:5555", *,
@@ -161,6 +190,7 @@ class EdgeNode:
                  busy_retry_s: float = 0.05, name: str = "xcosd-edge",
                  max_message_bytes: int = 256 << 20, draft_thread: bool | None = None,
                  transport_options: dict[str, Any] | None = None,
+                 on_round: Callable[[RoundObserved], None] | None = None,
                  **method_options: Any) -> None:
         self.draft = draft
         self.endpoint = connect
@@ -173,6 +203,7 @@ class EdgeNode:
         self.connect_timeout_s = connect_timeout_s
         self.busy_retry_s = busy_retry_s
         self.name = name
+        self.on_round = on_round
         # validated here, so a wrong setting fails when the node is made, not mid-session
         self.config = GenerationConfig.from_kwargs(
             config, method=method, codec=codec, draft_len=draft_len, temperature=temperature,
@@ -640,6 +671,8 @@ class EdgeNode:
     async def _round(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
                      trace: list[tuple[str, int]], on_text: Callable[[str], None] | None) -> None:
         t = time.perf_counter()
+        before = (time.monotonic(), len(es.token_ids), st.uplink_bytes, st.downlink_bytes,
+                  st.drafted, st.accepted) if self.on_round is not None else None
         out = es.next_round()
         for ev in out.events:
             if isinstance(ev, DraftNeeded):  # the draft model runs in the worker
@@ -677,4 +710,10 @@ class EdgeNode:
                 elif isinstance(ev, Finished):
                     settled = True
             if settled:
+                if before is not None and self.on_round is not None:
+                    t0, n0, up0, down0, d0, a0 = before
+                    self.on_round(RoundObserved(
+                        es.s, t0, time.monotonic(), len(es.token_ids) - n0,
+                        st.uplink_bytes - up0, st.downlink_bytes - down0, st.drafted - d0,
+                        st.accepted - a0))
                 return
