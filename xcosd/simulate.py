@@ -2,9 +2,9 @@
 
 For tests, benches and anyone studying the math: it drafts from ``draft_probs``,
 verifies against ``target_probs``, runs the method's rejection protocol
-(including follow-up requests) and counts what would cross the link. It calls
-exactly the server and device halves the nodes call, so what is proven here is
-what runs over the wire.
+(including follow-up requests) and counts what would cross the link. It composes
+the round from ``xcosd/methods/round.py``, the functions the state machines run,
+so what is proven here is what runs over the wire.
 
     from xcosd.simulate import simulate_round
     res = simulate_round("xcosd", target_probs, draft_probs, common, rng)
@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidDistribution
-from .methods import DeviceState, Method, RejectState, Request, Space, Verdict, get_method
-from .methods.base import ID_BYTES
+from .methods import DeviceState, Method, RejectState, Space, Verdict, get_method
+from .methods.base import ID_BYTES, Reply
+from .methods.round import draft_token, resolve_locally, verify_block
 from .sampling import check_distribution, sample_index
 
 
@@ -88,24 +89,23 @@ def simulate_round(
 
     # device: draft d tokens from q_i (V_C order)
     q_raw = [dp[i, space.common_ids] for i in range(d)]
-    q_rows = [m.draft_row(q) for q in q_raw]
-    ids = np.array([space.common_ids[sample_index(q, rng)] for q in q_rows], dtype=np.int64)
+    drawn = [draft_token(m, q, space, rng) for q in q_raw]
+    ids = np.array([t for t, _ in drawn], dtype=np.int64)
+    q_rows = [qr for _, qr in drawn]
     draft = m.draft_message(ids, q_raw, space)
     up = draft.nbytes()
     msgs = [("up", "draft", up)]
 
     # server: commit, verify, answer
-    p_star = m.commit_rows(tp[: d + 1], space)
-    n = m.verify(p_star, draft, space, rng)
-    if n == d:
-        verdict = Verdict(n, m.bonus(p_star[d], rng))
+    v = verify_block(m, tp[: d + 1], draft, space, rng)
+    n = v.accepted
+    if v.reject is None:
+        verdict = Verdict(n, v.reply)
         msgs.append(("down", "verdict", verdict.nbytes()))
         return RoundResult([*ids.tolist(), verdict.reply.token], n, d, up,  # type: ignore[union-attr]
                            verdict.nbytes(), 1, messages=msgs)
-    state = RejectState(p_raw=tp[n], p_star=p_star[n], rejected=int(ids[n]),
-                        q_common=m.server_q(draft, n, space))
-    res = _settle_rejection(m, state, DeviceState(q_common=q_rows[n], rejected=int(ids[n])),
-                            space, rng, msgs)
+    res = _settle_rejection(m, v.reject, DeviceState(q_common=q_rows[n], rejected=int(ids[n])),
+                            space, rng, msgs, v.reply)
     res.tokens[:0] = ids[:n].tolist()
     res.accepted, res.drafted = n, d
     res.uplink_bytes += up
@@ -141,20 +141,10 @@ def simulate_resample(
 
 
 def _settle_rejection(m: Method, state: RejectState, dev: DeviceState, space: Space,
-                      rng: np.random.Generator, msgs: list[tuple[str, str, int]]) -> RoundResult:
+                      rng: np.random.Generator, msgs: list[tuple[str, str, int]],
+                      reply: Reply | None = None) -> RoundResult:
     """Server reply to a rejection, then device resolution with follow-ups."""
-    reply = m.on_reject(state, space, rng)
-    down = ID_BYTES + reply.nbytes()  # the verdict: accepted count + payload
-    msgs.append(("down", "verdict", down))
-    out = m.resolve(reply, dev, space, rng)
-    up, trips = 0, 1
-    while isinstance(out, Request):
-        up += out.nbytes()
-        msgs.append(("up", f"request:{out.kind}", out.nbytes()))
-        reply = m.on_request(state, out, space, rng)
-        down += reply.nbytes()
-        msgs.append(("down", type(reply).__name__, reply.nbytes()))
-        trips += 1
-        out = m.resolve(reply, dev, space, rng)
-    return RoundResult([int(out)], 0, 1, up, down, trips, trials=dev.trials,
-                       fallbacks=dev.fallbacks, messages=msgs)
+    r = resolve_locally(m, state, dev, space, rng, reply)
+    msgs.extend(r.messages)
+    return RoundResult([r.token], 0, 1, r.uplink_bytes, r.downlink_bytes, r.round_trips,
+                       trials=dev.trials, fallbacks=dev.fallbacks, messages=msgs)

@@ -2,8 +2,8 @@
 
 At a fixed context the first token a round emits must, for a lossless method, be
 distributed exactly as the warped target row ``p``. We run the method's own
-server and device halves (composed as :func:`xcosd.simulate.simulate_round` does,
-with one draft) many times on real model rows at that context and estimate
+server and device halves (composed from ``xcosd/methods/round.py``, as the state
+machines compose them, with one draft) many times on real model rows at that context and estimate
 ``TV(P, p)``, where ``P`` is the law of the emitted token.
 
 The plug-in estimate ``TV(empirical, p)`` is useless here: over a vocabulary of
@@ -36,8 +36,9 @@ import numpy as np
 from ..codecs import Codec, get_codec
 from ..codecs.base import Buffer
 from ..errors import InvalidDistribution
-from ..methods import DeviceState, Draft, Method, RejectState, Request, Space, get_method
+from ..methods import DeviceState, Draft, Method, RejectState, Space, get_method
 from ..methods.distance import total_variation
+from ..methods.round import resolve_locally
 from ..methods.tli import restrict_to_common
 from ..models.base import LanguageModel
 from ..sampling import SamplingParams, warp
@@ -150,10 +151,7 @@ def first_token_trials(method: Method, p: np.ndarray, q_draft: np.ndarray | None
             state = RejectState(p_raw=tp[0], p_star=p_star[0], rejected=x,
                                 q_common=method.server_q(drafts[x], 0, space))
             dev = DeviceState(q_common=q_row, rejected=x)
-            out = method.resolve(method.on_reject(state, space, rng), dev, space, rng)
-            while isinstance(out, Request):
-                out = method.resolve(method.on_request(state, out, space, rng), dev, space, rng)
-            tokens[t] = int(out)
+            tokens[t] = resolve_locally(method, state, dev, space, rng).token
         weight[chosen] = rejected.size / chosen.size
         resolved += int(chosen.size)
     return tokens, weight, half, float(accepted.mean()), resolved

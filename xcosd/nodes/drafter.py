@@ -15,10 +15,11 @@ import numpy as np
 
 from ..errors import InvalidDistribution, VocabError
 from ..methods.base import Method, Space
+from ..methods.round import draft_token
 from ..methods.tli import restrict_kept, restrict_to_common
 from ..models.base import LanguageModel, Session
 from ..protocol.edge import DraftNeeded
-from ..sampling import SamplingParams, sample_index, warp, warp_kept
+from ..sampling import SamplingParams, warp, warp_kept
 from ..vocab import VocabMap
 
 Drafts = tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]
@@ -93,12 +94,11 @@ class Drafter:
                     q = warp(restrict_to_common(row, cd), self.params)
                 except InvalidDistribution:
                     break
-            qr = method.draft_row(q)
-            c = sample_index(qr, rng)
-            ids.append(int(space.common_ids[c]))
+            tid, qr = draft_token(method, q, space, rng)
+            ids.append(tid)
             q_raw.append(q)
             q_rows.append(qr)
-            self.model.append(self.session, [int(cd[c])])
+            self.model.append(self.session, [int(self.vmap.target_to_draft[tid])])
         self.length += len(ids)
         return np.array(ids, dtype=np.int64), q_raw, q_rows
 

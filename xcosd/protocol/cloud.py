@@ -53,6 +53,7 @@ from ..methods.base import (
     Space,
     TokenReply,
 )
+from ..methods.round import verify_block
 from ..sampling import SamplingParams, warp
 from ..vocab import Vocabulary
 from .errors import error_code
@@ -306,16 +307,8 @@ class CloudSession:
                 raise InvalidDistribution(
                     f"target returned rows {rows.shape}, expected {(d + 1, sp.target_size)}")
             p = warped if warped is not None else warp(rows, self.params)
-            p_star = m.commit_rows(p, sp)
-            n = m.verify(p_star, draft, sp, self.rng) if d else 0
-            if n == d:
-                return RoundOutcome(n, m.bonus(p_star[d], self.rng), None)
-            # copies: views would keep the whole (d+1) x |V_T| block alive until the
-            # device's next draft
-            p_n = p[n].copy()
-            state = RejectState(p_raw=p_n, p_star=p_n if p_star is p else p_star[n].copy(),
-                                rejected=int(draft.ids[n]), q_common=m.server_q(draft, n, sp))
-            return RoundOutcome(n, m.on_reject(state, sp, self.rng), state)
+            v = verify_block(m, p, draft, sp, self.rng)
+            return RoundOutcome(v.accepted, v.reply, v.reject)
         except XcosdError as e:
             return RoundOutcome(0, TokenReply(0), None, e)
         except (ValueError, IndexError, AssertionError) as e:
