@@ -20,10 +20,10 @@ from xcosd.protocol import (
     DraftMsg,
     EdgeHandshake,
     Error,
-    FollowUp,
     Hello,
     Open,
     Ping,
+    ReplyMsg,
     RequestMsg,
     VerdictMsg,
     VocabRequest,
@@ -50,7 +50,7 @@ def _valid_messages(vmap: VocabMap) -> list[list[bytes]]:
              None, "", 20, np.array([1, 2, 3])),
         DraftMsg(1, 1, 0, None, draft), DraftMsg(1, 2, 1, int(c[3]), draft),
         RequestMsg(1, 3, 0, "more"), RequestMsg(2, 3, 0, "other"), Close(1, 9),
-        Error("busy", "x", 1, 0), VerdictMsg(1, 0, 1, TokenReply(2)), FollowUp(1, 0, TokenReply(3)),
+        Error("busy", "x", 1, 0), VerdictMsg(1, 0, 1, TokenReply(2)), ReplyMsg(1, 0, TokenReply(3)),
     ]
     return [[bytes(f) for f in pack(m)] for m in msgs]
 

@@ -35,10 +35,10 @@ from xcosd.protocol import (
     Close,
     DraftMsg,
     Error,
-    FollowUp,
     Open,
     Ping,
     Pong,
+    ReplyMsg,
     RequestMsg,
     VerdictMsg,
     pack,
@@ -522,7 +522,7 @@ def test_m_candidate_rounds_then_no_more() -> None:
     assert isinstance(out[0].reply, CandidatesReply)  # candidate round 1
     for k in range(2, m + 1):
         got = link.to_cloud(RequestMsg(s, k, 0, "more"))
-        assert isinstance(got[0], FollowUp) and isinstance(got[0].reply, CandidatesReply), k
+        assert isinstance(got[0], ReplyMsg) and isinstance(got[0].reply, CandidatesReply), k
     assert _code(link.to_cloud(RequestMsg(s, m + 1, 0, "more"))) == "bad_request"
 
 

@@ -63,13 +63,13 @@ from .messages import (
     Close,
     DraftMsg,
     Error,
-    FollowUp,
     Hello,
     Message,
     Open,
     Opened,
     Ping,
     Pong,
+    ReplyMsg,
     RequestMsg,
     ServerLimits,
     VerdictMsg,
@@ -570,7 +570,7 @@ class CloudConnection:
         reply = sess.method.on_request(sess.reject, Request(msg.kind), sess.space, sess.rng)
         sess.requests += 1
         sess.final_token = int(reply.token) if isinstance(reply, TokenReply) else None
-        return CloudOutput([FollowUp(sess.s, msg.r, reply, self._other_bytes(sess.space, reply))])
+        return CloudOutput([ReplyMsg(sess.s, msg.r, reply, self._other_bytes(sess.space, reply))])
 
     def _other_bytes(self, space: Space, reply: Reply) -> dict[int, bytes]:
         """Bytes of every V_O token ``reply`` names (the device knows V_C only by id)."""

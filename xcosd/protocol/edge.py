@@ -58,11 +58,11 @@ from .messages import (
     Close,
     DraftMsg,
     Error,
-    FollowUp,
     Hello,
     Message,
     Open,
     Opened,
+    ReplyMsg,
     RequestMsg,
     VerdictMsg,
     VocabMapAccepted,
@@ -446,7 +446,7 @@ class EdgeSession:
             return out
         if isinstance(msg, VerdictMsg) and self.phase is EdgePhase.WAITING and msg.r == self.round:
             return self._verdict(msg)
-        if isinstance(msg, FollowUp) and self.phase is EdgePhase.RESOLVING and msg.r == self.round:
+        if isinstance(msg, ReplyMsg) and self.phase is EdgePhase.RESOLVING and msg.r == self.round:
             self._trips += 1
             return self._resolve(msg.reply, msg.other_bytes)
         raise ProtocolError(f"session {self.s}: unexpected {msg.TYPE!r} in phase "

@@ -6,6 +6,13 @@ int32, probabilities as little-endian float32, codec payloads as the codec wrote
 them. Arrays never go element by element into msgpack: a 4-token draft costs 32
 bytes of buffers, not a msgpack list per value.
 
+Names: a message class is named for what its wire type ``"t"`` carries (``hello``
+-> :class:`Hello`, ``open`` -> :class:`Open`, ``vmap`` -> :class:`VocabMapUpload`);
+the four whose name is already a method payload's (``draft``, ``verdict``,
+``request``, ``reply``: :class:`~xcosd.methods.base.Draft` and friends travel
+*inside* them) carry a ``Msg`` suffix: :class:`DraftMsg`, :class:`VerdictMsg`,
+:class:`RequestMsg`, :class:`ReplyMsg`.
+
 Each message type is a frozen dataclass that declares its header keys
 (``FIELDS``, a table of :class:`~xcosd.protocol.fields.Field`: attribute, wire
 key, type, bounds) and its buffers (``BUFFERS``); :class:`Message` encodes and
@@ -483,7 +490,7 @@ class DraftMsg(SessionMessage):
         return {"draft": Draft(ids=ids, q_values=q, q_vectors=vectors, verify_mask=mask)}
 
 
-# -- the method's payload (shared by VerdictMsg and FollowUp) ------------------
+# -- the method's payload (shared by VerdictMsg and ReplyMsg) ------------------
 
 
 class ReplyKind(StrEnum):
@@ -600,7 +607,7 @@ class RequestMsg(SessionMessage):
 
 
 @dataclass(frozen=True, eq=False)
-class FollowUp(SessionMessage):
+class ReplyMsg(SessionMessage):
     """Cloud -> edge: the answer to a :class:`RequestMsg` (same payload kinds as a verdict)."""
 
     TYPE: ClassVar[str] = "reply"
@@ -635,7 +642,7 @@ class Close(SessionMessage):
 MESSAGE_TYPES: dict[str, type[Message]] = {
     m.TYPE: m
     for m in (Hello, Welcome, VocabRequest, VocabTable, VocabMapUpload, VocabMapAccepted, Ping,
-              Pong, Error, Open, Opened, DraftMsg, VerdictMsg, RequestMsg, FollowUp, Close)
+              Pong, Error, Open, Opened, DraftMsg, VerdictMsg, RequestMsg, ReplyMsg, Close)
 }
 
 
@@ -671,11 +678,46 @@ def session_of(header: Any) -> int | None:
 
 
 __all__ = [
-    "MAX_BUFFERS", "MAX_CANDIDATES", "MAX_DRAFT", "MAX_HEADER_BYTES", "MAX_IDS", "MAX_MESSAGE",
-    "MAX_NAME", "MAX_OPTIONS", "MAX_PIECE", "MAX_STOP", "MAX_TEXT", "MESSAGE_TYPES",
-    "PROTOCOL_VERSION", "REPLY_SPECS", "Close", "DraftMsg", "Error", "FollowUp", "Hello",
-    "Message", "Open", "Opened", "Ping", "Pong", "ReplyKind", "RequestMsg", "ServerLimits",
-    "SessionMessage", "VerdictMsg", "VocabMapAccepted", "VocabMapUpload", "VocabRequest",
-    "VocabTable", "Welcome", "bytes_to_f32", "bytes_to_ids", "check_probs", "from_wire",
-    "ids_to_bytes", "reply_from_wire", "reply_to_wire", "session_of",
+    "MAX_BUFFERS",
+    "MAX_CANDIDATES",
+    "MAX_DRAFT",
+    "MAX_HEADER_BYTES",
+    "MAX_IDS",
+    "MAX_MESSAGE",
+    "MAX_NAME",
+    "MAX_OPTIONS",
+    "MAX_PIECE",
+    "MAX_STOP",
+    "MAX_TEXT",
+    "MESSAGE_TYPES",
+    "PROTOCOL_VERSION",
+    "REPLY_SPECS",
+    "Close",
+    "DraftMsg",
+    "Error",
+    "Hello",
+    "Message",
+    "Open",
+    "Opened",
+    "Ping",
+    "Pong",
+    "ReplyKind",
+    "ReplyMsg",
+    "RequestMsg",
+    "ServerLimits",
+    "SessionMessage",
+    "VerdictMsg",
+    "VocabMapAccepted",
+    "VocabMapUpload",
+    "VocabRequest",
+    "VocabTable",
+    "Welcome",
+    "bytes_to_f32",
+    "bytes_to_ids",
+    "check_probs",
+    "from_wire",
+    "ids_to_bytes",
+    "reply_from_wire",
+    "reply_to_wire",
+    "session_of",
 ]
