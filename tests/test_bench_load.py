@@ -10,11 +10,13 @@ however slow the machine is.
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 
 import pytest
 
-from xcosd.bench.load import LoadConfig, analyse, ideal, run_load, window_of
+from xcosd.bench.load import LoadConfig, analyse, ideal, pipe, run_load, window_of
 from xcosd.cli import main
 
 SUMMARIES = ("token_latency_ms", "round_latency_ms", "ttft_ms", "tpot_ms", "queue_wait_ms",
@@ -168,3 +170,20 @@ def test_cli_writes_json(tmp_path, capsys) -> None:
     assert rep["command"].startswith("xcosd ")
     assert "tokens/s" in capsys.readouterr().out
     assert (tmp_path / "load_batches.png").stat().st_size > 1000
+
+
+async def test_pipe_frames_are_the_same_both_ways() -> None:
+    """The device process writes with the blocking half, the parent reads with the
+    asyncio half (and the other way round): one framing, so either reads the other."""
+    msg = ("done", [{"device": 1, "rounds": [(0.5, 1.0, 3, 10, 20, 4, 2)]}])
+    buf = io.BytesIO()
+    pipe.write(buf, msg)
+    reader = asyncio.StreamReader()
+    reader.feed_data(buf.getvalue())
+    reader.feed_eof()
+    assert await pipe.recv(reader) == msg
+    with pytest.raises(asyncio.IncompleteReadError):  # the other side closed
+        await pipe.recv(reader)
+    assert pipe.read(io.BytesIO(pipe.frame(msg))) == msg
+    with pytest.raises(EOFError):  # closed mid-frame
+        pipe.read(io.BytesIO(pipe.frame(msg)[:-1]))

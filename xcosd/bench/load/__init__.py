@@ -1,0 +1,55 @@
+"""``xcosd bench load``: many edge devices against one cloud, closed loop.
+
+One :class:`~xcosd.nodes.CloudNode` serves the target in this process; ``devices``
+edge devices, each a real :class:`~xcosd.nodes.EdgeNode` with its own ZeroMQ (or
+TCP) connection, run as asyncio tasks in ``procs`` separate worker processes
+(default one; ``procs=0``: in the cloud's event loop, see
+:mod:`~xcosd.bench.load.run` for why).
+
+Closed loop: every device runs one generation at a time and starts the next as
+soon as one ends. Warm-up is excluded: with ``duration_s`` the measured window is
+``[start + warmup_s, start + warmup_s + duration_s]`` and generations still running
+at its end are cancelled; with ``generations`` each device first runs
+``warmup_generations`` and the window is the span in which every device is past
+its warm-up and none has finished (the steady state).
+
+What is measured, in the shape ``wrk``/``ghz``/``vllm bench serve`` print:
+
+* throughput: tokens/s and rounds/s, aggregate and per device, from the rounds that
+  end inside the window;
+* latency: per-token latency (a round's wall time divided by the tokens it emitted,
+  one sample per token), round latency, time to first token (``generate`` called
+  -> first token committed, session open included), time per output token
+  (vLLM's TPOT: ``(end - first token) / (tokens - 1)`` per generation);
+* the cloud: batch-size histogram and queue wait of the batches that end inside the
+  window, compute time and busy fraction;
+* bytes per token up and down (wire bytes of the rounds in the window), acceptance;
+* errors by class over the whole run: ``timeout``, ``busy``, ``protocol``,
+  ``transport``, ``other``.
+
+With a :class:`~xcosd.models.SyntheticModel` target, whose batch costs
+``a + b * rows``, the scheduler's ideal is known: a batch of ``B`` sessions with
+``r`` rows each emits ``B * L`` tokens (``L`` tokens per round) in ``a + b * B * r``
+seconds, so ``ideal = B * L / (a + b * B * r)`` with ``B = min(devices, max_batch)``
+(1 without batching). The measured/ideal ratio is the scheduler's efficiency.
+
+The modules, one job each: :mod:`~xcosd.bench.load.config` (:class:`LoadConfig`),
+:mod:`~xcosd.bench.load.devices` (the load generator and its device process),
+:mod:`~xcosd.bench.load.pipe` (the framing between the processes),
+:mod:`~xcosd.bench.load.run` (the cloud, the processes, the scaling sweep),
+:mod:`~xcosd.bench.load.analysis` (window, percentiles, ideal: the JSON report) and
+:mod:`~xcosd.bench.load.report` (the report as text).
+"""
+
+from __future__ import annotations
+
+from .analysis import analyse, ideal, window_of
+from .config import DEFAULT_TARGET, PROMPTS, LoadConfig, draft_spec
+from .devices import ERROR_CLASSES, Schedule, WindowEnded, run_devices
+from .report import SCALING_HEADER, format_report, scaling_rows
+from .run import RecordingModel, run_load, run_load_sync, run_scaling
+
+__all__ = ["DEFAULT_TARGET", "ERROR_CLASSES", "PROMPTS", "SCALING_HEADER", "LoadConfig",
+           "RecordingModel", "Schedule", "WindowEnded", "analyse", "draft_spec",
+           "format_report", "ideal", "run_devices", "run_load", "run_load_sync", "run_scaling",
+           "scaling_rows", "window_of"]
