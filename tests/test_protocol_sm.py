@@ -96,6 +96,7 @@ def test_session_closed_while_its_round_is_scored() -> None:
     break the batch: its outcome is an error the node drops, the others go on."""
     from xcosd.nodes.scheduler import score_batch
     from xcosd.protocol import ScoreNeeded
+    from xcosd.protocol.cloud import CloseReason
 
     link = Pump(*pair())
     sessions = [link.session("xcosd", seed=i) for i in range(2)]
@@ -106,7 +107,7 @@ def test_session_closed_while_its_round_is_scored() -> None:
         out = link.cloud.receive(link.wire(link.next_draft(es)))
         needs += [ev for ev in out.events if isinstance(ev, ScoreNeeded)]
     assert len(needs) == 2
-    link.cloud.end(needs[0].session, "closed")  # the edge went away mid-round
+    link.cloud.end(needs[0].session, CloseReason.CLOSED)  # the edge went away mid-round
     outcomes = score_batch(link.target, needs)
     assert outcomes[0].error is not None and outcomes[0].error.code == "state"
     assert outcomes[1].error is None

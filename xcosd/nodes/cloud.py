@@ -29,6 +29,7 @@ from ..errors import ProtocolError, TransportError
 from ..models.base import LanguageModel
 from ..protocol import pack
 from ..protocol.cloud import (
+    CloseReason,
     CloudConfig,
     CloudConnection,
     CloudSession,
@@ -167,7 +168,7 @@ class CloudNode:
             await self._metrics.close()
             self._metrics = None
         for conn in list(self._conns.values()):
-            self._apply_events(conn.drop("shutdown"))
+            self._apply_events(conn.drop(CloseReason.SHUTDOWN))
         self._conns.clear()
         if self._scheduler is not None:
             await self._scheduler.close()
@@ -196,7 +197,7 @@ class CloudNode:
                 await asyncio.sleep(0.01)
                 continue
             if frames is None:
-                await self._drop_peer(peer, "disconnected")
+                await self._drop_peer(peer, CloseReason.DISCONNECTED)
                 continue
             try:
                 await self._handle(peer, frames)
@@ -253,9 +254,9 @@ class CloudNode:
                 c["sessions_opened"] += 1
             elif isinstance(ev, SessionClosed):
                 c["sessions_closed"] += 1
-                if ev.reason in ("timeout", "disconnected"):
+                if ev.reason in (CloseReason.TIMEOUT, CloseReason.DISCONNECTED):
                     c["sessions_timed_out"] += 1
-                elif ev.reason == "error":
+                elif ev.reason is CloseReason.ERROR:
                     c["sessions_failed"] += 1
                 c["follow_ups"] += ev.session.requests
                 if sched is not None:
@@ -280,11 +281,11 @@ class CloudNode:
             self.counters["dropped"] += 1
             log.debug("dropped a %s to %s: %s", msg.TYPE, bytes(conn.peer).hex(), e)
             if isinstance(e, TransportError) and e.code == "unreachable":
-                await self._drop_peer(conn.peer, "disconnected")
+                await self._drop_peer(conn.peer, CloseReason.DISCONNECTED)
 
     # -- liveness -------------------------------------------------------------------
 
-    async def _drop_peer(self, peer: bytes, reason: str) -> None:
+    async def _drop_peer(self, peer: bytes, reason: CloseReason) -> None:
         conn = self._conns.pop(peer, None)
         self._last_seen.pop(peer, None)
         if conn is None:
@@ -307,7 +308,7 @@ class CloudNode:
         cutoff = (time.monotonic() if now is None else now) - self.timeout_s
         silent = [p for p, t in self._last_seen.items() if t < cutoff]
         for peer in silent:
-            await self._drop_peer(peer, "timeout")
+            await self._drop_peer(peer, CloseReason.TIMEOUT)
             if self._listener is not None:
                 with contextlib.suppress(Exception):
                     await self._listener.close_peer(peer)

@@ -94,6 +94,16 @@ class CloudPhase(enum.Enum):
     CLOSED = "closed"
 
 
+class CloseReason(enum.StrEnum):
+    """Why a cloud session ended."""
+
+    CLOSED = "closed"              # the edge closed it
+    TIMEOUT = "timeout"            # its peer went silent past the timeout
+    DISCONNECTED = "disconnected"  # its peer's connection went away
+    ERROR = "error"                # a round failed; the edge got a typed error
+    SHUTDOWN = "shutdown"          # the cloud is stopping
+
+
 class CloudStep(enum.Enum):
     """What moves a cloud session from one phase to the next."""
 
@@ -142,11 +152,10 @@ class SessionOpened:
 
 @dataclass(eq=False)
 class SessionClosed:
-    """The session is over (``reason``: ``closed`` by the edge, ``timeout``, ``error``);
-    the node drops its queued work and frees its model state."""
+    """The session is over; the node drops its queued work and frees its model state."""
 
     session: CloudSession
-    reason: str
+    reason: CloseReason
 
 
 @dataclass(eq=False)
@@ -353,7 +362,7 @@ class CloudConnection:
             e = outcome.error
             out = self.refuse(e.code, f"round {session.round}: {e.message}", session.s,
                               session.round)
-            out.extend(self.end(session, "error"))
+            out.extend(self.end(session, CloseReason.ERROR))
             return out
         n = outcome.accepted
         draft = session.draft
@@ -379,7 +388,7 @@ class CloudConnection:
                          int(outcome.compute_s * 1e6))
         return CloudOutput([msg], [RoundVerified(session, d, n)])
 
-    def end(self, session: CloudSession, reason: str) -> CloudOutput:
+    def end(self, session: CloudSession, reason: CloseReason) -> CloudOutput:
         """Close ``session`` (edge closed it, timed out, failed)."""
         if session.closed:
             return CloudOutput()
@@ -390,7 +399,7 @@ class CloudConnection:
             self.config.sessions -= 1
         return CloudOutput([], [SessionClosed(session, reason)])
 
-    def drop(self, reason: str = "timeout") -> CloudOutput:
+    def drop(self, reason: CloseReason = CloseReason.TIMEOUT) -> CloudOutput:
         """The peer is gone: end every session."""
         out = CloudOutput()
         for sess in list(self.sessions.values()):
@@ -428,7 +437,7 @@ class CloudConnection:
                                     f"seen (last {sess.last_seq})", code="replay")
             if isinstance(msg, Close):
                 sess.last_seq = msg.seq
-                return self.end(sess, "closed")
+                return self.end(sess, CloseReason.CLOSED)
             out = self._draft(sess, msg) if isinstance(msg, DraftMsg) else self._request(sess, msg)
             sess.last_seq = msg.seq  # only an accepted message consumes its number
             return out

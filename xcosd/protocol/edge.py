@@ -186,9 +186,16 @@ class RoundSettled:
     fallbacks: int
 
 
+class FinishReason(enum.StrEnum):
+    """Why a generation ended (compares equal to its string, as transformers' are)."""
+
+    LENGTH = "length"  # max_new_tokens reached
+    STOP = "stop"      # a stop token (or, at the node, a stop string)
+
+
 @dataclass
 class Finished:
-    reason: str  # "length" | "stop"
+    reason: FinishReason
 
 
 @dataclass
@@ -327,7 +334,7 @@ class EdgeSession:
         self._trips = 0
         self._accepted = 0
         self._other: dict[int, bytes] = {}
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
 
     # -- what to send ------------------------------------------------------
 
@@ -441,8 +448,8 @@ class EdgeSession:
             self._advance(EdgeStep.OPENED if self.remaining > 0 else EdgeStep.FINISHED)
             out = EdgeOutput([], [SessionReady(msg.prompt_tokens)])
             if self.phase is EdgePhase.DONE:
-                self.finish_reason = "length"
-                out.events.append(Finished("length"))
+                self.finish_reason = FinishReason.LENGTH
+                out.events.append(Finished(FinishReason.LENGTH))
             return out
         if isinstance(msg, VerdictMsg) and self.phase is EdgePhase.WAITING and msg.r == self.round:
             return self._verdict(msg)
@@ -511,19 +518,19 @@ class EdgeSession:
         self._dev, self._other = None, {}
         self.round += 1
         emitted: list[int] = []
-        reason = None
+        reason: FinishReason | None = None
         for t in new:
             if self.remaining <= 0:
-                reason = "length"
+                reason = FinishReason.LENGTH
                 break
             emitted.append(t)
             self.token_ids.append(t)
             self.text_bytes += self._piece(t, other)
             if t in self.stop_ids:
-                reason = "stop"
+                reason = FinishReason.STOP
                 break
         if reason is None and self.remaining <= 0:
-            reason = "length"
+            reason = FinishReason.LENGTH
         text = self._utf8.decode(bytes(self._piece_bytes(emitted, other)),
                                  final=reason is not None)
         events: list[EdgeEvent] = [TokensEmitted(emitted, text), settled]
