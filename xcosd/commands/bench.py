@@ -42,6 +42,21 @@ def add_parser(sub: Any) -> None:
     _add_methods(bsub)
 
 
+def _add_outputs(p: Any, what: str) -> None:
+    """What both benchmarks write and show (--json, --plots, --progress, -v), defined
+    once so the two cannot drift."""
+    p.add_argument("--json", default=None, metavar="PATH", help=f"write {what} as JSON")
+    p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots there")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="live progress bar on stderr (default: only on a TTY)")
+    # default=None as on --progress: the flag pair's default is "decide by the TTY",
+    # not store_false's implicit True (which --help would print)
+    g.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                   help="no progress bar")
+    add_verbose(p)
+
+
 # ------------------------------------------------------------------ load
 
 
@@ -81,14 +96,7 @@ def _add_load(bsub: Any) -> None:
     add_link_args(p, what="emulate, on every device,")
     p.add_argument("--scaling", default=None, metavar="N,N,...",
                    help="sweep these device counts, batching on and off (e.g. 1,4,16,64,256)")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
-    p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots there")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--progress", dest="progress", action="store_true", default=None,
-                   help="live progress bar on stderr (default: only on a TTY)")
-    g.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar")
-    add_verbose(p)
+    _add_outputs(p, "the report")
     p.set_defaults(func=run_load, check=check_load)
 
 
@@ -188,14 +196,7 @@ def _add_methods(bsub: Any) -> None:
     p.add_argument("--real-tokens", type=positive_int, default=16,
                    help="new tokens per prompt, real pair")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the records as JSON")
-    p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots there")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--progress", dest="progress", action="store_true", default=None,
-                   help="live progress bar on stderr (default: only on a TTY)")
-    g.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar")
-    add_verbose(p)
+    _add_outputs(p, "the records")
     p.set_defaults(func=run_methods, check=check_methods)
 
 
