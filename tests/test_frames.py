@@ -123,3 +123,21 @@ def test_stream_refuses_oversized_prefixes_before_the_body() -> None:
     with pytest.raises(ProtocolError) as e:
         StreamDecoder(lim).feed(struct.pack(">I", 0))
     assert e.value.code == "bad_frame"
+
+
+def test_message_type_is_read_in_place_for_every_message() -> None:
+    """Metering reads ``"t"`` at its fixed offset, never decoding the header: it
+    agrees with the decoded header for every message type, and a header that does
+    not put ``"t"`` first meters as ``"?"`` (it is still decoded and checked on
+    receipt)."""
+    from xcosd.protocol import MESSAGE_TYPES, pack
+    from xcosd.protocol.messages import Close, Ping
+    from xcosd.wire.frames import decode_header
+
+    for msg in (Ping(1), Close(3, 4)):
+        frames = pack(msg)
+        assert message_type(frames) == decode_header(frames[0])["t"] == msg.TYPE
+    assert all(len(t) < 32 for t in MESSAGE_TYPES)  # every type fits a fixstr
+    assert message_type([msgpack.packb({"x": 1, "t": "ping"})]) == "?"
+    assert message_type([b"\x81\xa1t\xa4pi"]) == "?"  # truncated
+    assert message_type([b""]) == "?" and message_type([]) == "?"
