@@ -30,6 +30,7 @@ import numpy as np
 from xcosd.bench.report import OUT_DIR
 from xcosd.models import LanguageModel
 from xcosd.nodes.pump import Pump
+from xcosd.nodes.stats import GenerationStats, merge
 from xcosd.vocab import VocabMap
 
 D = 4
@@ -38,21 +39,14 @@ OUT = OUT_DIR / "models.json"
 
 @dataclass
 class Acceptance:
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    tokens: int = 0
+    """The pair's acceptance: the generations' counters (one
+    :class:`~xcosd.nodes.stats.GenerationStats`, summed), plus what only this
+    measurement asks about V_O."""
+
+    stats: GenerationStats = field(default_factory=GenerationStats)
     other_tokens: int = 0  # emitted target tokens outside V_C
     other_resolved: int = 0  # rejections resolved to a V_O token
     samples: list[str] = field(default_factory=list)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / max(1, self.drafted)
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        return 1 + self.accepted / max(1, self.rounds)
 
 
 def measure_acceptance(draft: LanguageModel, target: LanguageModel, *, rounds: int = 400,
@@ -64,16 +58,14 @@ def measure_acceptance(draft: LanguageModel, target: LanguageModel, *, rounds: i
     pump = Pump(target, draft)
     acc = Acceptance()
     other = pump.vmap.other_mask
+    gens = []
     i = 0
-    while acc.rounds < rounds:
+    while acc.stats.rounds < rounds:
         g = pump.generate(method, prompt="", max_new_tokens=max_len, draft_len=d,
                           seed=seed * 100_003 + i)
         i += 1
-        st = g.stats
-        acc.rounds += st.rounds
-        acc.drafted += st.drafted
-        acc.accepted += st.accepted
-        acc.tokens += st.tokens
+        gens.append(g.stats)
+        acc.stats = merge(gens)
         acc.other_tokens += sum(1 for t in g.token_ids if other[t])
         acc.other_resolved += sum(1 for t in g.resolved if other[t])
         if len(acc.samples) < 3:
@@ -182,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         vmap = VocabMap(draft.vocab, target.vocab)
         result["acceptance"] = {
             "draft": draft.name, "target": target.name, "method": "xcosd", "temperature": 1.0,
-            "d": D, "rounds": acc.rounds, "acceptance_rate": acc.acceptance_rate,
-            "mean_acceptance_length": acc.mean_acceptance_length, "tokens": acc.tokens,
+            "d": D, "rounds": acc.stats.rounds, "acceptance_rate": acc.stats.acceptance_rate,
+            "mean_acceptance_length": acc.stats.mean_acceptance_length,
+            "tokens": acc.stats.tokens,
             "other_tokens": acc.other_tokens, "other_resolved": acc.other_resolved,
             "n_common": vmap.n_common, "n_other": vmap.n_other, "samples": acc.samples,
         }
