@@ -8,8 +8,8 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
-from tests.models_helpers.tiny import byte_level_tokenizer, sentencepiece_tokenizer
 from xcosd.models import default_corpus, vocabulary_from_hf
+from xcosd.models.tiny import byte_level_tokenizer, sentencepiece_tokenizer
 from xcosd.vocab import VocabMap, Vocabulary
 from xcosd.vocab.hf import gpt2_byte_decoder, token_to_bytes, tokenizer_family
 

@@ -11,13 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.models_helpers.tiny import (  # noqa: E402
+from xcosd.errors import ModelError  # noqa: E402
+from xcosd.models import LanguageModel, TransformersModel, load_model  # noqa: E402
+from xcosd.models.tiny import (  # noqa: E402
     byte_level_tokenizer,
     save_tiny_llama,
     sentencepiece_tokenizer,
 )
-from xcosd.errors import ModelError  # noqa: E402
-from xcosd.models import LanguageModel, TransformersModel, load_model  # noqa: E402
 
 TOL = 1e-4
 TEXT = ("Return a new list containing all items from the iterable in ascending order. "

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _tiny_transformers() -> dict[str, LanguageModel]:
     """A tiny local Llama (the CI test model) for the transformers backend's overhead."""
-    from tests.models_helpers.tiny import tiny_llama
+    from xcosd.models.tiny import tiny_llama
 
     return {"transformers: tiny llama (4 layers)": tiny_llama()}
 

@@ -1,4 +1,6 @@
-"""Tiny transformer models built locally, never downloaded.
+"""Tiny transformer models built locally, never downloaded: what the tests and the
+backend-overhead benchmark run the transformers code path on (the real pair is
+hundreds of MB; these take seconds to build and need nothing from a model hub).
 
 * :func:`byte_level_tokenizer` -- a GPT-2-style byte-level BPE trained with
   ``tokenizers`` on a slice of the default corpus;
@@ -15,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from xcosd.models import default_corpus
+from .corpus import default_corpus
 
 
 def _training_text(n_docs: int = 600) -> list[str]:
@@ -54,7 +56,9 @@ def sentencepiece_tokenizer(vocab_size: int = 700) -> Any:
     base.train_from_iterator(_training_text(), trainer)
     model_json = json.loads(base.to_str())["model"]
     trained: dict[str, int] = model_json["vocab"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model_json["merges"]]
+    merges: list[tuple[str, str]] = [
+        (str(a), str(b)) for a, b in (m.split(" ") if isinstance(m, str) else m
+                                      for m in model_json["merges"])]
     vocab: dict[str, int] = {s: i for i, s in enumerate(specials)}
     for b in range(256):
         vocab[f"<0x{b:02X}>"] = len(vocab)

@@ -1,1 +1,0 @@
-"""Shared builders for the model tests: tiny local transformer models and corpora."""
