@@ -25,7 +25,7 @@ No warper sorts a whole row: top-k compares the row against a lower bound on its
 k-th value (the k-th largest of >= k group maxima) and finishes on the few
 candidates; top-p finds its cut by a band search around a sampled guess (see
 :func:`_top_p_band`). A 262,144-id row takes about a millisecond or less
-(``python -m bench.sampling``).
+(``python -m xcosd.bench.sampling``).
 
 A row's result depends on that row only, never on the rows warped with it, and every
 reduction is a fixed-order numpy loop (no parallel, order-dependent sums), so both
