@@ -32,8 +32,10 @@ $(REAL_STAMP): $(STAMP)
 
 setup-real: $(REAL_STAMP)
 
-# the tests include the real pair's (marked slow/real): about 2 minutes on one core
+# lint first (seconds), then the tests, the real pair's (marked slow/real) included
 test: setup setup-real
+	$(BIN)/ruff check xcosd tests bench examples
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo 'pytest ran no tests' >&2; exit 1; fi; exit $$rc
 
@@ -41,7 +43,7 @@ demo: setup
 	$(BIN)/xcosd demo
 
 lint: setup
-	$(BIN)/ruff check xcosd tests bench
+	$(BIN)/ruff check xcosd tests bench examples
 	$(BIN)/mypy
 
 bench: setup setup-real
