@@ -625,13 +625,16 @@ def _env(workdir: Path, test_timeout: float = 0.0, first: str | None = None) -> 
     return env
 
 
-def pytest_command(tests: Sequence[str], workers: int = 0, *, stop_first: bool = True) -> list[str]:
+def pytest_command(tests: Sequence[str], workers: int = 0, *, stop_first: bool = True,
+                   deselect: Sequence[str] = ()) -> list[str]:
     cmd = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", TIMEOUT_PLUGIN_NAME,
            "--no-header"]
     if stop_first:
         cmd.append("-x")
     if workers > 1:
         cmd += ["-n", str(workers)]
+    for nodeid in deselect:
+        cmd += ["--deselect", nodeid]
     return cmd + list(tests)
 
 
@@ -641,14 +644,16 @@ SUMMARY_ID = re.compile(r"^(?:FAILED|ERROR) ([^\s\[]+(?:\[[^\]]*\])?)", re.MULTI
 
 def run_tests(workdir: Path, tests: Sequence[str], timeout: float, workers: int = 0,
               test_timeout: float = 0.0, *, stop_first: bool = True,
-              first: str | None = None) -> Outcome:
-    """pytest on ``tests`` in ``workdir`` (``first``: a node id to run before the rest);
+              first: str | None = None, deselect: Sequence[str] = ()) -> Outcome:
+    """pytest on ``tests`` in ``workdir`` (``first``: a node id to run before the rest;
+    ``deselect``: node ids left out);
     the whole process group dies on timeout (and after the run, so a test's stray
     child process cannot outlive it)."""
     t0 = time.perf_counter()
     mark = workdir / TIMEOUT_FILE
     mark.unlink(missing_ok=True)
-    proc = subprocess.Popen(pytest_command(tests, workers, stop_first=stop_first), cwd=workdir,
+    proc = subprocess.Popen(pytest_command(tests, workers, stop_first=stop_first,
+                                           deselect=deselect), cwd=workdir,
                             env=_env(workdir, test_timeout, first), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     with _LIVE_LOCK:
@@ -758,7 +763,7 @@ def _pct(v: float | None) -> str:
 
 def report(results: Sequence[Result]) -> str:
     s = summarise(results)
-    cols = ["mutants", *RUN]
+    cols = ["mutants", *RUN, *(c for c in NOT_SCORED if s["total"][c])]
     rows = [[f, *(r[c] for c in cols), _pct(r["score"])] for f, r in s["per_file"].items()]
     t = s["total"]
     rows.append(["total", *(t[c] for c in cols), _pct(t["score"])])
@@ -993,17 +998,18 @@ def main(argv: list[str] | None = None) -> int:
                 return float(args.timeout)
             return 3 * baseline[tests] + 60 if tests in baseline else DEFAULT_TIMEOUT
 
-        def run_one(m: Mutant) -> Result:
+        def run_one(m: Mutant, deselect: Sequence[str] = (), force: bool = False) -> Result:
             tests = tuple(plan[m.path][0])
             patch = next((p for p in NAMED if p.name == m.named), None)
             late = args.budget is not None and time.perf_counter() - t_start > 60 * args.budget
-            if late and m.named is None:
+            if late and m.named is None and not force:
                 o = Outcome("not-run", None, 0.0)
             else:
                 def go(w: Path) -> Outcome:
                     with applied(w / m.path, m):
                         return run_tests(w, tests, timeout_for(tests), args.pytest_workers,
-                                         args.test_timeout, first=history.get(m.id))
+                                         args.test_timeout, first=history.get(m.id),
+                                         deselect=deselect)
 
                 o = in_workdir(go)
             return Result(m.id, m.path, m.line, m.col, m.operator, m.named, m.old_line,
@@ -1022,20 +1028,39 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[{i}/{len(mutants)}] {r.status:8s} {r.seconds:6.1f}s  {r.id}"
                           + (f"  ({r.killed_by})" if r.killed_by else ""), flush=True)
 
-        # a kill counts only if its test passes on the unmutated code
-        killers = sorted({r.killed_by for r in results if r.status == "killed" and r.killed_by
-                          and "::" in r.killed_by})
-        if killers:
+        # A kill counts only if its test passes on the unmutated code. A mutant killed by
+        # a test that fails there too runs again without the failing tests (a test file
+        # mid-edit must not hide whether the rest of the suite catches a named fault).
+        by_id = {m.id: m for m in mutants}
+        confirmed: set[str] = set()
+        for _ in range(3):
+            killers = sorted({r.killed_by for r in results if r.status == "killed" and r.killed_by
+                              and "::" in r.killed_by} - confirmed - unconfirmed)
+            if not killers:
+                break
             print(f"confirming {len(killers)} killing test(s) on the unmutated code", flush=True)
             o = run_tests(made[0], killers, args.timeout or DEFAULT_TIMEOUT, args.pytest_workers,
                           args.test_timeout, stop_first=False)
-            unconfirmed = set(o.failed)
-            if o.status in ("timeout", "error"):  # nothing confirmed
+            bad = set(killers) if o.status in ("timeout", "error") else set(o.failed) & set(killers)
+            if o.status in ("timeout", "error"):
                 print(o.tail, file=sys.stderr)
-                unconfirmed = set(killers)
-            for r in results:
-                if r.status == "killed" and r.killed_by in unconfirmed:
-                    r.status = "unconfirmed"
+            confirmed |= set(killers) - bad
+            unconfirmed |= bad
+            redo = [i for i, r in enumerate(results) if r.status == "killed" and r.killed_by in bad]
+            if not redo:
+                break
+            print(f"{', '.join(sorted(bad))} fail(s) unmutated: rerunning {len(redo)} mutant(s) "
+                  "without them", flush=True)
+            rerun = functools.partial(run_one, deselect=sorted(unconfirmed), force=True)
+            with ThreadPoolExecutor(max_workers=jobs) as ex:
+                again = list(ex.map(rerun, [by_id[results[i].id] for i in redo]))
+            for i, r in zip(redo, again, strict=True):
+                print(f"  {r.status:8s} {r.seconds:6.1f}s  {r.id}"
+                      + (f"  ({r.killed_by})" if r.killed_by else ""), flush=True)
+                results[i] = r
+        for r in results:
+            if r.status == "killed" and r.killed_by in unconfirmed:
+                r.status = "unconfirmed"
     except KeyboardInterrupt:
         with _LIVE_LOCK:
             for proc in list(_LIVE):
@@ -1050,8 +1075,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report(results))
     if unconfirmed:
-        print(f"\nWARNING: these tests fail on the unmutated code: {', '.join(sorted(unconfirmed))}",
-              file=sys.stderr)
+        print(f"\nWARNING: these tests fail on the unmutated code (left out of the reruns): "
+              f"{', '.join(sorted(unconfirmed))}", file=sys.stderr)
     elapsed = time.perf_counter() - t_start
     named_res = [r for r in results if r.named]
     named_bad = [r.named for r in named_res if r.status not in DETECTED]
@@ -1069,7 +1094,8 @@ def main(argv: list[str] | None = None) -> int:
                    "test_map": {p: list(t) for p, t in TEST_MAP},
                    "missing_tests": missing},
         "baseline_s": {" ".join(s): round(v, 1) for s, v in baseline.items()},
-        "unconfirmed_tests": sorted(unconfirmed),
+        # tests that failed on the unmutated code: left out of the reruns
+        "failing_unmutated": sorted(unconfirmed),
         "elapsed_s": round(elapsed, 1),
         "summary": summarise(results),
         "named": {r.named: r.status for r in named_res},
