@@ -785,6 +785,22 @@ def report(results: Sequence[Result]) -> str:
 
 
 MAKE_COMMAND = "make mutation"
+RESULTS_MD = ROOT / "docs" / "RESULTS.md"
+
+
+def update_results(path: Path, section: str) -> None:
+    """Replace the "## Mutation testing" section of ``path`` (up to the next ``## ``
+    heading) with ``section``, or append it."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    head = "## Mutation testing"
+    start = text.find("\n" + head + "\n") + 1 if ("\n" + head + "\n") in text else (
+        0 if text.startswith(head + "\n") else -1)
+    if start < 0:
+        path.write_text(text.rstrip("\n") + "\n\n" + section, encoding="utf-8")
+        return
+    nxt = text.find("\n## ", start + len(head))
+    rest = "" if nxt < 0 else "\n" + text[nxt + 1:]
+    path.write_text(text[:start] + section + rest, encoding="utf-8")
 
 
 def markdown_section(data: dict[str, Any] | None) -> list[str]:
@@ -814,7 +830,8 @@ def markdown_section(data: dict[str, Any] | None) -> list[str]:
         "that sample is small and its score a rough estimate; every generated mutant: "
         "`python -m bench.mutation` (a day or more on 2 cores), or one file at a time "
         "(`--files xcosd/wire/frames.py`). The report is `bench/out/mutation.json`; "
-        "this section is printed from it by `python -m bench.mutation --section`.", ""]
+        "`python -m bench.mutation --update-results` rewrites this section from it "
+        "(`bench/results.py` does not: rerun that after `make bench`).", ""]
     if data is None:
         return [*lines, "Not run yet: the figures appear here after the run above.", ""]
     s = data["summary"]
@@ -911,12 +928,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the selected mutants and exit")
     ap.add_argument("--section", action="store_true",
                     help="print the RESULTS.md section from the saved --json report and exit")
+    ap.add_argument("--update-results", action="store_true",
+                    help="write that section into docs/RESULTS.md (replacing the old one) and exit")
     ap.add_argument("--json", type=Path, default=OUT,
                     help=f"report path (default {OUT.relative_to(ROOT)})")
     args = ap.parse_args(argv)
-    if args.section:
+    if args.section or args.update_results:
         data = json.loads(args.json.read_text()) if args.json.exists() else None
-        print("\n".join(markdown_section(data)))
+        section = "\n".join(markdown_section(data)).rstrip() + "\n"
+        if args.section:
+            print(section, end="")
+        if args.update_results:
+            update_results(RESULTS_MD, section)
+            print(f"updated {RESULTS_MD}")
         return 0
 
     named, generated, stale = collect(args.files, args.only_named)
@@ -938,7 +962,9 @@ def main(argv: list[str] | None = None) -> int:
     history: dict[str, str] = {}
     if not args.no_history and args.json.exists():
         with contextlib.suppress(ValueError, KeyError, TypeError):
-            history = {m["id"]: m["killed_by"] for m in json.loads(args.json.read_text())["mutants"]
+            # a named mutant by its name: its line moves whenever the code above it changes
+            history = {m.get("named") or m["id"]: m["killed_by"]
+                       for m in json.loads(args.json.read_text())["mutants"]
                        if m["status"] == "killed" and m.get("killed_by")}
     plan = {m.path: mapped_tests(m.path) for m in mutants}
     missing = sorted({t for _, miss in plan.values() for t in miss})
@@ -1008,7 +1034,7 @@ def main(argv: list[str] | None = None) -> int:
                 def go(w: Path) -> Outcome:
                     with applied(w / m.path, m):
                         return run_tests(w, tests, timeout_for(tests), args.pytest_workers,
-                                         args.test_timeout, first=history.get(m.id),
+                                         args.test_timeout, first=history.get(m.named or m.id),
                                          deselect=deselect)
 
                 o = in_workdir(go)

@@ -25,6 +25,7 @@ from bench.mutation import (
     named_mutant,
     sample_mutants,
     scope_files,
+    update_results,
 )
 
 TINY = '''"""Docstring: 1 < 2 is not mutated."""
@@ -144,3 +145,13 @@ def test_pytest_plugin_parses_and_summary_ids_keep_their_parameters() -> None:
     summary = ("FAILED tests/a.py::t[top-p 0.95] - assert 1\nERROR tests/b.py - x\n"
                "FAILED tests/c.py::u\n")
     assert SUMMARY_ID.findall(summary) == ["tests/a.py::t[top-p 0.95]", "tests/b.py", "tests/c.py::u"]
+
+
+def test_update_results_replaces_only_its_own_section(tmp_path: Path) -> None:
+    doc = tmp_path / "RESULTS.md"
+    doc.write_text("# R\n\n## A\n\na\n")
+    update_results(doc, "## Mutation testing\n\nold\n")
+    assert doc.read_text() == "# R\n\n## A\n\na\n\n## Mutation testing\n\nold\n"
+    doc.write_text(doc.read_text() + "\n## Z\n\nz\n")
+    update_results(doc, "## Mutation testing\n\nnew\n")
+    assert doc.read_text() == "# R\n\n## A\n\na\n\n## Mutation testing\n\nnew\n\n## Z\n\nz\n"
