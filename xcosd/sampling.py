@@ -506,7 +506,26 @@ def sample_index(weights: np.ndarray, rng: np.random.Generator) -> int:
 
 
 def sample_many(weights: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Draw ``n`` i.i.d. indices proportional to ``weights`` (inverse CDF)."""
-    w, blocks, c, total = _prepare(weights)
+    """Draw ``n`` i.i.d. indices proportional to ``weights`` (inverse CDF).
+
+    A few draws from a long row use the block sums (:func:`sample_index`'s path);
+    otherwise one float64 cumsum serves every draw in one vectorized search (SR-DV
+    draws K candidates per rejection, up to 65,536 of them).
+    """
+    w = np.asarray(weights)
+    if w.shape[0] > 4 * _SAMPLE_BLOCK and n <= 4:
+        w, blocks, c, total = _prepare(w)
+        u = rng.random(n) * total
+        return np.array([_draw(w, blocks, c, float(x)) for x in u], dtype=np.int64)
+    c = w.cumsum(dtype=np.float64)
+    total = float(c[-1]) if c.shape[0] else 0.0
+    if not total > 0:
+        raise InvalidDistribution("cannot sample from a vector with no mass")
     u = rng.random(n) * total
-    return np.array([_draw(w, blocks, c, float(x)) for x in u], dtype=np.int64)
+    idx = np.minimum(c.searchsorted(u, side="right"), c.shape[0] - 1)
+    # u can land on the very end through rounding, or on a zero weight: step back
+    bad = (w[idx] <= 0) & (idx > 0)
+    while bad.any():
+        idx[bad] -= 1
+        bad = (w[idx] <= 0) & (idx > 0)
+    return idx.astype(np.int64)
