@@ -8,7 +8,7 @@ match the target's exact law for every lossless method with ``f32``, match the
 *committed* law with a lossy codec, and the lossy ``target-resample`` must fail the
 same check.
 
-Built to catch: at N = 3,000 a TV ~0.08 change of the joint at one step (the power
+Built to catch: at N = 2,000 a TV 0.1 change of the joint at one step (the power
 of this check at each N is measured in ``tests/test_law_power.py``) and any token
 outside the law's support. The high-N law tests run the same state machines in
 process (``tests/test_law.py``); these show the nodes, the scheduler's batching and
@@ -33,7 +33,7 @@ from .session_pairs import closed_sessions_settle, pair
 PROMPT = "c"
 TOKENS = 5
 DRAFT_LEN = 4
-N = 3_000
+N = 2_000
 
 
 async def _generate(method: str, codec: str, n: int, transport: str = "zmq",

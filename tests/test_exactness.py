@@ -11,7 +11,7 @@ masses, ``|V_C| = 1``, 200k-entry real vocabularies). Whole multi-draft generati
 through the real state machines are ``tests/test_law.py``'s job.
 
 Built to catch (chi-square at p > 1e-4 plus TV < 3 / sqrt(N), ``helpers/stats.py``):
-at N = 100,000 a first-token deviation of TV 0.02 over 16 cells; at N = 20,000-30,000
+at N = 50,000 a first-token deviation of TV 0.02 over 16 cells; at N = 20,000-30,000
 TV 0.04; on the real cl100k -> o200k map (N = 2,000, 20 cells) TV 0.1 and any id
 mapping error (a token off the target's support gives p = 0).
 """
@@ -52,15 +52,15 @@ def run_rounds(name, opts, target, draft, common, n, seed):
 
 
 @pytest.mark.parametrize("variant", LOSSLESS, ids=_id)
-def test_first_token_vo_heavy_100k(variant):
+def test_first_token_vo_heavy(variant):
     name, opts = variant
     target, draft, common = vo_heavy(d=1)
-    rounds = run_rounds(name, opts, target, draft, common, 100_000, seed=11)
+    rounds = run_rounds(name, opts, target, draft, common, 50_000, seed=11)
     assert_exact([r.tokens[0] for r in rounds], target[0], _id(variant))
     if name != "ar":
-        assert sum(r.rejected for r in rounds) > 50_000  # the residual really was exercised
+        assert sum(r.rejected for r in rounds) > 25_000  # the residual really was exercised
     if name == "xcosd-e" and opts.get("K") == 1:
-        assert sum(r.fallbacks for r in rounds) > 1_000  # HR fallback really ran
+        assert sum(r.fallbacks for r in rounds) > 500  # HR fallback really ran
 
 
 @pytest.mark.parametrize("variant", RESAMPLING, ids=_id)
@@ -151,7 +151,7 @@ def test_single_common_token(variant):
 
 def test_target_resample_is_lossy():
     target, draft, common = vo_heavy(d=1)
-    rounds = run_rounds("target-resample", {}, target, draft, common, 100_000, seed=11)
+    rounds = run_rounds("target-resample", {}, target, draft, common, 50_000, seed=11)
     assert_not_exact([r.tokens[0] for r in rounds], target[0], "target-resample")
 
 

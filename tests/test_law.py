@@ -11,7 +11,7 @@ context changes the law.
 
 The empirical law of the 5-token sequences is compared with the exact one
 (``tests/helpers/law.py``: every position, every consecutive pair, the pooled
-joint). Each test states the deviation it is built to catch: at N = 25,000 a TV 0.02
+joint). Each test states the deviation it is built to catch: at N = 20,000 a TV 0.02
 change of the joint at one step (``tests/test_law_power.py`` measures power >= 0.9);
 every warper, every codec and the pairwise cover of method x codec x warper run at
 lower N (each test says which deviation it is built to catch: power scales with
@@ -37,7 +37,7 @@ TOKENS = 5
 DRAFT_LEN = 4
 #: N per test and the one-step TV deviation its check catches with power >= 0.9
 #: (measured in tests/test_law_power.py)
-N_HIGH = 25_000  # TV 0.02
+N_HIGH = 20_000  # TV 0.02
 N_WARPER = 10_000  # TV 0.03
 N_CODEC = 4_000  # TV 0.05
 N_COVER = 800  # TV 0.12
@@ -106,7 +106,7 @@ def assert_law(link: Pump, variant: str, codec: str, params: SamplingParams, n: 
         assert (rejected_at[:DRAFT_LEN] > 0).all(), rejected_at
 
 
-# -- N = 25,000: every lossless method (f32, T = 1) ---------------------------------
+# -- N = 20,000: every lossless method (f32, T = 1) ---------------------------------
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ from xcosd.methods import METHODS, Space
 
 from .stats import ALPHA, Fit, fit
 
-#: The deviation the checks are built to catch at N = 25,000: the joint law of a
+#: The deviation the checks are built to catch at N = 20,000: the joint law of a
 #: generation moved by TV 0.02 at one step (every row used at that step off by TV
 #: 0.02, towards the draft or towards the uniform row), as a wrong row, a wrong q at
 #: one draft position or a wrong commit at one step does.
