@@ -5,6 +5,7 @@ particular a method option the method does not take (it used to be dropped)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -87,3 +88,25 @@ def test_replace_and_transformers_names() -> None:
         GenerationConfig.from_kwargs(stop="a", stop_strings="b")
     assert as_config({"method": "ar"}).method == "ar" and as_config(None) == GenerationConfig()
     assert GenerationConfig(stop_strings="x").to_dict()["stop_strings"] == ["x"]
+
+
+@pytest.mark.parametrize("cfg", [
+    GenerationConfig(),
+    GenerationConfig(method="xcosd-e", codec="topk:64+zstd", draft_len=6, do_sample=False,
+                     temperature=0.7, top_k=40, top_p=0.9, max_new_tokens=12,
+                     stop_strings=("\n\n", "END"), seed=7, K=5, M=3, hr_presample=False),
+    GenerationConfig(method="uhlm", threshold=0.25, seed=0),
+])
+def test_dict_round_trip_through_json(cfg: GenerationConfig) -> None:
+    """A config travels to the load tester's device processes (and into its report)
+    as a dict: reading it back, even through JSON, gives an equal config."""
+    d = json.loads(json.dumps(cfg.to_dict()))
+    assert GenerationConfig.from_dict(d) == cfg
+    assert as_config(d) == cfg
+
+
+def test_from_dict_names_an_unknown_or_wrong_setting() -> None:
+    with pytest.raises(ValueError, match=r"unknown generation setting.*temprature"):
+        GenerationConfig.from_dict({"temprature": 0.5})
+    with pytest.raises(ValueError, match="top_p"):
+        GenerationConfig.from_dict({**GenerationConfig().to_dict(), "top_p": 2.0})

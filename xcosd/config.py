@@ -169,9 +169,25 @@ class GenerationConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-able (``stop_strings`` as a list): how a config travels to
+        another process (the load tester's device processes) or into a report;
+        :meth:`from_dict` reads it back to an equal config."""
         d = dataclasses.asdict(self)
         d["stop_strings"] = list(self.stop_strings)
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GenerationConfig:
+        """The config :meth:`to_dict` wrote (validated again, as any construction).
+
+        An unknown key is a ValueError naming it, not a TypeError from ``__init__``:
+        a dict comes from a file or a pipe, and a misspelt setting there must fail
+        with the same kind of message as a wrong value."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown generation setting(s): {', '.join(unknown)}")
+        return cls(**dict(d))
 
     @classmethod
     def from_kwargs(cls, base: GenerationConfig | None = None,
@@ -199,4 +215,4 @@ def as_config(obj: GenerationConfig | Mapping[str, Any] | None) -> GenerationCon
         return GenerationConfig()
     if isinstance(obj, GenerationConfig):
         return obj
-    return GenerationConfig(**dict(obj))
+    return GenerationConfig.from_dict(obj)
