@@ -16,8 +16,18 @@ import json
 
 import pytest
 
-from xcosd.bench.load import LoadConfig, analyse, ideal, pipe, run_load, window_of
+from xcosd.bench.load import (
+    LoadConfig,
+    analyse,
+    format_report,
+    generation_settings,
+    ideal,
+    pipe,
+    run_load,
+    window_of,
+)
 from xcosd.cli import main
+from xcosd.config import GenerationConfig
 
 SUMMARIES = ("token_latency_ms", "round_latency_ms", "ttft_ms", "tpot_ms", "queue_wait_ms",
              "per_device_tokens_per_s")
@@ -72,7 +82,7 @@ def check_ideal(rep: dict, batch: int) -> None:
 
 async def test_duration_run_in_process() -> None:
     cfg = LoadConfig(devices=3, target="synthetic:256:2:0.1", duration_s=1.0, warmup_s=0.3,
-                     procs=0, max_new_tokens=16)
+                     procs=0, generation=GenerationConfig(max_new_tokens=16))
     rep = await run_load(cfg, progress=False)
     # how much lands in the window depends on this machine's speed: not asserted
     check_consistent(rep, measured=False)
@@ -89,7 +99,8 @@ async def test_duration_run_in_process() -> None:
 
 async def test_generations_run_in_process_with_batching() -> None:
     cfg = LoadConfig(devices=3, target="synthetic:256:2:0.1", duration_s=None, generations=2,
-                     warmup_generations=1, procs=0, max_new_tokens=16)
+                     warmup_generations=1, procs=0,
+                     generation=GenerationConfig(max_new_tokens=16))
     rep = await run_load(cfg, progress=False)
     check_consistent(rep)
     assert rep["errors_total"] == 0
@@ -99,8 +110,8 @@ async def test_generations_run_in_process_with_batching() -> None:
 
 async def test_generations_run_in_a_device_process_without_batching() -> None:
     cfg = LoadConfig(devices=2, target="synthetic:256:1:0.1", duration_s=None, generations=2,
-                     warmup_generations=1, procs=1, max_new_tokens=12, batching=False,
-                     method="xcosd", codec="q8")
+                     warmup_generations=1, procs=1, batching=False,
+                     generation=GenerationConfig(method="xcosd", codec="q8", max_new_tokens=12))
     rep = await run_load(cfg, progress=False)
     check_consistent(rep)
     assert rep["errors_total"] == 0
@@ -108,6 +119,9 @@ async def test_generations_run_in_a_device_process_without_batching() -> None:
     assert rep["generations"]["warmup"] == 2
     assert set(rep["batch_size_histogram"]) == {"1"}  # batching off: one session per call
     assert rep["ideal"]["batch"] == 1
+    # the generation settings reached the device process and the report, nested
+    assert GenerationConfig.from_dict(rep["config"]["generation"]) == cfg.generation
+    assert "xcosd/q8" in format_report(rep)
 
 
 def _rec(dev, k, start, end, rounds, *, error=None, warmup=False):
@@ -168,6 +182,8 @@ def test_cli_writes_json(tmp_path, capsys) -> None:
     rep = json.loads(out.read_text())
     check_consistent(rep)
     assert rep["command"].startswith("xcosd ")
+    assert rep["config"]["generation"]["max_new_tokens"] == 8
+    assert rep["config"]["generation"]["seed"] is None and rep["config"]["seed"] == 0
     assert "tokens/s" in capsys.readouterr().out
     assert (tmp_path / "load_batches.png").stat().st_size > 1000
 
@@ -187,3 +203,41 @@ async def test_pipe_frames_are_the_same_both_ways() -> None:
     assert pipe.read(io.BytesIO(pipe.frame(msg))) == msg
     with pytest.raises(EOFError):  # closed mid-frame
         pipe.read(io.BytesIO(pipe.frame(msg)[:-1]))
+
+
+def test_config_travels_as_a_dict_with_its_generation_config() -> None:
+    """What a device process receives (``to_dict`` through the pipe) is the config the
+    parent built, its GenerationConfig included."""
+    cfg = LoadConfig(devices=5, duration_s=None, generations=3, seed=11, batching=False,
+                     generation=GenerationConfig(method="xcosd-e", codec="topk:64+zstd",
+                                                 draft_len=6, do_sample=False, max_new_tokens=9,
+                                                 stop_strings=("END",), K=5))
+    d = json.loads(json.dumps(cfg.to_dict()))
+    assert d["generation"] == cfg.generation.to_dict()
+    assert LoadConfig.from_dict(d) == cfg
+    assert pipe.read(io.BytesIO(pipe.frame(cfg.to_dict()))) == cfg.to_dict()
+    # a scaling sweep's points keep the base's generation settings
+    assert LoadConfig.from_dict({**d, "devices": 2}).generation == cfg.generation
+
+
+def test_generation_seed_is_refused_the_run_seeds_each_generation() -> None:
+    """One seed for every generation would make every device generate the same text;
+    LoadConfig.seed (from which each generation's seed derives) is the run's seed."""
+    with pytest.raises(ValueError, match=r"generation\.seed must be None"):
+        LoadConfig(generation=GenerationConfig(seed=3))
+    with pytest.raises(ValueError, match="top_p"):
+        LoadConfig.from_dict({"generation": {"top_p": 0.0}})
+
+
+def test_reports_from_before_the_nested_generation_still_read() -> None:
+    """Reports written when the generation fields sat at the top of ``"config"`` are
+    still read (by format_report, docs/RESULTS.md's writer, LoadConfig.from_dict)."""
+    old = {**LoadConfig(devices=2).to_dict(), "method": "xcosd", "codec": "q8",
+           "max_new_tokens": 12, "temperature": 0.0}
+    del old["generation"]
+    assert generation_settings(old) == {"method": "xcosd", "codec": "q8",
+                                        "max_new_tokens": 12, "temperature": 0.0}
+    g = LoadConfig.from_dict(old).generation
+    assert (g.method, g.codec, g.max_new_tokens, g.greedy) == ("xcosd", "q8", 12, True)
+    new = LoadConfig(devices=2, generation=g).to_dict()
+    assert generation_settings(new) == g.to_dict()

@@ -68,6 +68,11 @@ def key_files(tmp_path: Path) -> tuple[str, str]:
     (["edge", "--top-p", "0", "hi"], "--top-p: expected a number in (0, 1]"),
     (["demo", "--top-k", "-3"], "--top-k: expected an integer >= 0"),
     (["bench", "load", "--top-p", "1.5"], "--top-p"),
+    (["bench", "load", "--temperature", "-1"], "--temperature: expected a number >= 0"),
+    (["bench", "load", "--codec", "f33"], "unknown codec 'f33'"),
+    (["bench", "load", "-K", "5", "--method", "xcosd"], "'xcosd' does not take -K"),
+    (["bench", "load", "--threshold", "0.2"], "'xcosd-e' does not take --threshold"),
+    (["bench", "load", "--stop", ""], "stop_strings must be non-empty"),
     (["edge", "--max-new-tokens", "x", "hi"], "--max-new-tokens"),
     (["edge", "-K", "5", "--method", "xcosd", "hi"], "'xcosd' does not take -K"),
     (["edge", "--threshold", "0.2", "hi"], "'xcosd-e' does not take --threshold"),
@@ -142,6 +147,31 @@ def test_one_set_of_link_flags_with_the_old_names_hidden(
     assert (old.link_mbps, old.link_rtt_ms) == (9.0, 3.0)
     _rc, out, _ = run(["bench", "load", "--help"], capsys)
     assert "--link-mbps" in out and "--rtt-ms" not in out and "--link-rate-mbps" not in out
+
+
+#: the argparse dests of the generation flags (xcosd.commands.options.add_generation_args)
+GENERATION_DESTS = ("method", "codec", "draft_len", "max_new_tokens", "temperature", "top_k",
+                    "top_p", "greedy", "stop", "K", "M", "no_hr_presample", "threshold")
+
+
+def test_bench_load_takes_the_generation_flags_of_edge() -> None:
+    """The load test's devices are edges: the same flags, names and defaults (only
+    --seed differs: a load run derives every generation's seed from it)."""
+    from xcosd.commands.bench import load_config
+    from xcosd.config import GenerationConfig
+
+    p = build_parser()
+    edge, load = vars(p.parse_args(["edge", "hi"])), vars(p.parse_args(["bench", "load"]))
+    assert {k: edge[k] for k in GENERATION_DESTS} == {k: load[k] for k in GENERATION_DESTS}
+    flags = ["--method", "xcosd-e", "--codec", "q8", "--draft-len", "6", "--max-new-tokens",
+             "9", "--greedy", "--stop", "END", "--stop", "###", "-K", "5", "-M", "3",
+             "--no-hr-presample", "--seed", "7"]
+    cfg = load_config(p.parse_args(["bench", "load", *flags]))
+    assert cfg.generation == GenerationConfig(
+        method="xcosd-e", codec="q8", draft_len=6, max_new_tokens=9, do_sample=False,
+        stop_strings=("END", "###"), K=5, M=3, hr_presample=False)
+    assert cfg.seed == 7  # the run's seed, not one generation's
+    assert load_config(p.parse_args(["bench", "load"])).seed == 0
 
 
 def test_verbose_before_or_after_the_command() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from xcosd.bench import plots
-from xcosd.bench.load import SCALING_HEADER, scaling_rows
+from xcosd.bench.load import SCALING_HEADER, generation_settings, scaling_rows
 from xcosd.bench.methods import format_report, merge_reports
 from xcosd.bench.report import OUT_DIR, machine, table
 
@@ -78,6 +78,7 @@ def section_load(rep: Any) -> list[str]:
     if rep is None:
         return ["## Load test", "", "bench/out/load.json is missing.", ""]
     c = rep["config"]
+    g = generation_settings(c)  # nested in newer reports, top-level in older ones
     paths = plots.load_plots(rep, IMG)
     lat = [[name, *(f"{rep[key][q]:.1f}" for q in ("p50", "p90", "p99", "max")),
             rep[key]["count"]]
@@ -94,8 +95,8 @@ def section_load(rep: Any) -> list[str]:
         f"Command: `{_rel(rep.get('command', 'xcosd bench load'))}`", "",
         f"{rep['devices']} closed-loop devices ({c['procs']} device process(es), each device a "
         f"real `EdgeNode` with its own {c['transport']} connection) against one `CloudNode` "
-        f"serving `{c['target']}` (draft `{rep['draft']}`), method {c['method']}/{c['codec']}, "
-        f"{c['max_new_tokens']} tokens per generation, batching "
+        f"serving `{c['target']}` (draft `{rep['draft']}`), method {g['method']}/{g['codec']}, "
+        f"{g['max_new_tokens']} tokens per generation, batching "
         f"{'on (max ' + str(c['max_batch']) + ')' if c['batching'] else 'off'}; "
         f"{c['warmup_s']:g} s warm-up excluded, {rep['window_s']:.1f} s measured.", "",
         table([["tokens/s (aggregate)", f"{rep['tokens_per_s']:,.1f}"],

@@ -76,7 +76,11 @@ def _add_load(bsub: Any) -> None:
     p.add_argument("--draft", default=None,
                    help="draft model spec (default: a cost-free synthetic draft for a "
                         "synthetic target, default-draft otherwise)")
-    add_generation_args(p, seed=0)
+    # the generation flags of `xcosd edge`, every one (the devices are edges); only
+    # --seed differs: a load run seeds each generation apart, from this one seed
+    add_generation_args(p, method_options=True, stop=True, seed=0,
+                        seed_help="the run's seed: device i's k-th generation is seeded "
+                                  "from it, i and k (reruns repeat, devices differ)")
     p.add_argument("--duration", type=positive_float, default=None,
                    help="measured seconds (default 8 unless --generations is given)")
     p.add_argument("--warmup", type=nonneg_float, default=2.0, help="warm-up seconds (excluded)")
@@ -115,16 +119,17 @@ def check_load(args: argparse.Namespace) -> None:
 
 
 def load_config(args: argparse.Namespace) -> Any:
+    """The LoadConfig the options describe; its ``generation`` is built by the same
+    :func:`generation_config` as ``xcosd edge``'s, less the seed (LoadConfig's)."""
     from ..bench.load import LoadConfig
 
     duration = args.duration
     if duration is None and args.generations is None:
         duration = 8.0
     return LoadConfig(
-        devices=args.devices, target=args.target, draft=args.draft, method=args.method,
-        codec=args.codec, draft_len=args.draft_len, max_new_tokens=args.max_new_tokens,
-        temperature=0.0 if args.greedy else args.temperature, top_k=args.top_k, top_p=args.top_p,
-        duration_s=duration, warmup_s=args.warmup, generations=args.generations,
+        devices=args.devices, target=args.target, draft=args.draft,
+        generation=generation_config(args).replace(seed=None), duration_s=duration,
+        warmup_s=args.warmup, generations=args.generations,
         warmup_generations=args.warmup_generations, batching=not args.no_batching,
         max_batch=args.max_batch, max_wait_s=args.max_wait_ms / 1e3, transport=args.transport,
         procs=args.procs, timeout_s=args.timeout, seed=args.seed,

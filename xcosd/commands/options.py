@@ -150,8 +150,12 @@ def existing_file(s: str) -> str:
 
 def add_generation_args(p: argparse.ArgumentParser, *, method: bool = True,
                         method_options: bool = False, max_new_tokens: int = 64,
-                        seed: int | None = None, stop: bool = False) -> None:
-    """The settings of :class:`xcosd.config.GenerationConfig` (transformers' names)."""
+                        seed: int | None = None, seed_help: str | None = None,
+                        stop: bool = False) -> None:
+    """The settings of :class:`xcosd.config.GenerationConfig` (transformers' names).
+
+    ``seed_help``: for a command whose ``--seed`` is not one generation's seed
+    (``bench load`` derives every generation's seed from it)."""
     from ..config import GenerationConfig
 
     d = GenerationConfig()
@@ -172,7 +176,7 @@ def add_generation_args(p: argparse.ArgumentParser, *, method: bool = True,
     p.add_argument("--greedy", action="store_true",
                    help="greedy decoding (transformers' do_sample=False)")
     p.add_argument("--seed", type=nonneg_int, default=seed,
-                   help="seed (default: fresh entropy)" if seed is None else "seed")
+                   help=seed_help or ("seed (default: fresh entropy)" if seed is None else "seed"))
     if stop:
         p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                        help="stop once the output contains TEXT (repeatable)")

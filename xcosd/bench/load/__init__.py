@@ -33,7 +33,8 @@ With a :class:`~xcosd.models.SyntheticModel` target, whose batch costs
 seconds, so ``ideal = B * L / (a + b * B * r)`` with ``B = min(devices, max_batch)``
 (1 without batching). The measured/ideal ratio is the scheduler's efficiency.
 
-The modules, one job each: :mod:`~xcosd.bench.load.config` (:class:`LoadConfig`),
+The modules, one job each: :mod:`~xcosd.bench.load.config` (:class:`LoadConfig`, whose
+``generation`` is the :class:`~xcosd.config.GenerationConfig` every device uses),
 :mod:`~xcosd.bench.load.devices` (the load generator and its device process),
 :mod:`~xcosd.bench.load.pipe` (the framing between the processes),
 :mod:`~xcosd.bench.load.run` (the cloud, the processes, the scaling sweep),
@@ -44,12 +45,12 @@ The modules, one job each: :mod:`~xcosd.bench.load.config` (:class:`LoadConfig`)
 from __future__ import annotations
 
 from .analysis import analyse, ideal, window_of
-from .config import DEFAULT_TARGET, PROMPTS, LoadConfig, draft_spec
+from .config import DEFAULT_TARGET, PROMPTS, LoadConfig, draft_spec, generation_settings
 from .devices import ERROR_CLASSES, Schedule, WindowEnded, run_devices
 from .report import SCALING_HEADER, format_report, scaling_rows
 from .run import RecordingModel, run_load, run_load_sync, run_scaling
 
 __all__ = ["DEFAULT_TARGET", "ERROR_CLASSES", "PROMPTS", "SCALING_HEADER", "LoadConfig",
            "RecordingModel", "Schedule", "WindowEnded", "analyse", "draft_spec",
-           "format_report", "ideal", "run_devices", "run_load", "run_load_sync", "run_scaling",
-           "scaling_rows", "window_of"]
+           "format_report", "generation_settings", "ideal", "run_devices", "run_load",
+           "run_load_sync", "run_scaling", "scaling_rows", "window_of"]

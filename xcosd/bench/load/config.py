@@ -3,14 +3,24 @@ through and the model choices the config implies.
 
 Kept apart from everything that runs, so the CLI, the device processes and the
 analysis can share it without importing each other; a config travels to a device
-process as a plain dict (:meth:`LoadConfig.to_dict`)."""
+process as a plain dict (:meth:`LoadConfig.to_dict`).
+
+What the devices generate with is one :class:`~xcosd.config.GenerationConfig`
+(``LoadConfig.generation``), the same value ``EdgeNode``, ``xcosd edge`` and the
+library take, so the load test cannot accept a setting the others refuse or drop
+one they honour. In the dict (and so in the report's ``"config"``) it is nested
+under ``"generation"``; reports written before that carried its fields
+(``method``, ``codec``, ``draft_len`` ...) at the top level, and
+:func:`generation_settings` reads either."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ...config import GenerationConfig
 from ...transport import LinkSpec
 
 #: the default target: a synthetic model over 256 ids costing 20 ms + 0.5 ms per row
@@ -29,9 +39,23 @@ PROMPTS = (
 )
 
 
+#: the generation fields a load config held at its top level before ``generation``
+#: (older reports have them there)
+_FLAT_GENERATION_KEYS = ("method", "codec", "draft_len", "max_new_tokens", "temperature",
+                         "top_k", "top_p")
+
+
 @dataclass
 class LoadConfig:
-    """Everything that defines one load run (JSON-able, so workers get a copy)."""
+    """Everything that defines one load run (JSON-able, so workers get a copy).
+
+    ``generation``: what every device generates with (its ``max_new_tokens`` is the
+    length of each generation). Its ``seed`` must be ``None``: a load run seeds each
+    generation on its own, from ``seed`` (device ``i``'s ``k``-th generation gets
+    ``seed * 1_000_003 + i * 10_007 + k``), so that devices and successive
+    generations differ while a rerun repeats them; one seed for every generation
+    would make all devices generate the same text.
+    """
 
     devices: int = 16
     target: str = DEFAULT_TARGET
@@ -39,13 +63,9 @@ class LoadConfig:
     #: vocabulary (flatter than the target, so drafts are sometimes rejected) for a
     #: synthetic target, ``default-draft`` otherwise
     draft: str | None = None
-    method: str = "xcosd-e"
-    codec: str = "f32"
-    draft_len: int = 4
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    # a factory, not a shared default: building one validates it, which imports the
+    # methods and codecs, and this module is imported by the CLI's parser
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
     duration_s: float | None = 8.0
     warmup_s: float = 2.0
     generations: int | None = None
@@ -56,6 +76,7 @@ class LoadConfig:
     transport: str = "zmq"
     procs: int = 1
     timeout_s: float = 120.0
+    #: the run's seed, from which every generation's seed derives (see above)
     seed: int = 0
     link_rate_mbps: float | None = None
     rtt_ms: float = 0.0
@@ -67,6 +88,12 @@ class LoadConfig:
             raise ValueError("give exactly one of duration_s and generations")
         if self.procs < 0:
             raise ValueError(f"procs must be >= 0, got {self.procs}")
+        if not isinstance(self.generation, GenerationConfig):
+            raise ValueError("generation must be a GenerationConfig, got "
+                             f"{type(self.generation).__name__}")
+        if self.generation.seed is not None:
+            raise ValueError("generation.seed must be None in a load run: each generation's "
+                             f"seed derives from the run's seed (LoadConfig.seed={self.seed})")
 
     @property
     def effective_batch(self) -> int:
@@ -81,12 +108,29 @@ class LoadConfig:
         return LinkSpec.of(up_bps=rate, down_bps=rate, rtt_s=self.rtt_ms / 1e3)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON types only, ``generation`` nested (:meth:`GenerationConfig.to_dict`)."""
+        d = asdict(self)
+        d["generation"] = self.generation.to_dict()
+        return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> LoadConfig:
+    def from_dict(cls, d: Mapping[str, Any]) -> LoadConfig:
+        """The config :meth:`to_dict` wrote; keys of neither are ignored (a report's
+        ``config`` may carry more)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["generation"] = GenerationConfig.from_dict(generation_settings(d))
+        return cls(**kw)
+
+
+def generation_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The generation settings of a load config dict or a load report's ``"config"``:
+    the nested ``"generation"``, or, in a report written before it existed, the same
+    fields from the top level (what :mod:`xcosd.bench.results` reads)."""
+    gen = config.get("generation")
+    if isinstance(gen, Mapping):
+        return dict(gen)
+    return {k: config[k] for k in _FLAT_GENERATION_KEYS if k in config}
 
 
 def draft_spec(cfg: LoadConfig) -> str:
@@ -96,4 +140,4 @@ def draft_spec(cfg: LoadConfig) -> str:
     return "synthetic-draft" if cfg.target.startswith("synthetic:") else "default-draft"
 
 
-__all__ = ["DEFAULT_TARGET", "PROMPTS", "LoadConfig", "draft_spec"]
+__all__ = ["DEFAULT_TARGET", "PROMPTS", "LoadConfig", "draft_spec", "generation_settings"]

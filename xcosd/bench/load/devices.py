@@ -123,7 +123,7 @@ async def _device(idx: int, edge: EdgeNode, cfg: LoadConfig, sched: Schedule) ->
                                "up_bytes": 0, "down_bytes": 0}
         try:
             res = await asyncio.wait_for(
-                edge.generate(PROMPTS[(idx + k) % len(PROMPTS)], cfg.max_new_tokens,
+                edge.generate(PROMPTS[(idx + k) % len(PROMPTS)],
                               seed=cfg.seed * 1_000_003 + idx * 10_007 + k),
                 deadline - now)
             st = res.stats
@@ -160,11 +160,12 @@ async def run_devices(cfg: LoadConfig, endpoint: str, ids: Sequence[int],
     vmap: VocabMap | None = None
 
     def make() -> EdgeNode:
-        return EdgeNode(draft, endpoint, method=cfg.method, codec=cfg.codec,
-                        draft_len=cfg.draft_len, temperature=cfg.temperature, top_k=cfg.top_k,
-                        top_p=cfg.top_p, transport=cfg.transport, link=link,
-                        target_vocab=tv, vocab_map=vmap, timeout_s=max(15.0, cfg.timeout_s),
-                        busy_retry_s=0.01, name=f"bench-edge-{ids[0] if ids else 0}")
+        # every setting of a generation comes from cfg.generation; only the seed is
+        # given per call (LoadConfig's docstring says why)
+        return EdgeNode(draft, endpoint, config=cfg.generation, transport=cfg.transport,
+                        link=link, target_vocab=tv, vocab_map=vmap,
+                        timeout_s=max(15.0, cfg.timeout_s), busy_retry_s=0.01,
+                        name=f"bench-edge-{ids[0] if ids else 0}")
 
     edges: list[EdgeNode] = []
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .config import generation_settings
+
 
 def scaling_rows(scaling: dict[str, Any]) -> list[list[Any]]:
     """``[devices, batching, tokens/s, ideal, efficiency, mean batch, p50 ms, p99 ms,
@@ -31,8 +33,9 @@ SCALING_HEADER = ["devices", "batching", "tokens/s", "ideal tokens/s", "efficien
 def format_report(rep: dict[str, Any]) -> str:
     """A wrk-style text summary of one run."""
     c = rep["config"]
+    g = generation_settings(c)
     lines = [
-        f"{rep['devices']} devices x closed loop, {c['method']}/{c['codec']}, target "
+        f"{rep['devices']} devices x closed loop, {g['method']}/{g['codec']}, target "
         f"{c['target']}, draft {rep['draft']}, batching "
         f"{'on (max ' + str(c['max_batch']) + ')' if c['batching'] else 'off'}, "
         f"{c['transport']}, {c['procs'] or 'in-process'} device process(es)",

@@ -15,6 +15,7 @@ The cloud is observed from outside: its target is wrapped in a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 import time
@@ -197,7 +198,7 @@ def run_scaling(base: LoadConfig, devices: Sequence[int] = (1, 4, 16, 64, 256),
     points = []
     for on in batching:
         for n in devices:
-            cfg = LoadConfig(**{**base.to_dict(), "devices": n, "batching": on})
+            cfg = dataclasses.replace(base, devices=n, batching=on)
             rep = run_load_sync(cfg, progress=progress)
             rep.pop("per_device", None)
             points.append(rep)
