@@ -104,3 +104,22 @@ def test_config_rejects_unknown_names() -> None:
         MethodsConfig(methods=["nope"])
     with pytest.raises(ValueError):
         MethodsConfig(warpers=["T=2"])
+    # the settings of each grid point are checked by GenerationConfig, as for EdgeNode
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        MethodsConfig(methods=["nope"])
+    with pytest.raises(ValueError, match="unknown codec 'f33'"):
+        MethodsConfig(methods=["xcosd"], codecs=["f32", "f33"])
+    with pytest.raises(ValueError, match="draft_len"):
+        MethodsConfig(draft_len=-1)
+
+
+def test_each_grid_point_is_one_generation_config() -> None:
+    """The in-process and the live runs of a grid point take their settings from one
+    GenerationConfig, whose warpers are the named warper's."""
+    from xcosd.bench.grid import WARPERS
+
+    cfg = MethodsConfig(methods=["xcosd"], draft_len=3)
+    for w, params in WARPERS.items():
+        g = cfg.generation("xcosd", "q8", w, 7)
+        assert g.sampling_params() == params
+        assert (g.method, g.codec, g.draft_len, g.max_new_tokens) == ("xcosd", "q8", 3, 7)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config import GenerationConfig, method_option_names
 from ..methods import METHODS
 from ..models.base import LanguageModel
 from ..nodes.pump import Generation, Pump
@@ -77,9 +78,14 @@ class MethodsConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        # each point of the grid is one generation's settings: GenerationConfig checks
+        # them (method name, each (method, codec) pair, draft length, lengths) as it
+        # does for EdgeNode and the CLI, instead of a second copy of those checks here
         for m in self.methods:
-            if m not in METHODS:
-                raise ValueError(f"unknown method {m!r}; known: {', '.join(METHODS)}")
+            method_option_names(m)  # an unknown method, named before codecs_for looks it up
+            for c in codecs_for(m, self.codecs):
+                GenerationConfig(method=m, codec=c, draft_len=self.draft_len,
+                                 max_new_tokens=max(self.tokens, self.real_tokens))
         for w in self.warpers:
             if w not in WARPERS:
                 raise ValueError(f"unknown warper {w!r}; known: {', '.join(WARPERS)}")
@@ -88,6 +94,16 @@ class MethodsConfig:
                 raise ValueError(f"unknown pair {p!r}; known: {', '.join(PAIRS)}")
         if self.live not in ("f32", "all", "none"):
             raise ValueError(f"live must be f32, all or none, got {self.live!r}")
+
+    def generation(self, method: str, codec: str, warper: str, tokens: int) -> GenerationConfig:
+        """The GenerationConfig of one point of the grid: the live runs pass it to
+        ``EdgeNode.generate``, the in-process runs take its pieces
+        (:meth:`~GenerationConfig.sampling_params`, ``draft_len``), so both run the
+        same settings."""
+        params = WARPERS[warper]
+        return GenerationConfig(method=method, codec=codec, draft_len=self.draft_len,
+                                temperature=params.temperature, top_k=params.top_k,
+                                top_p=params.top_p, max_new_tokens=tokens)
 
 
 def load_pair(name: str) -> tuple[LanguageModel, LanguageModel]:
@@ -181,13 +197,10 @@ async def _live(draft: LanguageModel, target: LanguageModel, runs: list[dict[str
                         draft_len=cfg.draft_len)
         async with edge:
             for rec in runs:
-                params = WARPERS[rec["warper"]]
+                gen = cfg.generation(rec["method"], rec["codec"], rec["warper"], tokens)
                 n, wall, modeled, up, down = 0, 0.0, 0.0, 0, 0
                 for i, prompt in enumerate(prompts):
-                    res = await edge.generate(prompt, tokens, method=rec["method"],
-                                              codec=rec["codec"], temperature=params.temperature,
-                                              top_k=params.top_k, top_p=params.top_p,
-                                              seed=cfg.seed * 1000 + i)
+                    res = await edge.generate(prompt, config=gen, seed=cfg.seed * 1000 + i)
                     st = res.stats
                     n += st.tokens
                     wall += st.wall_s
@@ -238,8 +251,9 @@ def run_methods(cfg: MethodsConfig, *, progress: bool | None = None) -> dict[str
             live_runs: list[dict[str, Any]] = []
             for k, (m, c) in enumerate(grid):
                 _say(show, f"[{pair} {w}] {k + 1}/{len(grid)} {m} {c}")
-                gens = [link.generate(m, prompt=p, max_new_tokens=n_tokens, codec=c,
-                                      params=params, draft_len=cfg.draft_len,
+                gen = cfg.generation(m, c, w, n_tokens)
+                gens = [link.generate(m, prompt=p, max_new_tokens=gen.max_new_tokens, codec=c,
+                                      params=gen.sampling_params(), draft_len=gen.draft_len,
                                       seed=cfg.seed * 1000 + i)
                         for i, p in enumerate(prompts)]
                 rec = _record(pair, m, c, w, gens, cfg)
