@@ -19,12 +19,14 @@ def restrict_to_common(q_draft: np.ndarray, common_draft_ids: np.ndarray) -> np.
     Raises :class:`InvalidDistribution` when the draft puts no mass on V_C (a
     warper such as greedy can do that; the device should then draft nothing).
     """
-    # gather first, then widen: the same values as widening the whole V_D row
-    sub = np.asarray(q_draft)[common_draft_ids].astype(np.float64)
-    z = sub.sum()
+    # gather the float32 values, total them in float64, scale in place: any
+    # normalisation is exact as long as the same vector drafts, travels and resolves
+    sub = np.asarray(q_draft, dtype=np.float32)[common_draft_ids]
+    z = float(sub.sum(dtype=np.float64))
     if not z > 0:
         raise InvalidDistribution("the draft distribution has no mass on V_C")
-    return (sub / z).astype(np.float32)
+    sub /= z
+    return sub
 
 
 def restrict_kept(kept: Kept, common_draft_ids: np.ndarray,
