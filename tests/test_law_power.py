@@ -29,7 +29,7 @@ SEEDS = 30
 POWER = 0.9
 
 #: (N, TV the tests at that N state they catch)
-BUILT_FOR = [(N_HIGH, BUILT_TO_CATCH), (N_WARPER, 0.03), (N_CODEC, 0.05), (N_COVER, 0.12)]
+BUILT_FOR = [(N_HIGH, BUILT_TO_CATCH), (N_WARPER, 0.035), (N_CODEC, 0.05), (N_COVER, 0.12)]
 
 
 def _setup() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
