@@ -33,11 +33,12 @@ How a run works:
   without it the real tree would be imported; the harness checks) and bytecode
   writing off (a same-size mutant written within the same second could otherwise
   reuse a stale ``.pyc``). The mutated file is restored after every run.
-* A failing test on the unmutated code would make every mutant look killed. A full
-  unmutated run of the law tests costs as much as a dozen mutants, so by default
-  each test set is only collected first (a file mid-edit stops the run), and after
-  the mutants every test that killed one is rerun on the unmutated copy: a kill by a
-  test that fails there too becomes ``unconfirmed`` and is not scored.
+* A failing test on the unmutated code would make every mutant look killed, a flaky
+  one some. A full unmutated run of the law tests costs as much as a dozen mutants,
+  so by default each test set is only collected first (a file mid-edit stops the
+  run), and every kill is checked afterwards (:func:`verify_kills`): its test must
+  pass on the unmutated copy and fail again alone on the mutant; otherwise the
+  mutant reruns without that test. A kill still unchecked is ``unconfirmed``.
   ``--baseline`` runs the whole sets first instead (and sets the timeouts from them).
 * A per-test alarm (a tiny plugin written into the copy, ``--test-timeout``) ends a
   hung test; ``--timeout`` bounds a whole mutant as a backstop.
@@ -727,7 +728,8 @@ class Result:
 RUN = ("killed", "survived", "timeout", "error")
 DETECTED = ("killed", "timeout", "error")
 #: ``not-run``: the --budget ran out first; ``unconfirmed``: the test that "killed" it
-#: fails on the unmutated code too, so the kill proves nothing. Neither is scored.
+#: fails on the unmutated code too or passed on a rerun, so the kill proves nothing.
+#: Neither is scored.
 NOT_SCORED = ("not-run", "unconfirmed")
 
 
@@ -770,7 +772,7 @@ def report(results: Sequence[Result]) -> str:
     lines = [_table(rows, ["file", *cols, "score"])]
     if t["not-run"] or t["unconfirmed"]:
         lines.append(f"not scored: {t['not-run']} not run (budget), {t['unconfirmed']} "
-                     "unconfirmed (their killing test fails unmutated too)")
+                     "unconfirmed (killing test fails unmutated too, or passed on a rerun)")
     named = [r for r in results if r.named]
     if named:
         lines += ["", "Named mutants (each must be detected):",
@@ -849,7 +851,8 @@ def markdown_section(data: dict[str, Any] | None) -> list[str]:
               "run, detected = killed + timeout + error.", "", *md, ""]
     if t["not-run"] or t["unconfirmed"]:
         lines += [f"Not scored: {t['not-run']} mutants not run (the time budget ran out), "
-                  f"{t['unconfirmed']} whose killing test also fails on the unmutated code.", ""]
+                  f"{t['unconfirmed']} whose kill could not be confirmed (the killing test "
+                  "fails on the unmutated code too, or passed when rerun).", ""]
     named = [m for m in data["mutants"] if m.get("named")]
     if named:
         lines += ["| named mutant | fault | status |", "|---|---|---|",
@@ -883,6 +886,90 @@ def collect(files: Sequence[str] | None, only_named: bool, root: Path = ROOT
         for rel, scopes in scope_files(root, files):
             generated += generate_mutants((root / rel).read_text(encoding="utf-8"), rel, scopes)
     return named, generated, problems
+
+
+RunOne = Callable[..., Result]
+
+
+def verify_kills(results: list[Result], by_id: dict[str, Mutant], clean: Path, run_one: RunOne,
+                 in_workdir: Callable[[Callable[[Path], Any]], Any], jobs: int,
+                 args: argparse.Namespace) -> set[str]:
+    """Check every kill, in place; returns the tests that fail on the unmutated code.
+
+    A kill counts only if (1) the killing test passes on the unmutated code (a test
+    file mid-edit would otherwise "kill" everything) and (2) it fails again when rerun
+    alone on the mutant (a flaky test fails now and then by itself). A mutant whose
+    killer fails either check runs again without it, up to three rounds; when one
+    test fails unmutated, its whole test set runs unmutated once, so every broken
+    test is left out at the next round. What is still unchecked at the end is
+    ``unconfirmed`` (not scored)."""
+    timeout = args.timeout or DEFAULT_TIMEOUT
+    confirmed: set[str] = set()
+    broken: set[str] = set()
+    whole_sets_run: set[tuple[str, ...]] = set()
+    flaky: dict[str, set[str]] = {}
+    reproduced: set[str] = set()
+
+    def killed() -> list[int]:
+        return [i for i, r in enumerate(results) if r.status == "killed" and r.killed_by
+                and "::" in r.killed_by]
+
+    def pmap(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        with ThreadPoolExecutor(max_workers=jobs) as ex:
+            return list(ex.map(fn, items))
+
+    for round_ in range(4):
+        idx = killed()
+        todo = sorted({str(results[i].killed_by) for i in idx} - confirmed - broken)
+        if todo:
+            print(f"checking {len(todo)} killing test(s) on the unmutated code", flush=True)
+            o = run_tests(clean, todo, timeout, args.pytest_workers, args.test_timeout,
+                          stop_first=False)
+            bad = set(todo) if o.status in ("timeout", "error") else set(o.failed) & set(todo)
+            if o.status in ("timeout", "error"):
+                print(o.tail, file=sys.stderr)
+            confirmed |= set(todo) - bad
+            broken |= bad
+            hit = sorted({tuple(results[i].tests) for i in idx if results[i].killed_by in bad}
+                         - whole_sets_run)
+            if hit:
+                print(f"{', '.join(sorted(bad))} fail(s) unmutated: running "
+                      f"{len(hit)} test set(s) unmutated to find every failing test", flush=True)
+                whole = pmap(lambda t: in_workdir(functools.partial(
+                    _run_set, tests=t, timeout=timeout, workers=args.pytest_workers)), hit)
+                for t, o in zip(hit, whole, strict=True):
+                    broken |= set(o.failed)
+                    whole_sets_run.add(t)
+        check = [i for i in killed() if results[i].killed_by not in broken
+                 and results[i].id not in reproduced]
+        if check:
+            print(f"rerunning {len(check)} killing test(s) alone on their mutants", flush=True)
+            again = pmap(lambda i: run_one(by_id[results[i].id], force=True,
+                                           only=[str(results[i].killed_by)]), check)
+            for i, r in zip(check, again, strict=True):
+                if r.status == "killed":
+                    reproduced.add(results[i].id)
+                else:
+                    flaky.setdefault(results[i].id, set()).add(str(results[i].killed_by))
+                    print(f"  flaky: {results[i].killed_by} passed on rerun ({results[i].id})",
+                          flush=True)
+        redo = [i for i in killed() if results[i].killed_by in broken
+                or results[i].killed_by in flaky.get(results[i].id, set())]
+        if not redo or round_ == 3:
+            break
+        print(f"rerunning {len(redo)} mutant(s) without the failing or flaky tests", flush=True)
+        jobs_ = [(by_id[results[i].id], sorted(broken | flaky.get(results[i].id, set())))
+                 for i in redo]
+        again = pmap(lambda md: run_one(md[0], force=True, deselect=md[1]), jobs_)
+        for i, r in zip(redo, again, strict=True):
+            print(f"  {r.status:8s} {r.seconds:6.1f}s  {r.id}"
+                  + (f"  ({r.killed_by})" if r.killed_by else ""), flush=True)
+            results[i] = r
+    for i in killed():
+        r = results[i]
+        if r.killed_by not in confirmed or r.id not in reproduced:
+            r.status = "unconfirmed"
+    return broken
 
 
 def _check_collection(workdir: Path, sets: Sequence[tuple[str, ...]]) -> list[str]:
@@ -1024,8 +1111,9 @@ def main(argv: list[str] | None = None) -> int:
                 return float(args.timeout)
             return 3 * baseline[tests] + 60 if tests in baseline else DEFAULT_TIMEOUT
 
-        def run_one(m: Mutant, deselect: Sequence[str] = (), force: bool = False) -> Result:
-            tests = tuple(plan[m.path][0])
+        def run_one(m: Mutant, deselect: Sequence[str] = (), force: bool = False,
+                    only: Sequence[str] = ()) -> Result:
+            tests = tuple(only) or tuple(plan[m.path][0])
             patch = next((p for p in NAMED if p.name == m.named), None)
             late = args.budget is not None and time.perf_counter() - t_start > 60 * args.budget
             if late and m.named is None and not force:
@@ -1054,39 +1142,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[{i}/{len(mutants)}] {r.status:8s} {r.seconds:6.1f}s  {r.id}"
                           + (f"  ({r.killed_by})" if r.killed_by else ""), flush=True)
 
-        # A kill counts only if its test passes on the unmutated code. A mutant killed by
-        # a test that fails there too runs again without the failing tests (a test file
-        # mid-edit must not hide whether the rest of the suite catches a named fault).
-        by_id = {m.id: m for m in mutants}
-        confirmed: set[str] = set()
-        for _ in range(3):
-            killers = sorted({r.killed_by for r in results if r.status == "killed" and r.killed_by
-                              and "::" in r.killed_by} - confirmed - unconfirmed)
-            if not killers:
-                break
-            print(f"confirming {len(killers)} killing test(s) on the unmutated code", flush=True)
-            o = run_tests(made[0], killers, args.timeout or DEFAULT_TIMEOUT, args.pytest_workers,
-                          args.test_timeout, stop_first=False)
-            bad = set(killers) if o.status in ("timeout", "error") else set(o.failed) & set(killers)
-            if o.status in ("timeout", "error"):
-                print(o.tail, file=sys.stderr)
-            confirmed |= set(killers) - bad
-            unconfirmed |= bad
-            redo = [i for i, r in enumerate(results) if r.status == "killed" and r.killed_by in bad]
-            if not redo:
-                break
-            print(f"{', '.join(sorted(bad))} fail(s) unmutated: rerunning {len(redo)} mutant(s) "
-                  "without them", flush=True)
-            rerun = functools.partial(run_one, deselect=sorted(unconfirmed), force=True)
-            with ThreadPoolExecutor(max_workers=jobs) as ex:
-                again = list(ex.map(rerun, [by_id[results[i].id] for i in redo]))
-            for i, r in zip(redo, again, strict=True):
-                print(f"  {r.status:8s} {r.seconds:6.1f}s  {r.id}"
-                      + (f"  ({r.killed_by})" if r.killed_by else ""), flush=True)
-                results[i] = r
-        for r in results:
-            if r.status == "killed" and r.killed_by in unconfirmed:
-                r.status = "unconfirmed"
+        unconfirmed = verify_kills(results, {m.id: m for m in mutants}, made[0], run_one,
+                                   in_workdir, jobs, args)
     except KeyboardInterrupt:
         with _LIVE_LOCK:
             for proc in list(_LIVE):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import bench.mutation as harness
 from bench.mutation import (
     NAMED,
     ROOT,
@@ -155,3 +156,46 @@ def test_update_results_replaces_only_its_own_section(tmp_path: Path) -> None:
     doc.write_text(doc.read_text() + "\n## Z\n\nz\n")
     update_results(doc, "## Mutation testing\n\nnew\n")
     assert doc.read_text() == "# R\n\n## A\n\na\n\n## Mutation testing\n\nnew\n\n## Z\n\nz\n"
+
+
+def test_verify_kills_drops_broken_and_flaky_killers(monkeypatch, tmp_path: Path) -> None:
+    """A kill by a test that fails unmutated, or that passes when rerun, is rerun
+    without that test; only a kill that survives both checks stays ``killed``."""
+    import argparse
+
+    broken = {"t.py::broken", "t.py::broken2"}
+
+    def fake_run_tests(workdir, tests, timeout, workers=0, test_timeout=0.0, **kw):
+        failed = frozenset(set(tests) & broken)
+        return harness.Outcome("killed" if failed else "survived", 1 if failed else 0, 0.1,
+                               failed=failed)
+
+    def fake_run_set(workdir, *, tests, timeout, workers):
+        return harness.Outcome("killed", 1, 0.1, failed=frozenset(broken))
+
+    def result(mid: str, status: str, killer: str | None) -> harness.Result:
+        return harness.Result(mid, "x.py", 1, 1, "op", None, "a", "b", ["t.py"], status,
+                              1 if status == "killed" else 0, 0.1, killer)
+
+    def fake_run_one(m, deselect=(), force=False, only=()):
+        assert force
+        if only:  # the killer alone on the mutant: B's killer is flaky
+            return result(m.id, "survived" if m.id == "B" else "killed", None)
+        if m.id == "A":
+            assert broken <= set(deselect)
+            return result("A", "killed", "t.py::good")
+        assert m.id == "B" and "t.py::flaky" in deselect
+        return result("B", "survived", None)
+
+    monkeypatch.setattr(harness, "run_tests", fake_run_tests)
+    monkeypatch.setattr(harness, "_run_set", fake_run_set)
+    results = [result("A", "killed", "t.py::broken"), result("B", "killed", "t.py::flaky"),
+               result("C", "killed", "t.py::good"), result("D", "survived", None)]
+    by_id = {r.id: harness.Mutant(r.id, "x.py", 1, 1, "op", 0, 0, "") for r in results}
+    args = argparse.Namespace(timeout=10.0, pytest_workers=0, test_timeout=0.0)
+    failing = harness.verify_kills(results, by_id, tmp_path, fake_run_one,
+                                   lambda fn: fn(tmp_path), 1, args)
+    assert failing == broken
+    assert [(r.id, r.status, r.killed_by) for r in results] == [
+        ("A", "killed", "t.py::good"), ("B", "survived", None), ("C", "killed", "t.py::good"),
+        ("D", "survived", None)]
