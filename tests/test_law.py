@@ -138,8 +138,8 @@ def test_every_codec(link: Pump, codec: str) -> None:
 
 
 def _cover() -> list[tuple[str, str, str]]:
-    """Every (method, codec) pair not run above, each with a warper in rotation, so
-    every (method, warper) and (codec, warper) pair is met too."""
+    """Every (method, base codec) pair not run above, each with a warper in rotation,
+    so every (method, warper) and (codec, warper) pair is met too."""
     out: list[tuple[str, str, str]] = []
     warpers = list(WARPERS)
     i = 0
@@ -148,8 +148,8 @@ def _cover() -> list[tuple[str, str, str]]:
         if variant in ("ar", "xcosd-e"):
             continue  # xcosd-e's codecs run above
         for codec in CODECS:
-            if codec == "f32":
-                continue
+            if codec == "f32" or "+zstd" in codec:
+                continue  # +zstd is a lossless byte stage: its law runs on xcosd-e above
             out.append((variant, codec, warpers[i % len(warpers)]))
             i += 1
     return out
