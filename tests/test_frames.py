@@ -141,3 +141,28 @@ def test_message_type_is_read_in_place_for_every_message() -> None:
     assert message_type([msgpack.packb({"x": 1, "t": "ping"})]) == "?"
     assert message_type([b"\x81\xa1t\xa4pi"]) == "?"  # truncated
     assert message_type([b""]) == "?" and message_type([]) == "?"
+
+
+def test_stream_decoder_accounts_for_a_partial_message_and_compacts() -> None:
+    """``pending`` counts every message byte not yet part of a complete message (its
+    finished frames and the bytes after them), and the decoder keeps no consumed
+    bytes, so
+    a long-lived TCP connection's buffer stays bounded by one message."""
+    frames = encode_message({"t": "x"}, [b"a" * 100, b"b" * 50])
+    wire = b"".join(bytes(c) for c in encode_stream(frames))
+    d = StreamDecoder()
+    cut = len(wire) - 20  # inside the last frame: two frames done, one partial
+    assert d.feed(wire[:cut]) == []
+    assert d.pending == cut - stream_overhead(3)  # message bytes; its prefixes are read
+    assert d.feed(wire[cut:]) == [[bytes(f) for f in frames]]
+    assert d.pending == 0
+    for _ in range(200):
+        assert len(d.feed(wire + wire)) == 2
+    assert len(d._buf) == 0  # consumed bytes were dropped, not kept
+
+
+def test_limits_must_be_positive() -> None:
+    for field in ("max_bytes", "max_frames", "max_header_bytes"):
+        with pytest.raises(ValueError):
+            Limits(**{field: 0})
+        assert getattr(Limits(**{field: 1}), field) == 1
