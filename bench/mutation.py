@@ -1068,6 +1068,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(sets)} test set(s), {args.jobs} job(s)", flush=True)
 
     t_start = time.perf_counter()
+    # a plain `kill` (SIGTERM) unwinds like Ctrl-C: running pytest groups die, the
+    # copies are removed
+    signal.signal(signal.SIGTERM, _interrupt)
     jobs = max(1, args.jobs)
     workdirs: queue.Queue[Path] = queue.Queue()
     made: list[Path] = []
@@ -1197,6 +1200,10 @@ def main(argv: list[str] | None = None) -> int:
                                      *(f"stale: {p}" for p in stale)]), file=sys.stderr)
         return 1
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _run_set(workdir: Path, *, tests: tuple[str, ...], timeout: float, workers: int) -> Outcome:
