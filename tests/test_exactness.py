@@ -24,7 +24,8 @@ import pytest
 from xcosd.methods import Space, get_method
 from xcosd.simulate import simulate_resample, simulate_round
 
-from .helpers.pairs import random_pair, residual, vo_heavy, z_small
+from .helpers.law import committed_row
+from .helpers.pairs import random_pair, residual, scatter_mask, vo_heavy, z_small
 from .helpers.stats import assert_exact, assert_not_exact
 
 LOSSLESS = [
@@ -95,6 +96,34 @@ def test_residual_mostly_in_vo(variant):
         assert sum(x.round_trips > 1 for x in res) > 12_000  # the paper's extra round trip
     if name == "xcosd" and opts.get("hr_presample", True):
         assert all(x.round_trips == 1 for x in res)
+
+
+@pytest.mark.parametrize("codec", ["topk:3", "topk:5"])
+@pytest.mark.parametrize("variant", [v for v in RESAMPLING if v[0] != "sd-uplink"], ids=_id)
+def test_resampling_follows_the_committed_residual(variant, codec):
+    """With a lossy codec on ``p`` the residual is that of the *committed* row ``p*``,
+    computed here from the spec's commit rule (``helpers/law.committed_row``), not
+    from the method code. The rows make ``p*`` differ from ``p`` a lot (top-k drops
+    V_C's tail, so V_C's head and V_O's share both grow) where the draft overlaps
+    the head: a method that decides with raw values, or leaves ``theta_o``
+    unnormalised, moves the law far beyond what N = 30,000 catches."""
+    name, opts = variant
+    common = scatter_mask(16, 10, seed=4)
+    p = np.zeros(16)
+    p[common] = [0.2, 0.15, 0.12, *[0.05] * 7]  # V_C: a head and a tail of 7
+    p[~common] = 0.18 / 6
+    q = np.zeros(16)
+    q[common] = [0.1, 0.3, 0.05, *[0.55 / 7] * 7]  # the draft overlaps the head
+    p, q = (p / p.sum()).astype(np.float32), (q / q.sum()).astype(np.float32)
+    m = get_method(name, codec=codec, **opts)
+    space = Space.from_mask(common)
+    p_star = committed_row(name, codec, p, space)
+    r = residual(p_star, q)
+    assert 0.5 * np.abs(r - residual(p, q)).sum() > 0.03  # the commit really matters
+    rng = np.random.default_rng(16)
+    rejected = int(np.argmax(np.where(common, q - p_star, -np.inf)))
+    res = [simulate_resample(m, p, q, rejected, space, rng) for _ in range(30_000)]
+    assert_exact([x.tokens[0] for x in res], r, f"{_id(variant)} {codec} committed residual")
 
 
 @pytest.mark.parametrize("variant", LOSSLESS, ids=_id)
