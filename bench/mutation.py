@@ -89,11 +89,11 @@ OUT = ROOT / "bench" / "out" / "mutation.json"
 PY = sys.executable
 
 #: seconds one test may run before its mutant counts as hung (``timeout``); the
-#: slowest unmutated tests (N = 40k generations through the state machines) take a
-#: few minutes on a loaded 2-core machine
+#: slowest unmutated tests (the law tests' 20k generations through the state
+#: machines) take a few minutes on a loaded 2-core machine
 DEFAULT_TEST_TIMEOUT = 900.0
 #: seconds for all of one mutant's tests: only a backstop (a surviving mutant of a
-#: method runs every mapped file, ~20 CPU-minutes, much more on a loaded machine)
+#: method runs every mapped file, ~15 minutes with 2 jobs, more on a loaded machine)
 DEFAULT_TIMEOUT = 4 * 3600.0
 
 #: what each worker's copy holds: the package, the tests (with their helpers) and
@@ -115,8 +115,8 @@ SCOPE: dict[str, frozenset[str] | None] = {
 
 #: tests that can observe a method's law, cheapest first: ``-x`` stops at the first
 #: failure, so a mutant the quick files catch never pays for the statistical ones
-#: (unmutated on 2 cores: the first four ~25 s together, e2e ~30 s, exactness ~3 min,
-#: law -- multi-draft generations at N = 40k through the state machines -- the most)
+#: (unmutated on 2 cores: the first four ~25 s together, e2e and exactness a few
+#: minutes, law -- multi-draft generations through the state machines -- the most)
 METHOD_TESTS = (
     "tests/test_methods.py",
     "tests/test_sampling.py",
@@ -830,8 +830,9 @@ def markdown_section(data: dict[str, Any] | None) -> list[str]:
         f"Regenerate with `{MAKE_COMMAND}`: the named mutants plus a deterministic, "
         "proportionally allocated sample of the generated ones (`MUTANTS`, `SEED`; no new "
         "mutant starts after `BUDGET` minutes). A mutant that survives runs every mapped "
-        "test file, the N = 40k law tests included (about 20 CPU-minutes for a method), so "
-        "that sample is small and its score a rough estimate; every generated mutant: "
+        "test file, the law tests included (about 15 minutes for a method, measured with 2 "
+        "jobs on 2 cores), so that sample is small and its score a rough estimate; every "
+        "generated mutant: "
         "`python -m bench.mutation` (a day or more on 2 cores), or one file at a time "
         "(`--files xcosd/wire/frames.py`). The report is `bench/out/mutation.json`; "
         "`python -m bench.mutation --update-results` rewrites this section from it "
@@ -847,10 +848,11 @@ def markdown_section(data: dict[str, Any] | None) -> list[str]:
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
           *("| " + " | ".join(str(c) for c in r) + " |" for r in rows)]
     cfg = data["config"]
+    n_named = sum(1 for m in data["mutants"] if m.get("named"))
     lines += [f"Command: `{data['command']}` ({data['elapsed_s'] / 60:.1f} min, "
-              f"{cfg['jobs']} jobs; {t['mutants']} mutants run of "
-              f"{cfg['generated_total']} generated plus the named ones). Score = detected / "
-              "run, detected = killed + timeout + error.", "", *md, ""]
+              f"{cfg['jobs']} jobs): {n_named} named and {len(data['mutants']) - n_named} of "
+              f"{cfg['generated_total']} generated mutants, {t['mutants']} of them scored. "
+              "Score = detected / scored, detected = killed + timeout + error.", "", *md, ""]
     if t["not-run"] or t["unconfirmed"]:
         lines += [f"Not scored: {t['not-run']} mutants not run (the time budget ran out), "
                   f"{t['unconfirmed']} whose kill could not be confirmed (the killing test "
