@@ -389,6 +389,26 @@ def sizes_note(run: Any) -> list[str]:
             "sizes (`--prompts`, `--tokens`, `--tv-trials`, `--duration`).", ""]
 
 
+#: a section another tool writes (``bench/mutation.py --update-results``, hours of
+#: CPU): carried over from the current file rather than dropped
+MUTATION_HEADING = "## Mutation testing"
+
+
+def kept_section(heading: str) -> list[str]:
+    """The lines of ``heading``'s section in the current RESULTS.md (to the next
+    ``## `` heading), or nothing when there is none."""
+    if not DOC.exists():
+        return []
+    lines = DOC.read_text().splitlines()
+    try:
+        start = lines.index(heading)
+    except ValueError:
+        return []
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
+               len(lines))
+    return [*lines[start:end], ""]
+
+
 def main() -> int:
     IMG.mkdir(parents=True, exist_ok=True)
     run = _load("run_all.json")
@@ -409,6 +429,7 @@ def main() -> int:
     doc += section_codecs(_load("codecs.json"))
     doc += section_models(_load("models.json"))
     doc += sizes_note(run)
+    doc += kept_section(MUTATION_HEADING)
     DOC.write_text("\n".join(doc).rstrip() + "\n")
     print(f"wrote {DOC}")
     return 0
