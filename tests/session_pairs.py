@@ -73,8 +73,9 @@ def pair(*, eos_mass: float = 0.0, seed: int = 0) -> tuple[TableModel, TableMode
     return target, draft
 
 
-def greedy_decode(target: TableModel, prompt: str, n: int) -> list[int]:
-    ctx = target.tokenize(prompt)
+def greedy_decode(target: TableModel, prompt: str | list[int], n: int) -> list[int]:
+    """The target's own greedy continuation of ``prompt`` (text, or target ids)."""
+    ctx = target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
     out: list[int] = []
     for _ in range(n):
         t = int(np.argmax(target.next_probs([*ctx, *out])))

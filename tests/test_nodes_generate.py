@@ -14,17 +14,7 @@ from xcosd.models import TableModel
 from xcosd.nodes.pump import Pump
 from xcosd.protocol.messages import Error, Open, Opened
 
-from .session_pairs import TARGET_EOS, greedy_decode, pair
-
-
-def greedy_from_ids(target: TableModel, ctx: list[int], n: int) -> list[int]:
-    out: list[int] = []
-    for _ in range(n):
-        t = int(np.argmax(target.next_probs([*ctx, *out])))
-        out.append(t)
-        if t == TARGET_EOS:
-            break
-    return out
+from .session_pairs import greedy_decode, pair
 
 
 @pytest.fixture
@@ -57,7 +47,7 @@ async def test_token_id_prompt_is_the_exact_context(
     ids = [0, 1]  # b"a", b"b"; the text "ab" tokenises to the single token "ab"
     assert target.tokenize("ab") != ids
     r = await edge.generate(ids, max_new_tokens=25, do_sample=False)
-    assert r.token_ids == greedy_from_ids(target, ids, 25)
+    assert r.token_ids == greedy_decode(target, ids, 25)
     empty = await edge.generate([], max_new_tokens=25, do_sample=False)
     assert empty.token_ids == greedy_decode(target, "", 25)
     with pytest.raises(ValueError, match="target ids"):
