@@ -55,6 +55,7 @@ from xcosd.protocol.messages import (
     MAX_NAME,
     MAX_OPTIONS,
     MAX_PIECE,
+    MAX_RESUME,
     MAX_STOP,
     MAX_TEXT,
     bytes_to_ids,
@@ -297,11 +298,12 @@ def test_id_buffers_at_their_caps() -> None:
     for cap in (1, 7, MAX_DRAFT):
         assert bytes_to_ids(bytes(4 * cap), "t", max_n=cap).shape == (cap,)
         refused(lambda cap=cap: bytes_to_ids(bytes(4 * (cap + 1)), "t", max_n=cap), "bad_field")
-    # the default cap, MAX_IDS, through the messages that use it
+    # a resume's own cap, MAX_RESUME
     h, _ = Open(1, 0, "f" * 16, "xcosd", "f32", {}, 1.0, 0, 1.0, None, "ab", 4).to_wire()
-    opened = from_wire(h, [bytes(4 * MAX_IDS)])
-    assert isinstance(opened, Open) and opened.resume.shape == (MAX_IDS,)
-    refused(lambda: from_wire(h, [bytes(4 * (MAX_IDS + 1))]), "bad_field")
+    opened = from_wire(h, [bytes(4 * MAX_RESUME)])
+    assert isinstance(opened, Open) and opened.resume.shape == (MAX_RESUME,)
+    refused(lambda: from_wire(h, [bytes(4 * (MAX_RESUME + 1))]), "bad_field")
+    # the default cap, MAX_IDS, through the messages that use it
     vh = {"t": "vmap", "fp": "f" * 16, "dsize": 8}
     ids = ids_to_bytes(np.arange(MAX_IDS))
     assert from_wire(vh, [ids, ids]).TYPE == "vmap"

@@ -15,7 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from xcosd.methods.base import CandidatesReply, Draft, FullVectorReply, HybridReply, TokenReply
+from xcosd.methods.base import (
+    CandidatesReply,
+    Draft,
+    FullVectorReply,
+    HybridReply,
+    RequestKind,
+    TokenReply,
+)
 from xcosd.protocol import pack, unpack
 from xcosd.protocol.messages import (
     Close,
@@ -26,6 +33,7 @@ from xcosd.protocol.messages import (
     Opened,
     Ping,
     Pong,
+    Redo,
     ReplyMsg,
     RequestMsg,
     ServerLimits,
@@ -79,6 +87,14 @@ def cases() -> dict[str, Any]:
         "reply_cand": ReplyMsg(1, 2, CandidatesReply(ids=ids(8), values=np.array([1.0], np.float32))),
         "reply_tok": ReplyMsg(5, 6, TokenReply(0), {0: b"\xff"}),
         "close": Close(1, 9),
+        # what recovery adds: a resumed open's round, a redone round, the acks
+        "open_resumed": Open(1, 7, "mfp", "xcosd-e", "f32", {}, 1.0, 0, 1.0, 99, "hi", 16,
+                             ids(4, 5), r=3),
+        "opened_ack": Opened(1, 17, ack=7),
+        "draft_redo": DraftMsg(1, 8, 3, None, Draft(ids=ids(5, 6), q_values=np.array(
+            [0.5, 0.25], dtype=np.float32)), Redo(1, RequestKind.MORE, 2, False)),
+        "verdict_ack": VerdictMsg(1, 3, 2, TokenReply(9), {}, 0, ack=8),
+        "reply_ack": ReplyMsg(1, 3, TokenReply(9), ack=9),
     }
 
 

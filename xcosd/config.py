@@ -55,6 +55,9 @@ class GenerationConfig:
     * ``stop_strings``: generation stops once the output text contains one of them;
       the text up to and including it is returned (``finish_reason == "stop"``).
     * ``seed``: seeds both halves of a session (``None``: fresh entropy).
+    * ``timeout_s``: the whole generation's deadline (``None``: none beyond the
+      node's own deadline on every wait); past it ``generate`` raises
+      :class:`TimeoutError` and the session is closed.
     * ``K``, ``M`` (``xcosd-e``), ``hr_presample`` (``xcosd``, ``xcosd-e``),
       ``threshold`` (``uhlm``): the method's own options; ``None`` keeps the method's
       default, and setting one the method does not take is an error.
@@ -70,6 +73,7 @@ class GenerationConfig:
     max_new_tokens: int = 64
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
+    timeout_s: float | None = None
     K: int | None = None
     M: int | None = None
     hr_presample: bool | None = None
@@ -116,6 +120,10 @@ class GenerationConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None:
             _check_int("seed", self.seed, 0)
+        if self.timeout_s is not None and (
+                isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float)
+                or not self.timeout_s > 0 or not math.isfinite(self.timeout_s)):
+            raise ValueError(f"timeout_s must be a finite number > 0, got {self.timeout_s!r}")
         given = self.method_options()
         wrong = sorted(set(given) - takes)
         if wrong:

@@ -51,12 +51,37 @@ def verify_block(method: Method, p: np.ndarray, draft: Draft, space: Space,
     n = method.verify(p_star, draft, space, rng) if d else 0
     if n == d:
         return Verified(n, method.bonus(p_star[d], rng), None)
+    state = _reject_state(method, p, p_star, draft, n, space)
+    return Verified(n, method.on_reject(state, space, rng), state)
+
+
+def _reject_state(method: Method, p: np.ndarray, p_star: np.ndarray, draft: Draft, n: int,
+                  space: Space) -> RejectState:
     # copies: views would keep the whole (d+1) x |V_T| block alive until the
     # device's next draft
     p_n = np.array(p[n], dtype=np.float32)
-    state = RejectState(p_raw=p_n, p_star=p_n if p_star is p else p_star[n].copy(),
-                        rejected=int(draft.ids[n]), q_common=method.server_q(draft, n, space))
-    return Verified(n, method.on_reject(state, space, rng), state)
+    return RejectState(p_raw=p_n, p_star=p_n if p_star is p else p_star[n].copy(),
+                       rejected=int(draft.ids[n]), q_common=method.server_q(draft, n, space))
+
+
+def rebuild_reject(method: Method, p: np.ndarray, draft: Draft, accepted: int, space: Space,
+                   *, candidate_rounds: int = 0, fallback_sent: bool = False) -> RejectState:
+    """The server's state after a rejection at ``accepted``, rebuilt from the rows
+    alone, for a round whose verdict is known but whose state was lost (a cloud
+    restart; ``xcosd/protocol/messages.py``, ``Redo``).
+
+    Exact because the state is a function of the committed row, the rejected draft
+    and the device's committed ``q`` (not of the verification's random numbers),
+    and every follow-up is a fresh draw given it: the counts say how many
+    follow-ups the device already received, so the limits (``M``, one fallback)
+    hold across the restart.
+    """
+    if not 0 <= accepted < draft.length:
+        raise ValueError(f"a rejection at {accepted} of a {draft.length}-token draft")
+    state = _reject_state(method, p, method.commit_rows(p, space), draft, accepted, space)
+    state.candidate_rounds = int(candidate_rounds)
+    state.fallback_sent = bool(fallback_sent)
+    return state
 
 
 @dataclass
@@ -94,4 +119,5 @@ def resolve_locally(method: Method, state: RejectState, dev: DeviceState, space:
     return res
 
 
-__all__ = ["Resolution", "Verified", "draft_token", "resolve_locally", "verify_block"]
+__all__ = ["Resolution", "Verified", "draft_token", "rebuild_reject", "resolve_locally",
+           "verify_block"]

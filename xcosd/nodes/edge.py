@@ -12,7 +12,13 @@ Faults: the edge pings every ``heartbeat_s``; when the cloud is silent for
 connection (it restarted), the edge reconnects (with backoff, for up to
 ``connect_timeout_s``) and resumes every running generation from its committed
 tokens: the cloud rebuilds the context from prompt + committed target ids, so no
-token is lost or repeated. ``busy`` refusals are retried after a pause.
+token is lost or repeated (a round whose verdict was already seen is completed, not
+drawn again; see ``xcosd/protocol/edge.py``). An answer that does not come within
+``resend_after_s`` is asked for again with the same sequence number (the cloud
+repeats it, or computes it if the first message was lost); ``busy`` refusals are
+retried after a pause, for at most ``busy_timeout_s``. Every wait has a deadline:
+no answer within ``answer_timeout_s`` despite the resends ends the generation with
+:class:`TimeoutError`, as does its own ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from ..protocol import pack
 from ..protocol.edge import (
     DraftNeeded,
     EdgeHandshake,
+    EdgePhase,
     EdgeSession,
     Finished,
     Retry,
@@ -187,7 +194,9 @@ class EdgeNode:
                  target_vocab: Vocabulary | None = None, vocab_map: VocabMap | None = None,
                  heartbeat_s: float | None = None,
                  timeout_s: float = 15.0, connect_timeout_s: float = 30.0,
-                 busy_retry_s: float = 0.05, name: str = "xcosd-edge",
+                 busy_retry_s: float = 0.05, busy_timeout_s: float = 30.0,
+                 resend_after_s: float = 2.0, answer_timeout_s: float | None = None,
+                 name: str = "xcosd-edge",
                  max_message_bytes: int = 256 << 20, draft_thread: bool | None = None,
                  transport_options: dict[str, Any] | None = None,
                  on_round: Callable[[RoundObserved], None] | None = None,
@@ -202,6 +211,9 @@ class EdgeNode:
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.busy_retry_s = busy_retry_s
+        self.busy_timeout_s = busy_timeout_s
+        self.resend_after_s = resend_after_s
+        self.answer_timeout_s = answer_timeout_s if answer_timeout_s is not None else 4 * timeout_s
         self.name = name
         self.on_round = on_round
         # validated here, so a wrong setting fails when the node is made, not mid-session
@@ -443,6 +455,7 @@ class EdgeNode:
                        stop: str | Sequence[str] | None = None,
                        stop_strings: str | Sequence[str] | None = None,
                        seed: int | None = None, on_text: Callable[[str], None] | None = None,
+                       timeout_s: float | None = None,
                        **method_options: Any) -> GenerationResult:
         """Generate up to ``max_new_tokens`` target tokens after ``prompt``.
 
@@ -454,12 +467,13 @@ class EdgeNode:
         token (``finish_reason "stop"``), at ``max_new_tokens`` (``"length"``), or once
         the output text contains a stop string (``"stop"``; the text ends with it and
         ``token_ids`` end with the token that completed it). ``on_text``, if given, is
-        called with each piece of text as it is committed."""
+        called with each piece of text as it is committed. ``timeout_s``: the whole
+        generation's deadline (:class:`TimeoutError` past it)."""
         cfg = self._config_for(config, max_new_tokens=max_new_tokens, method=method,
                                codec=codec, draft_len=draft_len, do_sample=do_sample,
                                temperature=temperature, top_k=top_k, top_p=top_p,
                                stop=stop, stop_strings=stop_strings, seed=seed,
-                               **method_options)
+                               timeout_s=timeout_s, **method_options)
         return await self._generate(prompt, cfg, on_text)
 
     async def stream(self, prompt: Prompt, max_new_tokens: int | None = None, *,
@@ -469,7 +483,8 @@ class EdgeNode:
                      top_k: int | None = None, top_p: float | None = None,
                      stop: str | Sequence[str] | None = None,
                      stop_strings: str | Sequence[str] | None = None,
-                     seed: int | None = None, **method_options: Any) -> AsyncIterator[str]:
+                     seed: int | None = None, timeout_s: float | None = None,
+                     **method_options: Any) -> AsyncIterator[str]:
         """Like :meth:`generate`, yielding text as it is committed (whole UTF-8
         characters only; never past a stop string). Leaving the loop early closes the
         session on the cloud."""
@@ -477,7 +492,7 @@ class EdgeNode:
                                codec=codec, draft_len=draft_len, do_sample=do_sample,
                                temperature=temperature, top_k=top_k, top_p=top_p,
                                stop=stop, stop_strings=stop_strings, seed=seed,
-                               **method_options)
+                               timeout_s=timeout_s, **method_options)
         q: asyncio.Queue[str | None] = asyncio.Queue()
 
         def on_text(text: str) -> None:
@@ -541,7 +556,8 @@ class EdgeNode:
             s, method=m, vmap=vmap, space=self._space,
             prompt="" if ids is not None else text,
             max_new_tokens=cfg.max_new_tokens, params=params, stop_ids=welcome.stop_ids,
-            draft_len=cfg.draft_len, max_draft=welcome.limits.max_draft, seed=cfg.seed)
+            draft_len=cfg.draft_len, max_draft=welcome.limits.max_draft, seed=cfg.seed,
+            prompt_ids=ids)
 
     async def _in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
         if not self.draft_thread:
@@ -568,13 +584,17 @@ class EdgeNode:
         t0 = time.perf_counter()
         opened = False
         try:
-            await self._open(es, inbox, st, trace, prompt_ids)
-            opened = True
-            while not es.done and watch.end is None:
-                try:
-                    await self._round(es, inbox, st, trace, watch.feed)
-                except _ConnectionLost as lost:
-                    await self._resume(es, inbox, st, trace, lost.epoch, prompt_ids)
+            async with asyncio.timeout(cfg.timeout_s):
+                await self._open(es, inbox, st, trace, prompt_ids)
+                opened = True
+                while not es.done and watch.end is None:
+                    try:
+                        if es.phase is EdgePhase.RESOLVING:  # resumed mid-round (Redo)
+                            await self._finish_round(es, inbox, st, trace, watch.feed, None)
+                        else:
+                            await self._round(es, inbox, st, trace, watch.feed)
+                    except _ConnectionLost as lost:
+                        await self._resume(es, inbox, st, trace, lost.epoch, prompt_ids)
         finally:
             self._inboxes.pop(s, None)
             if opened and self._connected and self._conn is not None:
@@ -620,8 +640,23 @@ class EdgeNode:
 
     async def _next(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
                     trace: list[tuple[str, int]]) -> Message:
+        """The next message for ``es``. An answer that is late is asked for again
+        (same ``seq``: see the module docstring), up to ``answer_timeout_s``."""
+        deadline = time.monotonic() + self.answer_timeout_s
         while True:
-            item = await inbox.get()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"session {es.s}: no answer from the cloud within "
+                                   f"{self.answer_timeout_s:g} s")
+            try:
+                async with asyncio.timeout(min(self.resend_after_s, left)):
+                    item = await inbox.get()
+            except TimeoutError:
+                again = es.resend_last()
+                if again is not None:
+                    st.resends += 1
+                    await self._send(again, st, trace)
+                continue
             if not isinstance(item, _Lost):
                 break
             if item.epoch == self._epoch or self._closed:
@@ -637,25 +672,35 @@ class EdgeNode:
             raise _ConnectionLost(epoch)
         return msg
 
+    async def _busy_pause(self, st: GenerationStats, delay: float, since: float) -> float:
+        """Wait before retrying a ``busy`` refusal; the next delay. Past
+        ``busy_timeout_s`` of refusals the generation fails (typed ``busy``)."""
+        if time.monotonic() - since > self.busy_timeout_s:
+            raise exception_for("busy", f"the cloud stayed busy for {self.busy_timeout_s:g} s")
+        st.busy_retries += 1
+        await asyncio.sleep(delay)
+        return min(1.0, delay * 2)
+
     async def _open(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
                     trace: list[tuple[str, int]], prompt_ids: np.ndarray | None) -> None:
-        delay = self.busy_retry_s
+        delay, since = self.busy_retry_s, time.monotonic()
         while True:
             try:
                 msg: Open = es.open()
-                if prompt_ids is not None:  # the session holds no text: send the ids
-                    msg = dataclasses.replace(msg, prompt_ids=prompt_ids)
                 await self._send(msg, st, trace)
-                out = es.receive(await self._next(es, inbox, st, trace))
+                while True:
+                    out = es.receive(await self._next(es, inbox, st, trace))
+                    if out.send or out.events:
+                        break  # else a stale answer was dropped: wait on
+                for m in out.send:  # a redone round's draft (Redo)
+                    await self._send(m, st, trace)
             except _ConnectionLost as lost:
                 await self._recover(lost.epoch)
                 while not inbox.empty():
                     inbox.get_nowait()
                 continue
             if any(isinstance(e, Retry) for e in out.events):
-                st.busy_retries += 1
-                await asyncio.sleep(delay)
-                delay = min(1.0, delay * 2)
+                delay = await self._busy_pause(st, delay, since)
                 continue
             return
 
@@ -680,12 +725,19 @@ class EdgeNode:
         [msg] = out.send
         st.draft_compute_s += time.perf_counter() - t
         await self._send(msg, st, trace)
-        delay = self.busy_retry_s
+        await self._finish_round(es, inbox, st, trace, on_text, before)
+
+    async def _finish_round(self, es: EdgeSession, inbox: asyncio.Queue[Any],
+                            st: GenerationStats, trace: list[tuple[str, int]],
+                            on_text: Callable[[str], None] | None,
+                            before: tuple[float, int, int, int, int, int] | None) -> None:
+        """Feed the round's answers to ``es`` (sending its follow-ups) until it settles."""
+        delay, since = self.busy_retry_s, time.monotonic()
         while True:
             reply = await self._next(es, inbox, st, trace)
             if isinstance(reply, VerdictMsg):
                 st.cloud_compute_s += reply.compute_us / 1e6
-            if isinstance(reply, Error) and reply.code != "busy":
+            if isinstance(reply, Error) and reply.code not in ("busy", "replay"):
                 raise exception_for(reply.code, reply.message)
             if isinstance(getattr(reply, "reply", None), FullVectorReply | HybridReply):
                 # decoding a vocabulary-sized vector and its residual: off the loop
@@ -697,9 +749,7 @@ class EdgeNode:
             settled = False
             for ev in out.events:
                 if isinstance(ev, Retry):
-                    st.busy_retries += 1
-                    await asyncio.sleep(delay)
-                    delay = min(1.0, delay * 2)
+                    delay = await self._busy_pause(st, delay, since)
                     await self._send(es.resend(), st, trace)
                 elif isinstance(ev, TokensEmitted):
                     if on_text is not None and ev.text:

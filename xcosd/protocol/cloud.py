@@ -53,7 +53,7 @@ from ..methods.base import (
     Space,
     TokenReply,
 )
-from ..methods.round import verify_block
+from ..methods.round import rebuild_reject, verify_block
 from ..sampling import SamplingParams, warp
 from ..vocab import Vocabulary
 from .errors import error_code
@@ -69,6 +69,7 @@ from .messages import (
     Opened,
     Ping,
     Pong,
+    Redo,
     ReplyMsg,
     RequestMsg,
     ServerLimits,
@@ -230,6 +231,12 @@ class CloudConfig:
 # ----------------------------------------------------------------------- session
 
 
+def _open_key(msg: Open) -> tuple[Any, ...]:
+    """What tells a duplicated ``open`` from another one with the same ``seq``."""
+    return (msg.seq, msg.map_fp, msg.method, msg.codec, msg.seed, msg.max_new_tokens,
+            msg.r, int(msg.resume.shape[0]), msg.prompt)
+
+
 @dataclass(eq=False)
 class RoundOutcome:
     """The result of verifying one round (computed off the event loop)."""
@@ -240,6 +247,9 @@ class RoundOutcome:
     error: XcosdError | None = None
     #: compute time of the batch this round was verified in (reported to the edge)
     compute_s: float = 0.0
+    #: a redone round (:class:`~xcosd.protocol.messages.Redo`): ``reply`` answers the
+    #: edge's pending follow-up, not the draft
+    redo: bool = False
 
 
 class CloudSession:
@@ -255,16 +265,31 @@ class CloudSession:
         self.params = SamplingParams(msg.temperature, msg.top_k, msg.top_p)
         self.rng = np.random.default_rng(msg.seed)
         self.max_new_tokens = msg.max_new_tokens
-        self.start_ids: list[int] | None = [*prompt_ids, *msg.resume.tolist()]
+        # the model starts from the prompt alone and is then given the resumed ids, so
+        # a resumed context is built exactly as the original was (a model that puts a
+        # start token before an empty prompt still does)
+        self.start_ids: list[int] | None = list(prompt_ids)
         self.prompt_tokens = len(prompt_ids)
         self.phase = CloudPhase.IDLE
         self.last_seq = msg.seq
-        self.next_round = 0
-        self.round = -1
+        self.next_round = msg.r
+        self.round = msg.r - 1
         #: tokens of context the model holds that are committed (prompt + generated)
         self.committed = len(self.start_ids)
-        #: committed tokens the model has not seen yet (the bonus of a full acceptance)
-        self.pending: list[int] = []
+        #: committed tokens the model has not seen yet (resumed ids, the bonus of a
+        #: full acceptance)
+        self.pending: list[int] = [int(i) for i in msg.resume.tolist()]
+        #: target tokens generated in this session (the resumed ones included)
+        self.generated = len(self.pending)
+        #: the last answer sent (verdict, reply or opened): sent again, not
+        #: recomputed, when the edge repeats the message it answers (a lost answer)
+        self.last_answer: Message | None = None
+        #: type and round of the last accepted message (a repeat must match them)
+        self.last_key: tuple[str, int] = (msg.TYPE, msg.r)
+        self.open_key = _open_key(msg)
+        self.redo: Redo | None = None
+        #: the seq of the draft being verified (its verdict answers it)
+        self.draft_seq = 0
         self.draft: Draft | None = None
         self.reject: RejectState | None = None
         self.final_token: int | None = None
@@ -316,6 +341,13 @@ class CloudSession:
                 raise InvalidDistribution(
                     f"target returned rows {rows.shape}, expected {(d + 1, sp.target_size)}")
             p = warped if warped is not None else warp(rows, self.params)
+            redo = self.redo
+            if redo is not None:
+                state = rebuild_reject(m, p, draft, redo.accepted, sp,
+                                       candidate_rounds=redo.candidate_rounds,
+                                       fallback_sent=redo.fallback)
+                reply = m.on_request(state, Request(redo.kind), sp, self.rng)
+                return RoundOutcome(redo.accepted, reply, state, redo=True)
             v = verify_block(m, p, draft, sp, self.rng)
             return RoundOutcome(v.accepted, v.reply, v.reject)
         except XcosdError as e:
@@ -323,6 +355,10 @@ class CloudSession:
         except (ValueError, IndexError, AssertionError) as e:
             return RoundOutcome(0, TokenReply(0), None,
                                 ProtocolError(f"cannot verify this draft: {e}", code="bad_field"))
+        except Exception as e:
+            return RoundOutcome(0, TokenReply(0), None,
+                                ProtocolError(f"verification failed: {type(e).__name__}",
+                                              code="internal"))
 
 
 # -------------------------------------------------------------------- connection
@@ -369,10 +405,24 @@ class CloudConnection:
         assert draft is not None
         d = draft.length
         session.committed += n
+        session.reject = outcome.reject
+        if outcome.redo:  # the verdict was given before the restart; answer the follow-up
+            session.redo = None
+            session.generated += n
+            session.requests += 1
+            session.final_token = (int(outcome.reply.token)
+                                   if isinstance(outcome.reply, TokenReply) else None)
+            session.pending = []
+            session.advance(CloudStep.REJECTED)
+            reply = ReplyMsg(session.s, session.round, outcome.reply,
+                             self._other_bytes(session.space, outcome.reply),
+                             ack=session.draft_seq)
+            session.last_answer = reply
+            return CloudOutput([reply])
         session.rounds += 1
         session.drafted += d
         session.accepted += n
-        session.reject = outcome.reject
+        session.generated += n + (1 if outcome.reject is None else 0)
         if outcome.reject is None:
             assert isinstance(outcome.reply, TokenReply)
             session.pending = [int(outcome.reply.token)]
@@ -385,7 +435,8 @@ class CloudConnection:
             session.advance(CloudStep.REJECTED)
         msg = VerdictMsg(session.s, session.round, n, outcome.reply,
                          self._other_bytes(session.space, outcome.reply),
-                         int(outcome.compute_s * 1e6))
+                         int(outcome.compute_s * 1e6), ack=session.draft_seq)
+        session.last_answer = msg
         return CloudOutput([msg], [RoundVerified(session, d, n)])
 
     def end(self, session: CloudSession, reason: CloseReason) -> CloudOutput:
@@ -394,6 +445,7 @@ class CloudConnection:
             return CloudOutput()
         session.advance(CloudStep.CLOSE)
         session.draft = session.reject = None
+        session.last_answer = None
         if self.sessions.get(session.s) is session:
             del self.sessions[session.s]
             self.config.sessions -= 1
@@ -432,6 +484,9 @@ class CloudConnection:
             sess = self.sessions.get(msg.s)
             if sess is None:
                 raise ProtocolError(f"session {msg.s} does not exist", code="no_session")
+            if (msg.seq == sess.last_seq and not isinstance(msg, Close)
+                    and sess.last_key == (msg.TYPE, msg.r)):
+                return self._repeat(sess, msg.seq)
             if msg.seq <= sess.last_seq:
                 raise ProtocolError(f"session {msg.s}: sequence number {msg.seq} already "
                                     f"seen (last {sess.last_seq})", code="replay")
@@ -440,8 +495,20 @@ class CloudConnection:
                 return self.end(sess, CloseReason.CLOSED)
             out = self._draft(sess, msg) if isinstance(msg, DraftMsg) else self._request(sess, msg)
             sess.last_seq = msg.seq  # only an accepted message consumes its number
+            sess.last_key = (msg.TYPE, msg.r)
             return out
         raise ProtocolError(f"the cloud does not accept {msg.TYPE!r}", code="unknown_type")
+
+    def _repeat(self, sess: CloudSession, seq: int) -> CloudOutput:
+        """The edge sent its last message again (it lost the answer, or the message
+        was duplicated on the way): send the same answer again. Never recomputed: a
+        second verification would draw new random numbers for a round whose first
+        draw may already be out. While the answer is being computed there is
+        nothing to send; it goes out when ready."""
+        ans = sess.last_answer
+        if ans is not None and getattr(ans, "ack", None) == seq:
+            return CloudOutput([ans], [Rejected("replay", "repeated: answered again", sess.s)])
+        return CloudOutput([], [Rejected("replay", "repeated: its answer is on its way", sess.s)])
 
     def _hello(self, msg: Hello) -> CloudOutput:
         if msg.version != PROTOCOL_VERSION:
@@ -459,8 +526,15 @@ class CloudConnection:
 
     def _open(self, msg: Open) -> CloudOutput:
         cfg = self.config
-        if msg.s in self.sessions:
-            raise ProtocolError(f"session {msg.s} is already open", code="session_exists")
+        old = self.sessions.get(msg.s)
+        if old is not None:
+            if msg.seq == old.last_seq and old.open_key == _open_key(msg):
+                return self._repeat(old, msg.seq)  # a duplicated open: its answer again
+            if msg.seq <= old.last_seq:
+                raise ProtocolError(f"session {msg.s} is already open", code="session_exists")
+        if msg.resume.shape[0] > msg.max_new_tokens:
+            raise ProtocolError(f"resume of {msg.resume.shape[0]} tokens exceeds "
+                                f"max_new_tokens={msg.max_new_tokens}", code="bad_field")
         space = cfg.space(msg.map_fp)
         if space is None:
             raise ProtocolError(f"unknown V_C map {msg.map_fp!r}: upload it (vmap) first; the "
@@ -500,10 +574,17 @@ class CloudConnection:
             except XcosdError as e:
                 raise ProtocolError(f"cannot tokenise the prompt: {e.message}",
                                     code="bad_field") from e
+        out = CloudOutput()
+        if old is not None:  # the edge re-opened it (it resumed): the old one ends
+            out.extend(self.end(old, CloseReason.CLOSED))
         sess = CloudSession(self, msg, method, space, prompt_ids)
         self.sessions[msg.s] = sess
         cfg.sessions += 1
-        return CloudOutput([Opened(msg.s, sess.prompt_tokens)], [SessionOpened(sess)])
+        opened = Opened(msg.s, sess.prompt_tokens, ack=msg.seq)
+        sess.last_answer = opened
+        out.send.append(opened)
+        out.events.append(SessionOpened(sess))
+        return out
 
     def _draft(self, sess: CloudSession, msg: DraftMsg) -> CloudOutput:
         if sess.phase is CloudPhase.SCORING:
@@ -523,6 +604,21 @@ class CloudConnection:
         if d and (int(draft.ids.max()) >= sp.target_size or np.any(sp.to_common[draft.ids] < 0)):
             raise ProtocolError("a drafted id is not in V_C", code="bad_token")
         self._check_vectors(m, draft)
+        # max_new_tokens binds the cloud too: a round may not start past it, nor draft
+        # more than it leaves room for (the edge drafts at most remaining - 1)
+        left = sess.max_new_tokens - sess.generated - (sess.phase is CloudPhase.RESOLVING)
+        if left <= 0 or d > left - 1:
+            raise ProtocolError(f"session {sess.s}: a round of {d} drafts exceeds what is left "
+                                f"of max_new_tokens={sess.max_new_tokens} ({max(left, 0)} "
+                                "tokens)", code="bad_field")
+        redo = msg.redo
+        if redo is not None:
+            if sess.rounds or sess.requests or sess.phase is not CloudPhase.IDLE:
+                raise ProtocolError(f"session {sess.s}: a redone round must be the first "
+                                    "after the open", code="state")
+            if not 0 <= redo.accepted < d:
+                raise ProtocolError(f"session {sess.s}: redone round accepts {redo.accepted} "
+                                    f"of {d} drafts: it was a rejection", code="bad_field")
         append = list(sess.pending)
         if sess.phase is CloudPhase.RESOLVING:
             tok = msg.token
@@ -538,9 +634,13 @@ class CloudConnection:
                           [int(i) for i in draft.ids])
         sess.start_ids = None
         sess.committed += len(append)
+        if sess.phase is CloudPhase.RESOLVING:
+            sess.generated += 1  # the resolved token
         sess.pending = []
         sess.draft = draft
         sess.reject = None
+        sess.redo = redo
+        sess.draft_seq = msg.seq
         sess.round = msg.r
         sess.next_round = msg.r + 1
         sess.advance(CloudStep.DRAFT)
@@ -579,7 +679,9 @@ class CloudConnection:
         reply = sess.method.on_request(sess.reject, Request(msg.kind), sess.space, sess.rng)
         sess.requests += 1
         sess.final_token = int(reply.token) if isinstance(reply, TokenReply) else None
-        return CloudOutput([ReplyMsg(sess.s, msg.r, reply, self._other_bytes(sess.space, reply))])
+        ans = ReplyMsg(sess.s, msg.r, reply, self._other_bytes(sess.space, reply), ack=msg.seq)
+        sess.last_answer = ans
+        return CloudOutput([ans])
 
     def _other_bytes(self, space: Space, reply: Reply) -> dict[int, bytes]:
         """Bytes of every V_O token ``reply`` names (the device knows V_C only by id)."""

@@ -25,12 +25,24 @@ Session phases (:class:`EdgePhase`, changed only through
                                     └─draft needed─► drafting ─drafted─┘
                                                      waiting └─► resolving ─reply─► ready | done
     (open again from any live phase: resume after a cloud restart)
+    opening ─opened (a rejection was being resolved)─► resolving
     any ─close─► closed
+
+Faults. Every cloud answer names the ``seq`` it answers (``ack``): one that answers
+an older message (late, duplicated, or from before a restart) is dropped; a
+``replay`` error means the cloud already had a message and is dropped too. After a
+lost answer the node sends the last message again with the same ``seq``
+(:meth:`EdgeSession.resend_last`) and the cloud repeats its answer. A resume
+(:meth:`EdgeSession.open` again) abandons a round whose verdict the device has not
+seen (nothing of it is known, so drawing it anew is exact), completes one whose
+verdict it has seen (:class:`~xcosd.protocol.messages.Redo`) and gives the cloud a
+fresh seed: never the first one again, or its random stream would replay.
 """
 
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,6 +74,7 @@ from .messages import (
     Message,
     Open,
     Opened,
+    Redo,
     ReplyMsg,
     RequestMsg,
     VerdictMsg,
@@ -256,6 +269,7 @@ class EdgeStep(enum.Enum):
 
     OPEN = "open"
     OPENED = "opened"
+    RESUMED = "resumed"      # opened again while a rejection was being resolved
     DRAFT_NEEDED = "draft_needed"
     DRAFT = "draft"
     REJECTED = "rejected"
@@ -271,6 +285,7 @@ _LIVE = (EdgePhase.NEW, EdgePhase.OPENING, EdgePhase.READY, EdgePhase.WAITING,
 EDGE_TRANSITIONS: dict[tuple[EdgePhase, EdgeStep], EdgePhase] = {
     **{(p, EdgeStep.OPEN): EdgePhase.OPENING for p in _LIVE},
     (EdgePhase.OPENING, EdgeStep.OPENED): EdgePhase.READY,
+    (EdgePhase.OPENING, EdgeStep.RESUMED): EdgePhase.RESOLVING,
     (EdgePhase.OPENING, EdgeStep.FINISHED): EdgePhase.DONE,
     (EdgePhase.READY, EdgeStep.DRAFT_NEEDED): EdgePhase.DRAFTING,
     (EdgePhase.READY, EdgeStep.DRAFT): EdgePhase.WAITING,
@@ -295,7 +310,8 @@ class EdgeSession:
                  prompt: str, max_new_tokens: int,
                  params: SamplingParams, stop_ids: Sequence[int], draft_len: int = 4,
                  max_draft: int = 64, seed: int | None = None,
-                 options: dict[str, Any] | None = None) -> None:
+                 options: dict[str, Any] | None = None,
+                 prompt_ids: np.ndarray | None = None) -> None:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if draft_len < 0:
@@ -305,6 +321,8 @@ class EdgeSession:
         self.vmap = vmap
         self.space = space
         self.prompt = prompt
+        #: the prompt as target ids instead of text (``Open.prompt_ids``)
+        self.prompt_ids = prompt_ids
         self.max_new_tokens = max_new_tokens
         self.params = params
         self.stop_ids = frozenset(int(i) for i in stop_ids)
@@ -315,9 +333,22 @@ class EdgeSession:
         dev, srv = ss.spawn(2)
         self.rng = np.random.default_rng(dev)
         self.server_seed = int(srv.generate_state(1, np.uint64)[0])
+        #: each resume spawns the cloud a fresh, independent seed from here
+        self._server_seeds = srv
+        self.opens = 0
         self.phase = EdgePhase.NEW
         self.seq = 0
         self.round = 0
+        #: the seq of the message whose answer the session waits for
+        self._awaiting = 0
+        #: the last message sent that expects an answer (sent again after a loss)
+        self._last_sent: Message | None = None
+        #: a rejection whose verdict was seen and whose follow-up is outstanding
+        self._request_kind: Request | None = None
+        self._fallback_seen = False
+        self._redo = False
+        #: answers dropped as stale (late, duplicated, from before a restart)
+        self.stale = 0
         self.token_ids: list[int] = []
         self.text_bytes = bytearray()
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -354,19 +385,41 @@ class EdgeSession:
         return self.max_new_tokens - len(self.token_ids)
 
     def open(self) -> Open:
-        """The ``open`` message (again after a cloud restart: it then carries the tokens
-        generated so far as ``resume``, and the round in flight is abandoned)."""
-        if self.phase in (EdgePhase.WAITING, EdgePhase.RESOLVING):
+        """The ``open`` message. Again after a cloud restart, it carries the tokens
+        generated so far as ``resume`` and a fresh seed; a round whose verdict was
+        not seen is abandoned, one whose verdict was seen is completed after the
+        ``opened`` (see the module docstring)."""
+        if self.phase is EdgePhase.WAITING or (self.phase is EdgePhase.RESOLVING
+                                               and self._request_kind is None):
             self._edit(self._drafted, [])  # the round in flight is abandoned
+            self._draft = self._draft_msg = self._dev = None
+        self._redo = self._redo or (self.phase is EdgePhase.RESOLVING
+                                    and self._request_kind is not None)
         self._advance(EdgeStep.OPEN)
-        self.seq = 0
-        self.round = 0
-        self._pending_token = None
-        self._draft = self._draft_msg = self._dev = None
-        return Open(self.s, 0, self.vmap.fingerprint, self.method.name, self.method.codec.name,
-                    self.options, self.params.temperature, self.params.top_k,
-                    self.params.top_p, self.server_seed, self.prompt, self.max_new_tokens,
-                    np.array(self.token_ids, dtype=np.int64))
+        seed = self.server_seed
+        if self.opens:
+            seed = int(self._server_seeds.spawn(1)[0].generate_state(1, np.uint64)[0])
+        self.opens += 1
+        self._pending_token = None  # it is in the resumed ids
+        self.seq += 1
+        msg = Open(self.s, self.seq, self.vmap.fingerprint, self.method.name,
+                   self.method.codec.name, self.options, self.params.temperature,
+                   self.params.top_k, self.params.top_p, seed, self.prompt,
+                   self.max_new_tokens, np.array(self.token_ids, dtype=np.int64),
+                   prompt_ids=self.prompt_ids, r=self.round)
+        self._expect(msg)
+        return msg
+
+    def _expect(self, msg: Message) -> None:
+        self._awaiting = self.seq
+        self._last_sent = msg
+
+    def resend_last(self) -> Message | None:
+        """The last message that waits for an answer, unchanged (same ``seq``): the
+        cloud answers it again if it already did. ``None`` when nothing waits."""
+        if self.phase in (EdgePhase.OPENING, EdgePhase.WAITING, EdgePhase.RESOLVING):
+            return self._last_sent
+        return None
 
     def close(self) -> Close:
         self._advance(EdgeStep.CLOSE)
@@ -415,6 +468,9 @@ class EdgeSession:
         self._trips = 0
         self.seq += 1
         self._draft_msg = DraftMsg(self.s, self.seq, self.round, self._pending_token, draft)
+        self._expect(self._draft_msg)
+        self._request_kind = None
+        self._fallback_seen = False
         self._advance(EdgeStep.DRAFT)
         return EdgeOutput([self._draft_msg])
 
@@ -427,30 +483,44 @@ class EdgeSession:
             self._drop += drop - len(self._append)
             self._append = list(append)
 
-    def resend(self) -> DraftMsg:
-        """The current round's draft again, with a fresh sequence number (after ``busy``)."""
-        assert self._draft_msg is not None and self.phase is EdgePhase.WAITING
+    def resend(self) -> Message:
+        """The message the cloud refused as ``busy`` again, with a fresh sequence
+        number (a refused message does not consume its number)."""
+        m = self._last_sent
+        assert m is not None and self.phase in (EdgePhase.OPENING, EdgePhase.WAITING,
+                                                EdgePhase.RESOLVING)
         self.seq += 1
-        m = self._draft_msg
-        self._draft_msg = DraftMsg(m.s, self.seq, m.r, m.token, m.draft)
-        return self._draft_msg
+        again = dataclasses.replace(m, seq=self.seq)  # type: ignore[call-arg]
+        if isinstance(again, DraftMsg):
+            self._draft_msg = again
+        self._expect(again)
+        return again
 
     # -- what arrives ------------------------------------------------------
 
     def receive(self, msg: Message) -> EdgeOutput:
-        """Feed one cloud message for this session."""
+        """Feed one cloud message for this session. A stale answer (see the module
+        docstring) is dropped: counted in :attr:`stale`, nothing else changes."""
         if isinstance(msg, Error):
             exc = exception_for(msg.code, msg.message)
-            if msg.code == "busy" and self.phase in (EdgePhase.WAITING, EdgePhase.OPENING):
+            if msg.code == "replay":  # the cloud already has that message: nothing lost
+                self.stale += 1
+                return EdgeOutput()
+            if msg.code == "busy" and self.phase in (EdgePhase.WAITING, EdgePhase.OPENING,
+                                                     EdgePhase.RESOLVING):
                 return EdgeOutput([], [Retry(exc)])
             raise exc
+        ack = getattr(msg, "ack", None)
+        if (ack is not None and ack < self._awaiting) or (
+                ack == self._awaiting and self.phase not in (
+                    EdgePhase.OPENING, EdgePhase.WAITING, EdgePhase.RESOLVING)):
+            self.stale += 1  # answers a message this session is past, or answered twice
+            return EdgeOutput()
+        if ack != self._awaiting:
+            raise ProtocolError(f"session {self.s}: a {msg.TYPE!r} answers seq {ack}, but "
+                                f"seq {self._awaiting} is the last sent", code="state")
         if isinstance(msg, Opened) and self.phase is EdgePhase.OPENING:
-            self._advance(EdgeStep.OPENED if self.remaining > 0 else EdgeStep.FINISHED)
-            out = EdgeOutput([], [SessionReady(msg.prompt_tokens)])
-            if self.phase is EdgePhase.DONE:
-                self.finish_reason = FinishReason.LENGTH
-                out.events.append(Finished(FinishReason.LENGTH))
-            return out
+            return self._opened(msg)
         if isinstance(msg, VerdictMsg) and self.phase is EdgePhase.WAITING and msg.r == self.round:
             return self._verdict(msg)
         if isinstance(msg, ReplyMsg) and self.phase is EdgePhase.RESOLVING and msg.r == self.round:
@@ -459,6 +529,26 @@ class EdgeSession:
         raise ProtocolError(f"session {self.s}: unexpected {msg.TYPE!r} in phase "
                             f"{self.phase.value}",
                             code="state")
+
+    def _opened(self, msg: Opened) -> EdgeOutput:
+        out = EdgeOutput([], [SessionReady(msg.prompt_tokens)])
+        if self._redo:  # complete the round whose verdict was seen
+            self._redo = False
+            kind, dev, draft = self._request_kind, self._dev, self._draft
+            assert kind is not None and dev is not None and draft is not None
+            self._advance(EdgeStep.RESUMED)
+            self.seq += 1
+            self._draft_msg = DraftMsg(self.s, self.seq, self.round, None, draft,
+                                       Redo(self._accepted, kind.kind, dev.candidate_rounds,
+                                            self._fallback_seen))
+            self._expect(self._draft_msg)
+            out.send.append(self._draft_msg)
+            return out
+        self._advance(EdgeStep.OPENED if self.remaining > 0 else EdgeStep.FINISHED)
+        if self.phase is EdgePhase.DONE:
+            self.finish_reason = FinishReason.LENGTH
+            out.events.append(Finished(FinishReason.LENGTH))
+        return out
 
     def _verdict(self, msg: VerdictMsg) -> EdgeOutput:
         draft = self._draft
@@ -479,6 +569,8 @@ class EdgeSession:
     def _resolve(self, reply: Reply, other: dict[int, bytes]) -> EdgeOutput:
         assert self._dev is not None
         self._check_reply(reply)
+        if isinstance(reply, HybridReply):
+            self._fallback_seen = True
         self._other = {**self._other, **other}
         try:
             out = self.method.resolve(reply, self._dev, self.space, self.rng)
@@ -488,7 +580,10 @@ class EdgeSession:
             raise ProtocolError(f"cannot use the cloud's reply: {e}", code="bad_field") from e
         if isinstance(out, Request):
             self.seq += 1
-            return EdgeOutput([RequestMsg(self.s, self.seq, self.round, out.kind)])
+            self._request_kind = out
+            req = RequestMsg(self.s, self.seq, self.round, out.kind)
+            self._expect(req)
+            return EdgeOutput([req])
         return self._settle(int(out), self._other)
 
     def _check_reply(self, reply: Reply) -> None:
@@ -516,6 +611,7 @@ class EdgeSession:
                                dev.trials if dev else 0, dev.fallbacks if dev else 0)
         self._pending_token = token if n < draft.length else None
         self._dev, self._other = None, {}
+        self._request_kind, self._last_sent = None, None
         self.round += 1
         emitted: list[int] = []
         reason: FinishReason | None = None

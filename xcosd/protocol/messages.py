@@ -79,7 +79,7 @@ from .fields import (
 )
 
 #: Version of the message set; a peer speaking another one is refused (code ``version``).
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 #: Bounds on header fields, so a hostile header cannot make us allocate much.
 MAX_TEXT = 1 << 20  # prompt text, bytes of UTF-8
@@ -90,6 +90,7 @@ MAX_DRAFT = 1 << 16  # drafted ids per round (and accepted ones in a verdict)
 MAX_CANDIDATES = 1 << 16  # candidate ids per reply (and V_O spellings sent with them)
 MAX_STOP = 64  # stop ids in a welcome
 MAX_PIECE = 4096  # bytes of one V_O token's spelling
+MAX_RESUME = 1 << 20  # target ids generated before a resume (a session's whole output)
 #: The largest header a legal message needs: an ``open`` whose prompt has
 #: ``MAX_TEXT`` bytes, with every other field at its bound, fits with room to
 #: spare. A receiver that accepts prompts must use at least this as its
@@ -148,6 +149,9 @@ class Message:
 
 #: the session id, first field of every session message
 S = Field("s", "s", Kind.INT)
+#: in every answer of the cloud: the ``seq`` of the edge message it answers, so the
+#: edge can tell a late or duplicated answer from the one it waits for
+ACK = Field("ack", "a", Kind.INT, nullable=True, default=0, omit=omit_falsy)
 
 
 @dataclass(frozen=True)
@@ -355,8 +359,11 @@ class Open(SessionMessage):
     tokenizer (its context is canonical, in target ids) and the device with its
     own. ``resume`` holds target ids already generated, when a session is resumed
     after a cloud restart: the cloud's context becomes prompt + resume, so no token
-    is lost or repeated. ``seed`` seeds the cloud's half of the session's
-    randomness (``None``: fresh entropy).
+    is lost or repeated, and ``r`` is the round it continues from (round numbers
+    and ``seq`` never go back, so an answer from before the restart is recognisably
+    stale). ``seed`` seeds the cloud's half of the session's randomness (``None``:
+    fresh entropy); a resumed session gets a fresh seed, never the first one again,
+    or the cloud's random stream would replay.
 
     ``prompt_ids``: the prompt as **target ids** instead of text (then ``prompt`` is
     empty), for callers that hold a tokenised context: the cloud's context is exactly
@@ -379,8 +386,10 @@ class Open(SessionMessage):
         Field("seed", "seed", Kind.INT, hi=(1 << 64) - 1, nullable=True),
         Field("prompt", "prompt", Kind.TEXT, size=MAX_TEXT),
         Field("max_new_tokens", "max", Kind.INT, hi=1 << 31),
+        Field("r", "r", Kind.INT, nullable=True, default=0, omit=omit_falsy),
     )
-    BUFFERS: ClassVar[tuple[Buf, ...]] = (Buf("resume", BufKind.IDS, "resume ids"),)
+    BUFFERS: ClassVar[tuple[Buf, ...]] = (
+        Buf("resume", BufKind.IDS, "resume ids", max_n=MAX_RESUME),)
     seq: int
     map_fp: str
     method: str
@@ -394,6 +403,8 @@ class Open(SessionMessage):
     max_new_tokens: int
     resume: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     prompt_ids: np.ndarray | None = None
+    #: the round the session continues from (0 for a new one)
+    r: int = 0
 
     def _extra_to_wire(self, h: Header) -> Buffers:
         if self.prompt_ids is None:
@@ -420,11 +431,39 @@ class Open(SessionMessage):
 
 @dataclass(frozen=True)
 class Opened(SessionMessage):
-    """Cloud -> edge: session ``s`` is open; ``prompt_tokens`` target tokens of context."""
+    """Cloud -> edge: session ``s`` is open; ``prompt_tokens`` target tokens of context.
+    ``ack``: the ``seq`` of the ``open`` it answers."""
 
     TYPE: ClassVar[str] = "opened"
-    FIELDS: ClassVar[tuple[Field, ...]] = (S, Field("prompt_tokens", "n", Kind.INT))
+    FIELDS: ClassVar[tuple[Field, ...]] = (S, Field("prompt_tokens", "n", Kind.INT), ACK)
     prompt_tokens: int
+    ack: int = 0
+
+
+@dataclass(frozen=True)
+class Redo:
+    """A round whose verdict the edge saw before the cloud lost it (a restart).
+
+    Sent with that round's draft again, first thing after the resumed ``open``: the
+    cloud scores the block, takes ``accepted`` as the verdict (it is already part of
+    the output's history: redrawing it would bias the output towards rounds that
+    end in fewer messages), rebuilds the rejection's state with the follow-ups the
+    edge already received (``candidate_rounds``, ``fallback``) and answers the
+    follow-up the edge was waiting for (``kind``) with fresh randomness. Every
+    follow-up is a fresh draw from a law fixed by the target row, the rejected draft
+    and those counts, so the round completes exactly as it would have.
+    """
+
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("accepted", "n", Kind.INT, hi=MAX_DRAFT),
+        Field("kind", "k", Kind.STR, choices=RequestKind),
+        Field("candidate_rounds", "cr", Kind.INT, hi=1 << 20),
+        Field("fallback", "fb", Kind.BOOL, default=False),
+    )
+    accepted: int
+    kind: RequestKind
+    candidate_rounds: int = 0
+    fallback: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -447,11 +486,13 @@ class DraftMsg(SessionMessage):
         Field("seq", "seq", Kind.INT),
         Field("r", "r", Kind.INT),
         Field("token", "tok", Kind.INT, hi=TOKEN_MAX, nullable=True),
+        Field("redo", "redo", Kind.NESTED, nested=Redo, nullable=True, omit=omit_none),
     )
     seq: int
     r: int
     token: int | None
     draft: Draft
+    redo: Redo | None = None
 
     def _extra_to_wire(self, h: Header) -> Buffers:
         d = self.draft
@@ -568,6 +609,7 @@ class VerdictMsg(SessionMessage):
         Field("accepted", "n", Kind.INT, hi=MAX_DRAFT),
         Field("compute_us", "us", Kind.INT, nullable=True, default=0, omit=omit_falsy,
               to_wire=int),
+        ACK,
     )
     r: int
     accepted: int
@@ -575,6 +617,7 @@ class VerdictMsg(SessionMessage):
     other_bytes: dict[int, bytes] = field(default_factory=dict)
     #: the cloud's measured compute for this round (its batch), microseconds; 0 = unknown
     compute_us: int = 0
+    ack: int = 0
 
     def _extra_to_wire(self, h: Header) -> Buffers:
         return reply_to_wire(self.reply, h, self.other_bytes)
@@ -611,10 +654,11 @@ class ReplyMsg(SessionMessage):
     """Cloud -> edge: the answer to a :class:`RequestMsg` (same payload kinds as a verdict)."""
 
     TYPE: ClassVar[str] = "reply"
-    FIELDS: ClassVar[tuple[Field, ...]] = (S, Field("r", "r", Kind.INT))
+    FIELDS: ClassVar[tuple[Field, ...]] = (S, Field("r", "r", Kind.INT), ACK)
     r: int
     reply: Reply
     other_bytes: dict[int, bytes] = field(default_factory=dict)
+    ack: int = 0
 
     def _extra_to_wire(self, h: Header) -> Buffers:
         return reply_to_wire(self.reply, h, self.other_bytes)
