@@ -12,7 +12,12 @@ context changes the law.
 The empirical law of the 5-token sequences is compared with the exact one
 (``tests/helpers/law.py``: every position, every consecutive pair, the pooled
 joint). Each test states the deviation it is built to catch: at N = 20,000 a TV 0.02
-change of the joint at one step (``tests/test_law_power.py`` measures power >= 0.9);
+change of the joint at one step (``tests/test_law_power.py`` measures power >= 0.9).
+The N = 20,000 tests run with faults injected (``tests/helpers/faults.py``: cloud
+restarts, dropped, duplicated and late messages at random points), so the law is
+checked on every fault path and on the fault-free rounds between them at once;
+control sessions that recover the old, wrong ways (the cloud's seed replayed on
+resume, a seen verdict drawn again) fail the same check;
 every warper, every codec and the pairwise cover of method x codec x warper run at
 lower N (each test says which deviation it is built to catch: power scales with
 ``TV * sqrt(N)``). Lossy baselines fail the very same check.
@@ -20,15 +25,19 @@ lower N (each test says which deviation it is built to catch: power scales with
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from xcosd.methods import Space
 from xcosd.nodes.pump import Pump
-from xcosd.protocol import RoundVerified
+from xcosd.protocol import EdgeSession, Open, RoundVerified
+from xcosd.protocol.edge import EdgePhase
 from xcosd.sampling import SamplingParams, warp
 from xcosd.vocab import VocabMap
 
+from .helpers.faults import Faults, FaultyLink
 from .helpers.law import bigram_law, check_law, committed_row, markov_law
 from .session_pairs import pair, real_pair
 
@@ -55,7 +64,7 @@ LOSSLESS = {
     "xcosd": ("xcosd", {}),
     "xcosd-nopresample": ("xcosd", {"hr_presample": False}),
     "xcosd-e": ("xcosd-e", {}),
-    "xcosd-e-K1M1": ("xcosd-e", {"K": 1, "M": 1}),
+    "xcosd-e-K1M3": ("xcosd-e", {"K": 1, "M": 3}),
 }
 #: f32 and sparse are exact; the others are lossy and the output follows their
 #: committed law (sd-uplink's codec compresses q, so its law stays the target's)
@@ -106,14 +115,78 @@ def assert_law(link: Pump, variant: str, codec: str, params: SamplingParams, n: 
         assert (rejected_at[:DRAFT_LEN] > 0).all(), rejected_at
 
 
-# -- N = 20,000: every lossless method (f32, T = 1) ---------------------------------
+# -- N = 20,000: every lossless method (f32, T = 1), through every fault ------------
+
+
+def generate_faulty(link: Pump, variant: str, n: int, seed: int,
+                    session_cls: type[EdgeSession] = EdgeSession
+                    ) -> tuple[np.ndarray, np.ndarray, FaultyLink]:
+    """:func:`generate` with faults injected (T = 1, f32)."""
+    name, opts = LOSSLESS.get(variant, (variant, {}))
+    faulty = FaultyLink(link, Faults(), seed=seed)
+    seqs = np.empty((n, TOKENS), dtype=np.int64)
+    rejected_at = np.zeros(DRAFT_LEN + 1, dtype=np.int64)
+    for i in range(n):
+        faulty.events.clear()
+        es = faulty.generate(name, seed=seed + i, session_cls=session_cls, prompt=PROMPT,
+                             max_new_tokens=TOKENS, params=T1, draft_len=DRAFT_LEN, **opts)
+        seqs[i] = es.token_ids
+        for ev in faulty.events:
+            if isinstance(ev, RoundVerified) and ev.accepted < ev.drafted:
+                rejected_at[ev.accepted] += 1
+    return seqs, rejected_at, faulty
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(LOSSLESS))
-def test_every_lossless_method(link: Pump, variant: str) -> None:
-    """Built to catch TV 0.02 at one step (power >= 0.9, test_law_power.py)."""
-    assert_law(link, variant, "f32", T1, N_HIGH, seed=1_000_000)
+def test_every_lossless_method_through_faults(link: Pump, variant: str) -> None:
+    """Built to catch TV 0.02 at one step (power >= 0.9, test_law_power.py), with a
+    fault at a random point of most generations: every kind of fault happens, and
+    resumes happen before the verdict, while opening and (where the method has
+    follow-ups) mid-resolution, where the round is completed (Redo)."""
+    seqs, rejected_at, faulty = generate_faulty(link, variant, N_HIGH, seed=1_000_000)
+    report = check_law(seqs, exact_law(link, variant, "f32", T1))
+    c = faulty.counts
+    assert report.ok, f"{variant} through faults ({c}): {report}"
+    assert min(c.dropped, c.duplicated, c.delayed, c.restarts, c.resends, c.stale) > 100, c
+    assert c.by_phase.get("waiting", 0) > 100 and c.by_phase.get("opening", 0) > 100, c
+    if variant in ("xcosd-nopresample", "xcosd-e-K1M3"):  # K = 20 rarely asks for more
+        assert c.redone > 100, c  # rounds completed after a restart mid-resolution
+    if variant != "ar":
+        assert (rejected_at[:DRAFT_LEN] > 0).all(), rejected_at
+
+
+class ReplayedSeed(EdgeSession):
+    """Resumes the old way: the cloud gets the first seed again, so its random
+    stream after a restart replays the one before it."""
+
+    def open(self) -> Open:
+        msg = dataclasses.replace(super().open(), seed=self.server_seed)
+        self._expect(msg)  # what a lost answer makes it send again
+        return msg
+
+
+class RedrawnRound(EdgeSession):
+    """Resumes the old way: a round whose verdict was seen is thrown away and drawn
+    again, so rounds that need more messages (and meet more restarts) are redrawn
+    more often."""
+
+    def open(self) -> Open:
+        if self.phase is EdgePhase.RESOLVING:
+            self._request_kind = None  # forget the outstanding follow-up: abandon
+        return super().open()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("variant", "control"), [("ar", ReplayedSeed),
+                                                  ("xcosd-nopresample", RedrawnRound)])
+def test_wrong_recovery_fails_the_same_check(link: Pump, variant: str,
+                                             control: type[EdgeSession]) -> None:
+    """The fault tests have teeth: recovering the old ways biases the law, and the
+    same check at the same N and fault rates says so."""
+    seqs, _, _ = generate_faulty(link, variant, N_HIGH, seed=1_000_000, session_cls=control)
+    report = check_law(seqs, exact_law(link, variant, "f32", T1))
+    assert not report.ok, f"{control.__name__} passed: {report}"
 
 
 # -- every warper and every codec on the default method -----------------------------

@@ -530,7 +530,10 @@ class CloudConnection:
         if old is not None:
             if msg.seq == old.last_seq and old.open_key == _open_key(msg):
                 return self._repeat(old, msg.seq)  # a duplicated open: its answer again
-            if msg.seq <= old.last_seq:
+            if msg.seq < old.last_seq:  # a late copy of an earlier open
+                raise ProtocolError(f"session {msg.s}: open with sequence number {msg.seq} "
+                                    f"already seen (last {old.last_seq})", code="replay")
+            if msg.seq == old.last_seq:
                 raise ProtocolError(f"session {msg.s} is already open", code="session_exists")
         if msg.resume.shape[0] > msg.max_new_tokens:
             raise ProtocolError(f"resume of {msg.resume.shape[0]} tokens exceeds "

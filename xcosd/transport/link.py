@@ -34,7 +34,9 @@ from .meter import Direction, Meter
 
 @dataclass(frozen=True)
 class OneWay:
-    """One direction of a link: serialisation rate, propagation delay, jitter."""
+    """One direction of a link: serialisation rate, propagation delay, jitter, and
+    the chance that a message is lost or arrives twice (what a flaky radio link or a
+    retransmitting middlebox does, so recovery can be exercised over real sockets)."""
 
     #: bits per second; ``math.inf`` for no serialisation delay
     rate_bps: float = math.inf
@@ -42,9 +44,14 @@ class OneWay:
     delay_s: float = 0.0
     #: extra delay drawn uniformly from ``[0, jitter_s]`` per message
     jitter_s: float = 0.0
+    #: probability that a message never arrives
+    loss: float = 0.0
+    #: probability that a message arrives twice
+    duplicate: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.rate_bps > 0 or self.delay_s < 0 or self.jitter_s < 0:
+        if (not self.rate_bps > 0 or self.delay_s < 0 or self.jitter_s < 0
+                or not 0.0 <= self.loss < 1.0 or not 0.0 <= self.duplicate <= 1.0):
             raise ValueError(f"invalid link direction {self}")
 
     def transfer(self, nbytes: int) -> float:
@@ -64,10 +71,12 @@ class LinkSpec:
 
     @classmethod
     def of(cls, *, up_bps: float = math.inf, down_bps: float = math.inf, rtt_s: float = 0.0,
-           jitter_s: float = 0.0, overhead: int = 0, seed: int = 0) -> LinkSpec:
-        """The usual description: rates per direction and one RTT split evenly."""
-        return cls(OneWay(up_bps, rtt_s / 2, jitter_s), OneWay(down_bps, rtt_s / 2, jitter_s),
-                   overhead, seed)
+           jitter_s: float = 0.0, overhead: int = 0, seed: int = 0, loss: float = 0.0,
+           duplicate: float = 0.0) -> LinkSpec:
+        """The usual description: rates per direction and one RTT split evenly (loss
+        and duplication apply to each direction)."""
+        return cls(OneWay(up_bps, rtt_s / 2, jitter_s, loss, duplicate),
+                   OneWay(down_bps, rtt_s / 2, jitter_s, loss, duplicate), overhead, seed)
 
     def direction(self, d: Direction) -> OneWay:
         return self.up if d == "up" else self.down
@@ -76,6 +85,8 @@ class LinkSpec:
         return {"up_bps": self.up.rate_bps, "down_bps": self.down.rate_bps,
                 "up_delay_s": self.up.delay_s, "down_delay_s": self.down.delay_s,
                 "jitter_s": max(self.up.jitter_s, self.down.jitter_s),
+                "loss": max(self.up.loss, self.down.loss),
+                "duplicate": max(self.up.duplicate, self.down.duplicate),
                 "overhead": self.overhead}
 
 
@@ -117,6 +128,15 @@ class DelayLine:
         self._free_at = -math.inf
         self._last_arrival = -math.inf
 
+    def copies(self) -> int:
+        """How many times the next message arrives: 0 (lost), 1, or 2 (duplicated)."""
+        w = self.way
+        if w.loss and self._rng.random() < w.loss:
+            return 0
+        if w.duplicate and self._rng.random() < w.duplicate:
+            return 2
+        return 1
+
     def schedule(self, now: float, nbytes: int) -> float:
         """When a message of ``nbytes`` handed over at ``now`` arrives."""
         start = max(now, self._free_at)
@@ -143,8 +163,9 @@ class _Outbox:
             raise TransportError(f"link send failed: {self.error}", code="closed")
         loop = asyncio.get_running_loop()
         msg = [bytes(f) for f in frames]  # the caller may reuse its buffers
-        self._queue.put_nowait((self.line.schedule(loop.time(), message_bytes(msg) + overhead),
-                                msg))
+        for _ in range(self.line.copies()):
+            self._queue.put_nowait((self.line.schedule(loop.time(),
+                                                       message_bytes(msg) + overhead), msg))
         if self._task is None:
             self._task = asyncio.ensure_future(self._pump())
 
@@ -207,8 +228,9 @@ class LinkConnection(Connection):
             except BaseException as e:
                 self._inbox.put_nowait((loop.time(), e))
                 return
-            at = self._down.schedule(loop.time(), message_bytes(msg) + self.spec.overhead)
-            self._inbox.put_nowait((at, msg))
+            for _ in range(self._down.copies()):
+                at = self._down.schedule(loop.time(), message_bytes(msg) + self.spec.overhead)
+                self._inbox.put_nowait((at, msg))
 
     async def recv(self) -> list[bytes]:
         if self._closed:
@@ -290,8 +312,9 @@ class LinkListener(Listener):
             if line is None:
                 line = self._up[peer] = DelayLine(self.spec.up, self._rng)
             size = 0 if msg is None else message_bytes(msg) + self.spec.overhead
-            at = line.schedule(loop.time(), size)
-            heapq.heappush(self._heap, (at, next(self._seq), peer, msg))
+            for _ in range(1 if msg is None else line.copies()):  # a disconnect is not lost
+                at = line.schedule(loop.time(), size)
+                heapq.heappush(self._heap, (at, next(self._seq), peer, msg))
             self._changed.set()
 
     async def recv(self) -> tuple[bytes, list[bytes] | None]:
