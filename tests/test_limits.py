@@ -13,6 +13,7 @@ the cloud state machine (``ServerLimits``, method options) and the nodes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import struct
 import tracemalloc
 from collections.abc import Callable
@@ -35,18 +36,22 @@ from xcosd.protocol import (
     Close,
     DraftMsg,
     Error,
+    Hello,
     Open,
     Ping,
     Pong,
     ReplyMsg,
     RequestMsg,
     VerdictMsg,
+    VocabMapAccepted,
+    VocabMapUpload,
     pack,
     unpack,
 )
-from xcosd.protocol.cloud import CloudConfig
+from xcosd.protocol.cloud import MAX_MAPS_PER_PEER, CloudConfig, CloudConnection
 from xcosd.protocol.messages import (
     MAX_BUFFERS,
+    MAX_CANDIDATE_ROUNDS,
     MAX_CANDIDATES,
     MAX_DRAFT,
     MAX_HEADER_BYTES,
@@ -63,7 +68,13 @@ from xcosd.protocol.messages import (
     ids_to_bytes,
     session_of,
 )
-from xcosd.protocol.vocab_transfer import MAX_TABLE_BYTES, table_to_vocab, vocab_to_table
+from xcosd.protocol.vocab_transfer import (
+    MAX_TABLE_BYTES,
+    map_fingerprint,
+    table_to_vocab,
+    upload_for,
+    vocab_to_table,
+)
 from xcosd.transport import connect, listen
 from xcosd.vocab import Vocabulary
 from xcosd.wire.frames import (
@@ -662,3 +673,61 @@ async def test_prompt_of_max_text_bytes_end_to_end() -> None:
             await asyncio.wait_for(edge.generate(prompt + "a", max_new_tokens=1), HANG_S)
         assert e.value.code == "bad_field"
         assert cloud.stats()["errors_by_code"] == {"bad_field": 1}
+
+
+def test_a_peer_cannot_evict_another_peers_map() -> None:
+    """Maps are pinned by the connections using them: uploads from another peer evict
+    only unpinned ones, and with every map pinned an upload is refused ``busy``."""
+    link = Pump(*pair())
+    cfg = link.config
+    cfg.max_maps = 3
+    mine = link.handshake.vmap.fingerprint  # type: ignore[union-attr]
+    upload = upload_for(link.vmap)
+    size = link.target.vocab.size
+
+    def distinct(i: int) -> VocabMapUpload:  # a valid map of its own (another draft size)
+        ds = upload.draft_size + 1 + i
+        return dataclasses.replace(upload, draft_size=ds, fingerprint=map_fingerprint(
+            size, ds, upload.common_target_ids, upload.common_draft_ids))
+
+    hostile = CloudConnection(cfg, b"hostile")
+    hostile.receive(Hello())
+    accepted = 0
+    for i in range(40):  # many distinct maps, as 33 uploads once evicted a live edge's map
+        out = hostile.receive(distinct(i))
+        accepted += isinstance(out.send[0], VocabMapAccepted)
+    assert accepted == 40 and len(hostile.pinned) == MAX_MAPS_PER_PEER
+    assert mine in cfg.maps  # the edge's map survived
+    assert _open(link, 1)[0].TYPE == "opened"
+    # a third peer pins the last free slot; with all three pinned an upload is refused
+    other = CloudConnection(cfg, b"other")
+    other.receive(Hello())
+    other.receive(distinct(100))
+    assert len(cfg.maps) == 3 and all(cfg.pins.get(fp) for fp in cfg.maps)
+    third = CloudConnection(cfg, b"third")
+    third.receive(Hello())
+    out = third.receive(distinct(200))
+    assert isinstance(out.send[0], Error) and out.send[0].code == "busy"
+    # a peer that leaves unpins: the slot frees
+    hostile.drop()
+    out = third.receive(distinct(200))
+    assert isinstance(out.send[0], VocabMapAccepted) and mine in cfg.maps
+
+
+def test_one_peer_cannot_take_every_session() -> None:
+    link = Pump(*pair(), max_sessions=8)
+    assert link.config.max_sessions_per_peer == 4
+    for s in range(1, 5):
+        assert _open(link, s)[0].TYPE == "opened"
+    assert _code(_open(link, 5)) == "busy"
+    other = CloudConnection(link.config, b"other")  # another peer still gets sessions
+    other.receive(Hello())
+    fp = link.handshake.vmap.fingerprint  # type: ignore[union-attr]
+    out = other.receive(Open(1, 0, fp, "xcosd", "f32", {}, 1.0, 0, 1.0, 1, "ab", 16))
+    assert out.send[0].TYPE == "opened"
+
+
+def test_m_has_an_upper_bound() -> None:
+    link = Pump(*pair())
+    assert _open(link, 1, "xcosd-e", {"M": MAX_CANDIDATE_ROUNDS})[0].TYPE == "opened"
+    assert _code(_open(link, 2, "xcosd-e", {"M": MAX_CANDIDATE_ROUNDS + 1})) == "method"

@@ -58,6 +58,7 @@ from ..sampling import SamplingParams, warp
 from ..vocab import Vocabulary
 from .errors import error_code
 from .messages import (
+    MAX_CANDIDATE_ROUNDS,
     MAX_CANDIDATES,
     PROTOCOL_VERSION,
     Close,
@@ -185,20 +186,37 @@ CloudOutput = Output[Event]
 # ------------------------------------------------------------------- shared config
 
 
+#: V_C maps one connection may hold pinned (an upload past it unpins its oldest)
+MAX_MAPS_PER_PEER = 2
+
+
 class CloudConfig:
     """What every connection of one cloud shares: the target vocabulary and
-    tokenizer, the limits, the known V_C maps, the live session count."""
+    tokenizer, the limits, the known V_C maps, the live session count.
+
+    Maps are shared by fingerprint (many edges with one draft model upload once) and
+    *pinned* by the connections using them: only an unpinned map is ever evicted, so
+    no peer can push another's map out by uploading its own; with ``max_maps`` maps
+    known and all of them pinned, an upload is refused as ``busy``. One peer pins at
+    most :data:`MAX_MAPS_PER_PEER`. ``max_sessions_per_peer`` (default: half of
+    ``limits.max_sessions``) keeps one peer from taking every session.
+    """
 
     def __init__(self, target_vocab: Vocabulary, tokenize: Callable[[str], list[int]],
                  limits: ServerLimits, server_id: str, *, max_maps: int = 32,
                  methods: tuple[str, ...] | None = None,
-                 default_options: dict[str, dict[str, Any]] | None = None) -> None:
+                 default_options: dict[str, dict[str, Any]] | None = None,
+                 max_sessions_per_peer: int | None = None) -> None:
         self.vocab = target_vocab
         self.tokenize = tokenize
         self.limits = limits
         self.server_id = server_id
         self.maps: OrderedDict[str, Space] = OrderedDict()
+        #: fingerprint -> how many connections pin it
+        self.pins: dict[str, int] = {}
         self.max_maps = max_maps
+        self.max_sessions_per_peer = (max_sessions_per_peer if max_sessions_per_peer is not None
+                                      else max(1, limits.max_sessions // 2))
         self.methods = methods
         self.default_options = default_options or {}
         self.sessions = 0
@@ -219,10 +237,26 @@ class CloudConfig:
         return sp
 
     def remember(self, fp: str, space: Space) -> None:
+        """Know ``space`` as ``fp``; past ``max_maps``, forget the least recently used
+        unpinned map (``busy`` when every map is pinned)."""
+        if fp not in self.maps and len(self.maps) >= self.max_maps:
+            free = next((k for k in self.maps if not self.pins.get(k)), None)
+            if free is None:
+                raise ProtocolError(f"the cloud holds {self.max_maps} V_C maps, all in use; "
+                                    "retry later", code="busy")
+            del self.maps[free]
         self.maps[fp] = space
         self.maps.move_to_end(fp)
-        while len(self.maps) > self.max_maps:
-            self.maps.popitem(last=False)
+
+    def pin(self, fp: str) -> None:
+        self.pins[fp] = self.pins.get(fp, 0) + 1
+
+    def unpin(self, fp: str) -> None:
+        n = self.pins.get(fp, 0) - 1
+        if n > 0:
+            self.pins[fp] = n
+        else:
+            self.pins.pop(fp, None)
 
     def piece(self, target_id: int) -> bytes:
         return self.vocab.piece(target_id)
@@ -372,6 +406,16 @@ class CloudConnection:
         self.peer = peer
         self.sessions: dict[int, CloudSession] = {}
         self.greeted = False
+        #: the V_C maps this peer pinned, oldest first (see CloudConfig)
+        self.pinned: list[str] = []
+
+    def _pin(self, fp: str) -> None:
+        if fp in self.pinned:
+            return
+        if len(self.pinned) >= MAX_MAPS_PER_PEER:
+            self.config.unpin(self.pinned.pop(0))
+        self.pinned.append(fp)
+        self.config.pin(fp)
 
     # -- entry points ---------------------------------------------------------
 
@@ -452,10 +496,13 @@ class CloudConnection:
         return CloudOutput([], [SessionClosed(session, reason)])
 
     def drop(self, reason: CloseReason = CloseReason.TIMEOUT) -> CloudOutput:
-        """The peer is gone: end every session."""
+        """The peer is gone: end every session, unpin its maps."""
         out = CloudOutput()
         for sess in list(self.sessions.values()):
             out.extend(self.end(sess, reason))
+        for fp in self.pinned:
+            self.config.unpin(fp)
+        self.pinned = []
         return out
 
     # -- dispatch ---------------------------------------------------------------
@@ -475,8 +522,15 @@ class CloudConnection:
         if isinstance(msg, VocabRequest):
             return CloudOutput([self.config.table])
         if isinstance(msg, VocabMapUpload):
-            space = space_from_upload(msg, self.config.vocab)
-            self.config.remember(msg.fingerprint, space)
+            space = self.config.space(msg.fingerprint)
+            if space is None:
+                space = space_from_upload(msg, self.config.vocab)
+                if msg.fingerprint not in self.pinned and len(self.pinned) >= MAX_MAPS_PER_PEER:
+                    # its own oldest map makes room first, so a peer can always replace
+                    # its maps (and only its own)
+                    self.config.unpin(self.pinned.pop(0))
+                self.config.remember(msg.fingerprint, space)
+            self._pin(msg.fingerprint)
             return CloudOutput([VocabMapAccepted(msg.fingerprint)])
         if isinstance(msg, Open):
             return self._open(msg)
@@ -517,6 +571,9 @@ class CloudConnection:
         cfg = self.config
         self.greeted = True
         known = msg.map_fp is not None and cfg.space(msg.map_fp) is not None
+        if known:
+            assert msg.map_fp is not None
+            self._pin(msg.map_fp)
         welcome = Welcome(PROTOCOL_VERSION, cfg.server_id, cfg.vocab.name, cfg.vocab.fingerprint,
                           cfg.vocab.size, cfg.stop_ids, cfg.limits, known)
         out = CloudOutput([welcome])
@@ -555,6 +612,10 @@ class CloudConnection:
             raise ProtocolError(f"cannot serve method {msg.method!r} with codec "
                                 f"{msg.codec!r}: {e}", code="method") from e
         del params
+        m_rounds = getattr(method, "M", None)
+        if isinstance(m_rounds, int) and m_rounds > MAX_CANDIDATE_ROUNDS:
+            raise ProtocolError(f"method {msg.method!r}: M={m_rounds} exceeds the limit of "
+                                f"{MAX_CANDIDATE_ROUNDS} candidate rounds", code="method")
         k = getattr(method, "K", None)
         if isinstance(k, int) and k > MAX_CANDIDATES:
             # K candidates go out in one reply: more than the wire carries would be
@@ -566,6 +627,9 @@ class CloudConnection:
             raise ProtocolError("resume ids outside the target vocabulary", code="bad_token")
         if cfg.sessions >= cfg.limits.max_sessions:
             raise ProtocolError(f"the cloud is at its limit of {cfg.limits.max_sessions} "
+                                "sessions; retry later", code="busy")
+        if old is None and len(self.sessions) >= cfg.max_sessions_per_peer:
+            raise ProtocolError(f"this peer is at its limit of {cfg.max_sessions_per_peer} "
                                 "sessions; retry later", code="busy")
         if msg.prompt_ids is not None:  # a tokenised prompt: the context is exactly these ids
             if msg.prompt_ids.shape[0] and int(msg.prompt_ids.max()) >= space.target_size:

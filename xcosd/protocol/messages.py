@@ -88,6 +88,7 @@ MAX_BUFFERS = 4096
 MAX_OPTIONS = 16
 MAX_DRAFT = 1 << 16  # drafted ids per round (and accepted ones in a verdict)
 MAX_CANDIDATES = 1 << 16  # candidate ids per reply (and V_O spellings sent with them)
+MAX_CANDIDATE_ROUNDS = 1 << 10  # SR-DV's M: candidate replies per rejection
 MAX_STOP = 64  # stop ids in a welcome
 MAX_PIECE = 4096  # bytes of one V_O token's spelling
 MAX_RESUME = 1 << 20  # target ids generated before a resume (a session's whole output)
