@@ -501,6 +501,7 @@ def test_max_draft_at_its_value() -> None:
 
 def test_max_sessions_at_its_value() -> None:
     link = Pump(*pair(), max_sessions=3)
+    link.config.max_sessions_per_peer = 3  # the total cap, from one peer
     for s in (1, 2, 3):
         assert _open(link, s)[0].TYPE == "opened"
     assert _code(_open(link, 4)) == "busy"

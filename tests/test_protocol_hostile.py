@@ -133,6 +133,7 @@ def test_connection_defects(link: Pump) -> None:
 
 def test_session_limit_is_busy() -> None:
     lk = Pump(*pair(), max_sessions=2)
+    lk.config.max_sessions_per_peer = 2  # the total cap, from one peer
     _open(lk, 1)
     _open(lk, 2)
     es = lk.session()
