@@ -42,7 +42,6 @@ fresh seed: never the first one again, or its random stream would replay.
 from __future__ import annotations
 
 import codecs
-import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -484,17 +483,14 @@ class EdgeSession:
             self._append = list(append)
 
     def resend(self) -> Message:
-        """The message the cloud refused as ``busy`` again, with a fresh sequence
-        number (a refused message does not consume its number)."""
+        """The message the cloud refused as ``busy``, again and unchanged: a refused
+        message does not consume its ``seq``, and if a copy of it did get through
+        (a duplicate), the cloud answers the repeat from its record instead of
+        serving it twice."""
         m = self._last_sent
         assert m is not None and self.phase in (EdgePhase.OPENING, EdgePhase.WAITING,
                                                 EdgePhase.RESOLVING)
-        self.seq += 1
-        again = dataclasses.replace(m, seq=self.seq)  # type: ignore[call-arg]
-        if isinstance(again, DraftMsg):
-            self._draft_msg = again
-        self._expect(again)
-        return again
+        return m
 
     # -- what arrives ------------------------------------------------------
 
