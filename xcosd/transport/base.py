@@ -13,9 +13,12 @@ own framing bytes, which it also reports (``framing_overhead(frames)``).
 
 Peer lifetime: ``Listener.recv`` returns ``(peer, None)`` once when a transport
 that can see connections (TCP, in-memory) learns that ``peer`` went away, after
-every message that peer sent. ZeroMQ hides connections (it reconnects under the
-socket and its heartbeats drop dead links), so over ZeroMQ a peer's end is the
-application's business (a session timeout or an explicit goodbye message).
+every message that peer sent, and never a message from ``peer`` after it. (A TCP
+listener that throws a peer out itself, for not reading or for stalling, drops
+what that peer had queued and reports the end at once.) ZeroMQ hides connections
+(it reconnects under the socket and its heartbeats drop dead links), so over
+ZeroMQ a peer's end is the application's business (a session timeout or an
+explicit goodbye message).
 """
 
 from __future__ import annotations
