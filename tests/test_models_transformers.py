@@ -78,7 +78,7 @@ def test_rollback_crops_the_cache(model: TransformersModel) -> None:
     model.score([(s, ids[6:10])])
     model.rollback(s, 7)  # 1 of 4 drafts accepted
     assert s.ids == ids[:7]
-    assert s.cached <= 6
+    assert s.cached == 7  # the accepted prefix stays cached
     alt = [ids[15], ids[3]]
     rows = model.score([(s, alt)])[0]
     ref = reference(model, ids[:7] + alt)
@@ -298,3 +298,38 @@ def test_model_cache_opt_out_and_broken_or_stale_entries(tiny_gguf, tmp_path, ca
     assert key_a != key_b
     TransformersModel.from_gguf(moved)
     assert set(entries(cache_root)) == {entry, key_b}
+
+
+def test_each_position_is_computed_once(model: TransformersModel) -> None:
+    """A draft step (append one token, score) feeds one position, and a round (the
+    resolved token plus d drafts) feeds d + 1: the cache holds the whole context.
+    Only a score with nothing appended feeds the last token again."""
+    fed: list[int] = []
+    forward = model.model.forward
+
+    def counting(*a: object, **kw: object) -> object:
+        fed.append(int(kw["input_ids"].shape[-1]))  # type: ignore[union-attr]
+        return forward(*a, **kw)
+
+    model.model.forward = counting  # type: ignore[method-assign]
+    try:
+        ids = model.tokenize(TEXT)[:24]
+        s = model.start(ids[:8])
+        model.score([(s, [])])
+        assert fed == [8 + int(model._add_bos)]
+        for t in ids[8:12]:  # draft steps
+            model.append(s, [t])
+            row = model.score([(s, [])])[0]
+        assert fed[1:] == [1, 1, 1, 1]
+        ref = reference(model, ids[:12])
+        np.testing.assert_allclose(row[0], ref[-1], atol=TOL)
+        model.rollback(s, 10)  # a rejection, then the resolved token and 3 drafts
+        model.append(s, [ids[20]])
+        rows = model.score([(s, ids[13:16])])[0]
+        assert fed[-1] == 4
+        np.testing.assert_allclose(rows, reference(model, ids[:10] + [ids[20]] + ids[13:16])[-4:],
+                                   atol=TOL)
+        model.score([(s, [])])  # nothing appended: the last token once more
+        assert fed[-1] == 1
+    finally:
+        del model.model.forward

@@ -6,10 +6,12 @@ default. It keeps a KV cache per session and verifies many sessions in **one**
 forward pass.
 
 Cache layout. Each session keeps, per layer, its own key and value tensors
-``(1, heads, n, head_dim)`` for every context token but the last: the last
-committed token is always fed again with the next call, because its logits are
-the first row that call must return ("the distribution after the context as it
-was"). Rolling back after a rejection is therefore a slice of each tensor.
+``(1, heads, n, head_dim)`` for every context token fed so far, so each position
+is computed once: a call feeds only the tokens appended since (a draft step, one
+token; a round, the resolved or bonus token plus the drafts). Only when nothing
+was appended (a rollback into the cached part, then a score) is the last cached
+token fed again, because the first row a call returns is the distribution after
+the context as it is. Rolling back after a rejection is a slice of each tensor.
 Keeping the full history (never a sliding-window ring) makes the slice exact for
 every architecture; sliding-window layers still see only their window through
 the attention mask.
@@ -197,8 +199,7 @@ class TransformersModel:
             raise ValueError(f"rollback length must be >= 0, got {length}")
         kv = self._kv(session)
         del session.ids[length:]
-        # the cache never holds the last context token (it is fed with the next call)
-        keep = max(0, len(kv.prefix) + len(session.ids) - 1)
+        keep = len(kv.prefix) + len(session.ids)
         if kv.length > keep:
             kv.crop(keep)
         session.cached = max(0, kv.length - len(kv.prefix))
@@ -224,6 +225,9 @@ class TransformersModel:
             full = kv.prefix + session.ids
             if not full:  # no start token: the first new token is the context
                 raise ModelError(f"{self.name}: cannot score an empty context without BOS/EOS")
+            if kv.length >= len(full):
+                # all cached: the row after the context needs its last token fed again
+                kv.crop(len(full) - 1)
             feed = full[kv.length:] + new
             n_out = len(new) + 1
             plan.append((session, kv, new, feed, n_out))
@@ -235,7 +239,6 @@ class TransformersModel:
         for (session, kv, new, _feed, n_out), lg, layers in zip(plan, logits, caches, strict=True):
             kv.layers = layers
             session.ids.extend(new)
-            kv.crop(len(kv.prefix) + len(session.ids) - 1)
             session.cached = kv.length - len(kv.prefix)
             out.append(self._probs(lg[-n_out:]))
         return out
