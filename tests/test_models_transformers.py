@@ -327,7 +327,7 @@ def test_each_position_is_computed_once(model: TransformersModel) -> None:
         model.append(s, [ids[20]])
         rows = model.score([(s, ids[13:16])])[0]
         assert fed[-1] == 4
-        np.testing.assert_allclose(rows, reference(model, ids[:10] + [ids[20]] + ids[13:16])[-4:],
+        np.testing.assert_allclose(rows, reference(model, [*ids[:10], ids[20], *ids[13:16]])[-4:],
                                    atol=TOL)
         model.score([(s, [])])  # nothing appended: the last token once more
         assert fed[-1] == 1
