@@ -11,26 +11,47 @@ however slow the machine is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import io
 import json
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
 
+import numpy as np
 import pytest
 
 from xcosd.bench.load import (
+    SCHEMA_VERSION,
     LoadConfig,
+    Schedule,
     analyse,
+    arrival_offsets,
+    draft_spec,
     format_report,
     generation_settings,
     ideal,
+    merge_reports,
     pipe,
+    read_prompts,
+    run_devices,
     run_load,
+    run_load_sync,
     window_of,
 )
-from xcosd.cli import main
+from xcosd.bench.load.analysis import sample_summaries
+from xcosd.bench.load.config import percentile_key
+from xcosd.cli import build_parser, main
+from xcosd.commands.bench import load_config
 from xcosd.config import GenerationConfig
+from xcosd.models import SyntheticModel, load_model
+from xcosd.nodes import CloudNode
+from xcosd.transport import CurveServer, KeyPair
 
-SUMMARIES = ("token_latency_ms", "round_latency_ms", "ttft_ms", "tpot_ms", "queue_wait_ms",
-             "per_device_tokens_per_s")
+SUMMARIES = ("token_latency_ms", "round_latency_ms", "ttft_ms", "tpot_ms", "e2e_latency_ms",
+             "queue_wait_ms", "per_device_tokens_per_s")
 
 
 def check_consistent(rep: dict, *, measured: bool = True) -> None:
@@ -40,22 +61,41 @@ def check_consistent(rep: dict, *, measured: bool = True) -> None:
         assert rep["tokens"] > 0 and rep["rounds"] > 0
     else:
         assert (rep["tokens"] > 0) == (rep["rounds"] > 0)  # every round emits a token
-    assert rep["tokens_per_s"] * rep["window_s"] == pytest.approx(rep["tokens"])
-    assert rep["rounds_per_s"] * rep["window_s"] == pytest.approx(rep["rounds"])
+    if rep.get("sources") is None:
+        assert rep["tokens_per_s"] * rep["window_s"] == pytest.approx(rep["tokens"])
+        assert rep["rounds_per_s"] * rep["window_s"] == pytest.approx(rep["rounds"])
+    else:  # merged: the generators ran side by side, each over its own window
+        assert rep["tokens_per_s"] == pytest.approx(sum(s["tokens_per_s"] for s in rep["sources"]))
     b = rep["bytes"]
     assert b["up_per_token"] * rep["tokens"] == pytest.approx(b["up_total"])
     assert b["down_per_token"] * rep["tokens"] == pytest.approx(b["down_total"])
     assert (b["up_total"] > 0 and b["down_total"] > 0) or not rep["rounds"]
+    assert rep["schema_version"] == SCHEMA_VERSION
     for key in SUMMARIES:
         s = rep[key]
+        if s is None:  # the queue of a cloud the run did not start
+            assert key == "queue_wait_ms" and not rep["cloud_observed"]
+            continue
+        keys = [percentile_key(q) for q in sorted({50, 90, 99, *rep["percentiles"]})]
+        assert list(s) == ["count", "mean", "min", *keys, "max"], key
         if s["count"]:
-            assert s["min"] <= s["p50"] <= s["p90"] <= s["p99"] <= s["max"], key
+            vals = [s["min"], *(s[k] for k in keys), s["max"]]
+            assert vals == sorted(vals), key
     assert rep["token_latency_ms"]["count"] == rep["tokens"]
     assert rep["round_latency_ms"]["count"] == rep["rounds"]
-    hist = rep["batch_size_histogram"]
-    assert sum(hist.values()) == rep["batches"]
-    assert sum(int(k) * v for k, v in hist.items()) == rep["batched_requests"]
-    assert rep["queue_wait_ms"]["count"] in (0, rep["batched_requests"])
+    # the summaries are those of the raw samples the report carries (what a merge reads)
+    assert sample_summaries(rep["samples"], rep["percentiles"]) == {
+        k: rep[k] for k in ("token_latency_ms", "round_latency_ms", "ttft_ms", "tpot_ms",
+                            "e2e_latency_ms", "queue_wait_ms")}
+    if rep["cloud_observed"]:
+        hist = rep["batch_size_histogram"]
+        assert sum(hist.values()) == rep["batches"]
+        assert sum(int(k) * v for k, v in hist.items()) == rep["batched_requests"]
+        assert rep["queue_wait_ms"]["count"] in (0, rep["batched_requests"])
+        assert 0.0 <= rep["cloud"]["busy_fraction"] <= 1.5
+    else:  # nothing observed is reported as None, never as a zero
+        assert rep["cloud"] is None and rep["batches"] is None and rep["ideal"] is None
+        assert rep["batch_size_histogram"] is None and rep["mean_batch_size"] is None
     per = rep["per_device"]
     assert len(per) == rep["devices"]
     assert sum(d["tokens"] for d in per) == rep["tokens"]
@@ -66,9 +106,10 @@ def check_consistent(rep: dict, *, measured: bool = True) -> None:
         1 + rep["accepted"] / rep["rounds"] if rep["rounds"] else 0.0)
     assert set(rep["errors"]) == {"timeout", "busy", "protocol", "transport", "other"}
     assert rep["errors_total"] == sum(rep["errors"].values())
-    assert 0.0 <= rep["cloud"]["busy_fraction"] <= 1.5
-    for k in ("nproc", "cpu_model", "python", "numpy"):
-        assert k in rep["machine"]
+    if rep["machine"] is not None:  # a merged report keeps each source's instead
+        for k in ("nproc", "cpu_model", "python", "numpy"):
+            assert k in rep["machine"]
+    json.loads(json.dumps(rep, allow_nan=False))  # plain JSON: no NaN, no infinity
 
 
 def check_ideal(rep: dict, batch: int) -> None:
@@ -241,3 +282,277 @@ def test_reports_from_before_the_nested_generation_still_read() -> None:
     assert (g.method, g.codec, g.max_new_tokens, g.greedy) == ("xcosd", "q8", 12, True)
     new = LoadConfig(devices=2, generation=g).to_dict()
     assert generation_settings(new) == g.to_dict()
+
+
+# --------------------------------------------------------------- a cloud run elsewhere
+
+
+@contextlib.asynccontextmanager
+async def serving(spec: str = "synthetic:256:1:0.1", **kw: Any) -> AsyncIterator[CloudNode]:
+    """A cloud the load test did not start (as `xcosd serve` would run it)."""
+    async with CloudNode(load_model(spec), bind="tcp://127.0.0.1:0", **kw) as cloud:
+        yield cloud
+
+
+async def test_connect_loads_a_cloud_it_did_not_start() -> None:
+    async with serving() as cloud:
+        cfg = LoadConfig(devices=2, connect=cloud.endpoint, target="synthetic:256:1:0.1",
+                         duration_s=None, generations=2, warmup_generations=1, procs=0,
+                         generation=GenerationConfig(max_new_tokens=12))
+        rep = await run_load(cfg, progress=False)
+        stats = cloud.stats()
+    check_consistent(rep)
+    assert rep["errors_total"] == 0 and not rep["cloud_observed"]
+    assert rep["generations"]["started"] == 2 * 3
+    # the cloud started here served every generation as a session of its own
+    assert stats["sessions_opened"] == stats["sessions_closed"] == 2 * 3
+    assert stats["emitted_tokens"] >= rep["tokens"] > 0
+    assert rep["config"]["connect"] == cloud.endpoint and rep["target"] == "synthetic:256:1:0.1"
+    assert "not observed" in format_report(rep)
+
+
+async def test_connect_with_curve_from_a_device_process(tmp_path) -> None:
+    """Devices in a device process reach a CURVE cloud with key files (those of
+    `xcosd edge`); the cloud admits only the allowlisted device key."""
+    server, device = KeyPair.generate(), KeyPair.generate()
+    server_pub, _ = server.save(tmp_path / "server", "server")
+    _, device_secret = device.save(tmp_path / "device", "device")
+    assert device_secret is not None
+    async with serving(curve=CurveServer(server, {device.public})) as cloud:
+        cfg = LoadConfig(devices=2, connect=cloud.endpoint, target="synthetic:256:1:0.1",
+                         curve_secret=str(device_secret), curve_server_key=str(server_pub),
+                         duration_s=None, generations=1, warmup_generations=0, procs=1,
+                         generation=GenerationConfig(max_new_tokens=8))
+        rep = await run_load(cfg, progress=False)
+        stats = cloud.stats()
+    check_consistent(rep)
+    assert rep["errors_total"] == 0
+    assert stats["sessions_opened"] == rep["generations"]["started"] == 2
+
+
+def test_connect_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="go together"):
+        LoadConfig(connect="tcp://127.0.0.1:1", curve_secret="a.key_secret")
+    with pytest.raises(ValueError, match="did not start"):
+        LoadConfig(curve_secret="a.key_secret", curve_server_key="s.key")
+    with pytest.raises(ValueError, match="not be a model object"):
+        LoadConfig(connect="tcp://127.0.0.1:1", target=SyntheticModel(256))
+    # with connect the target is unknown unless named: the default draft is then the
+    # default pair's, whose target `xcosd serve` serves by default
+    cfg = LoadConfig(connect="tcp://127.0.0.1:1")
+    assert cfg.target is None and draft_spec(cfg) == "default-draft"
+    assert LoadConfig().target == "synthetic:256:20:0.5"
+
+
+# --------------------------------------------------------------- open loop
+
+
+async def test_open_loop_starts_one_generation_per_poisson_arrival() -> None:
+    cfg = LoadConfig(devices=2, target="synthetic:256:0:0", request_rate=20.0, duration_s=1.0,
+                     warmup_s=0.5, procs=0, seed=3, generation=GenerationConfig(max_new_tokens=6))
+    arrivals = arrival_offsets(cfg)
+    # the arrival process is the seed's: repeatable, another seed another one
+    assert arrivals == arrival_offsets(cfg)
+    assert arrivals != arrival_offsets(dataclasses.replace(cfg, seed=4))
+    assert all(0 < a < 1.5 for a in arrivals) and arrivals == sorted(arrivals)
+    expected = 20.0 * 1.5
+    assert abs(len(arrivals) - expected) <= 5 * math.sqrt(expected)  # a generous Poisson bound
+    rep = await run_load(cfg, progress=False)
+    check_consistent(rep, measured=False)
+    assert rep["mode"] == "open" and rep["errors_total"] == 0
+    # every arrival started a generation, busy device or not, and nothing else did
+    assert rep["generations"]["started"] == rep["arrivals"]["scheduled"] == len(arrivals)
+    # a generation's start is its arrival time (a late start still counts from there)
+    assert rep["arrivals"]["in_window"] == sum(1 for a in arrivals if a >= 0.5)
+    assert "open loop at 20 generations/s" in format_report(rep)
+
+
+async def test_concurrent_generations_on_one_device_keep_their_own_rounds() -> None:
+    """An open loop runs several generations on one EdgeNode at once; each round goes
+    to the log of its own generation (one ``on_round`` hook per node)."""
+    cfg = LoadConfig(devices=1, target="synthetic:256:1:0.1", request_rate=500.0, rtt_ms=30.0,
+                     duration_s=None, generations=5, warmup_generations=0, procs=0,
+                     generation=GenerationConfig(max_new_tokens=10))
+
+    async def go() -> Schedule:
+        return Schedule(time.monotonic(), None)
+
+    async with serving() as cloud:
+        records = await run_devices(cfg, cloud.endpoint, [0], go)
+    assert len(records) == 5
+    for g in records:
+        assert not g["error"] and not g["cut"]
+        # the rounds logged for a generation add up to exactly what it returned
+        assert sum(r[2] for r in g["rounds"]) == g["tokens"] == 10
+        assert all(g["start"] <= r[0] <= r[1] <= g["end"] for r in g["rounds"])
+
+
+def test_request_rate_inf_is_the_closed_loop() -> None:
+    assert LoadConfig(request_rate=math.inf).request_rate is None
+    assert LoadConfig().mode == "closed" and LoadConfig(request_rate=2).mode == "open"
+    with pytest.raises(ValueError, match="request_rate"):
+        LoadConfig(request_rate=0.0)
+    p = build_parser()
+    assert load_config(p.parse_args(["bench", "load", "--request-rate", "inf"])).request_rate is None
+    assert load_config(p.parse_args(["bench", "load", "--request-rate", "2.5"])).request_rate == 2.5
+
+
+# --------------------------------------------------------------- merging load generators
+
+
+async def test_reports_of_two_generators_merge_into_exact_percentiles(tmp_path, capsys) -> None:
+    """Two load generators against one cloud at the same time; the merged report
+    counts both, and its percentiles are those of their samples together."""
+    async with serving() as cloud:
+        def cfg(devices: int, seed: int) -> LoadConfig:
+            return LoadConfig(devices=devices, connect=cloud.endpoint, seed=seed,
+                              target="synthetic:256:1:0.1", duration_s=None, generations=2,
+                              warmup_generations=1, procs=0,
+                              generation=GenerationConfig(max_new_tokens=10))
+
+        a, b = await asyncio.gather(run_load(cfg(2, 1), progress=False),
+                                    run_load(cfg(1, 2), progress=False))
+    paths = []
+    for name, rep in (("a", a), ("b", b)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(rep))
+    out = tmp_path / "merged.json"
+    assert main(["bench", "load-merge", *map(str, paths), "--percentiles", "50,95",
+                 "--json", str(out)]) == 0
+    m = json.loads(out.read_text())
+    a, b = (json.loads(p.read_text()) for p in paths)  # as the merge read them
+    check_consistent(m)
+    assert m["devices"] == 3 and len(m["per_device"]) == 3 and len(m["sources"]) == 2
+    assert [d["device"] for d in m["per_device"]] == [0, 1, 2]
+    for k in ("tokens", "rounds", "drafted", "accepted", "errors_total"):
+        assert m[k] == a[k] + b[k], k
+    assert m["generations"]["started"] == a["generations"]["started"] + b["generations"]["started"]
+    assert m["tokens_per_s"] == pytest.approx(a["tokens_per_s"] + b["tokens_per_s"])
+    for key, name in (("round_latency_ms", "round_s"), ("ttft_ms", "ttft_s"),
+                      ("tpot_ms", "tpot_s"), ("e2e_latency_ms", "e2e_s")):
+        both = a["samples"][name] + b["samples"][name]
+        assert m["samples"][name] == both
+        assert m[key]["count"] == a[key]["count"] + b[key]["count"] == len(both)
+        if both:
+            for q in (50, 95, 99):
+                assert m[key][f"p{q}"] == float(np.percentile(np.asarray(both) * 1e3, q)), key
+    tok = [s / n for s, n in zip(m["samples"]["round_s"], m["samples"]["round_tokens"],
+                                 strict=True) for _ in range(n)]
+    assert m["token_latency_ms"]["p95"] == float(np.percentile(np.asarray(tok) * 1e3, 95))
+    assert m["queue_wait_ms"] is None and m["cloud"] is None  # no cloud observed
+    text = capsys.readouterr().out
+    assert "merged from 2 load generators" in text and "p95" in text
+
+
+def test_merge_refuses_what_it_cannot_merge_exactly() -> None:
+    cfg = LoadConfig(devices=1, duration_s=2.0, warmup_s=1.0, procs=0)
+    recs = [_rec(0, 0, 101.0, 102.0, [(101.0, 101.5, 3, 30, 60, 4, 2)])]
+    rep = analyse(cfg, recs, [], None, {}, 100.0, None)
+    old = {k: v for k, v in rep.items() if k not in ("samples", "schema_version")}
+    with pytest.raises(ValueError, match="without raw samples"):
+        merge_reports([rep, old])
+    other = analyse(dataclasses.replace(cfg, generation=GenerationConfig(codec="q8")), recs, [],
+                    None, {}, 100.0, None)
+    with pytest.raises(ValueError, match="other settings"):
+        merge_reports([rep, other])
+    with pytest.raises(ValueError, match="nothing to merge"):
+        merge_reports([])
+    # a merged report merges again, its sources flattened
+    twice = merge_reports([merge_reports([rep, rep]), rep])
+    assert twice["tokens"] == 3 * rep["tokens"] and len(twice["sources"]) == 3
+
+
+# --------------------------------------------------------------- prompts, percentiles, fixes
+
+
+def test_prompts_file_plain_or_json_lines(tmp_path) -> None:
+    plain = tmp_path / "p.txt"
+    plain.write_text("first prompt\n\n{not json\nthird\n")
+    assert read_prompts(plain) == ("first prompt", "{not json", "third")
+    jl = tmp_path / "p.data"  # JSON Lines told by its first line, whatever the name
+    jl.write_text(json.dumps({"prompt": "a\nb", "id": 1}) + "\n" + json.dumps({"prompt": "c"}) + "\n")
+    assert read_prompts(jl) == ("a\nb", "c")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x"}\n{"text": "y"}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
+        read_prompts(bad)
+    with pytest.raises(SystemExit):  # the CLI says so before anything runs
+        main(["bench", "load", "--prompts-file", str(bad)])
+
+
+def test_cli_free_target_prompts_file_and_percentiles(tmp_path, capsys) -> None:
+    """A target that costs nothing (``synthetic:256:0:0``) has no ideal throughput:
+    the report says so instead of failing to format it."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("one", "two\nlines")))
+    out = tmp_path / "load.json"
+    rc = main(["bench", "load", "-n", "2", "--target", "synthetic:256:0:0", "--generations", "1",
+               "--warmup-generations", "1", "--procs", "0", "--max-new-tokens", "8",
+               "--prompts-file", str(prompts), "--percentiles", "99.9,50,95",
+               "--json", str(out), "--no-progress"])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    check_consistent(rep)
+    assert rep["percentiles"] == [50.0, 95.0, 99.9]
+    assert rep["config"]["prompts"] == ["one", "two\nlines"]
+    for key in ("token_latency_ms", "round_latency_ms", "ttft_ms", "e2e_latency_ms"):
+        assert {"p50", "p90", "p95", "p99", "p99.9"} <= set(rep[key])
+    assert rep["ideal"]["tokens_per_s"] is None and rep["ideal"]["efficiency"] is None
+    text = capsys.readouterr().out
+    assert "p99.9" in text and "no bound" in text
+
+
+def test_cli_connect_options_map_to_the_config(tmp_path) -> None:
+    key, sec = tmp_path / "s.key", tmp_path / "d.key_secret"
+    key.write_text("x")
+    sec.write_text("x")
+    p = build_parser()
+    args = p.parse_args(["bench", "load", "--connect", "tcp://10.0.0.1:5555", "--curve-secret",
+                         str(sec), "--curve-server-key", str(key), "--connect-timeout", "5"])
+    cfg = load_config(args)
+    assert (cfg.connect, cfg.curve_secret, cfg.curve_server_key, cfg.connect_timeout_s) == (
+        "tcp://10.0.0.1:5555", str(sec), str(key), 5.0)
+    assert cfg.target is None and cfg.percentiles == (50.0, 90.0, 99.0)
+    for argv, msg in ((["--curve-secret", str(sec)], "go together"),
+                      (["--curve-secret", str(sec), "--curve-server-key", str(key)], "--connect"),
+                      (["--connect", "tcp://127.0.0.1:1", "--scaling", "1,2"], "--scaling"),
+                      (["--percentiles", "50,101"], "percentiles")):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", "load", *argv])
+        assert e.value.code == 2, (argv, msg)
+
+
+# --------------------------------------------------------------- the Python API
+
+
+async def test_model_objects_run_in_process_and_sync_wrappers_refuse_a_running_loop() -> None:
+    target = SyntheticModel(256, a=0.001, b=0.0001, name="my-target")
+    draft = SyntheticModel(target.vocab, skew=0.9, name="my-draft")
+    cfg = LoadConfig(devices=2, target=target, draft=draft, duration_s=None, generations=1,
+                     warmup_generations=1, generation=GenerationConfig(max_new_tokens=8))
+    assert cfg.procs == 0  # the draft object drafts here: the devices run in this loop
+    rep = await run_load(cfg, progress=False)
+    check_consistent(rep)
+    assert rep["errors_total"] == 0
+    assert rep["models_given_as_objects"] == ["target", "draft"]
+    assert (rep["target"], rep["draft"]) == ("my-target", "my-draft")
+    assert rep["config"]["target"] == "my-target"
+    assert rep["ideal"]["a_s"] == pytest.approx(0.001)  # the object's own cost model
+    with pytest.raises(ValueError, match="loads its draft by name"):
+        LoadConfig(target=target, draft=draft, procs=1)
+    with pytest.raises(ValueError, match="target object's vocabulary"):
+        LoadConfig(target=target, procs=1)  # the synthetic default draft needs it
+    with pytest.raises(RuntimeError, match=r"await run_load"):
+        run_load_sync(cfg)
+
+
+async def test_target_object_with_a_named_draft_in_a_device_process() -> None:
+    """A target object is served here; the device process loads the draft by name
+    and fetches the target's vocabulary from the cloud."""
+    cfg = LoadConfig(devices=2, target=SyntheticModel(256, a=0.001, name="obj"),
+                     draft="synthetic:256:0:0", duration_s=None, generations=1,
+                     warmup_generations=0, generation=GenerationConfig(max_new_tokens=8))
+    assert cfg.procs == 1
+    rep = await run_load(cfg, progress=False)
+    check_consistent(rep)
+    assert rep["errors_total"] == 0 and rep["models_given_as_objects"] == ["target"]

@@ -4,13 +4,20 @@ measured by `make bench` (xcosd/bench/), never asserted here."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 
 import numpy as np
 import pytest
 
-from xcosd.bench.methods import RECORD_KEYS, MethodsConfig, format_report, run_methods
+from xcosd.bench.methods import (
+    RECORD_KEYS,
+    MethodsConfig,
+    format_report,
+    run_methods,
+    run_methods_sync,
+)
 from xcosd.bench.tv import MemoCodec, witness_tv
 from xcosd.codecs import get_codec
 from xcosd.models import SyntheticModel
@@ -68,7 +75,7 @@ def test_methods_records_on_the_embedded_pair(tmp_path) -> None:
     cfg = MethodsConfig(methods=["ar", "xcosd", "xcosd-e", "target-resample"],
                         codecs=["f32", "q8"], warpers=["T=1"], prompts=1, tokens=12,
                         tv_trials=200, tv_contexts=1, live_prompts=1)
-    rep = run_methods(cfg, progress=False)
+    rep = run_methods_sync(cfg, progress=False)
     recs = rep["records"]
     combos = {(r["method"], r["codec"]) for r in recs}
     # codecs only multiply methods whose codec applies to a vector
@@ -123,3 +130,31 @@ def test_each_grid_point_is_one_generation_config() -> None:
         g = cfg.generation("xcosd", "q8", w, 7)
         assert g.sampling_params() == params
         assert (g.method, g.codec, g.draft_len, g.max_new_tokens) == ("xcosd", "q8", 3, 7)
+
+
+async def test_methods_table_is_awaited_inside_a_running_loop() -> None:
+    """``run_methods`` is a coroutine: its live runs use the caller's loop, its
+    CPU-bound grid a worker thread (the loop's other tasks keep running); the sync
+    wrapper refuses to nest a loop."""
+    cfg = MethodsConfig(methods=["ar", "xcosd"], codecs=["f32"], warpers=["T=1"], prompts=1,
+                        tokens=8, tv_trials=0, live_prompts=1)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    task = asyncio.create_task(ticker())
+    try:
+        rep = await run_methods(cfg, progress=False)
+    finally:
+        task.cancel()
+    assert ticks >= 1  # the loop ran another task meanwhile (a blocking run would not let it)
+    assert {(r["method"], r["codec"]) for r in rep["records"]} == {("ar", "f32"), ("xcosd", "f32")}
+    for r in rep["records"]:
+        assert r["live"] is not None and r["live"]["tokens"] > 0  # through real nodes
+        assert r["tokens"] > 0 and r["tv_to_target"] is None
+    with pytest.raises(RuntimeError, match=r"await run_methods"):
+        run_methods_sync(cfg)

@@ -220,8 +220,14 @@ def _say(progress: bool, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def run_methods(cfg: MethodsConfig, *, progress: bool | None = None) -> dict[str, Any]:
-    """Run the grid and return ``{"records": [...], "config": ..., ...}``."""
+async def run_methods(cfg: MethodsConfig, *, progress: bool | None = None) -> dict[str, Any]:
+    """Run the grid and return ``{"records": [...], "config": ..., ...}``.
+
+    A coroutine, so a caller inside an event loop awaits it there: the live runs
+    (a real cloud and edge) run in that loop, and the CPU-bound rest (model loading,
+    the in-process grid, the TV estimates) in a worker thread, so the loop's other
+    tasks keep running meanwhile. :func:`run_methods_sync` is the entry without a
+    loop."""
     from ..errors import ModelError
 
     show = sys.stderr.isatty() if progress is None else progress
@@ -232,7 +238,7 @@ def run_methods(cfg: MethodsConfig, *, progress: bool | None = None) -> dict[str
     for pair in cfg.pairs:
         t0 = time.perf_counter()
         try:
-            draft, target = load_pair(pair)
+            draft, target = await asyncio.to_thread(load_pair, pair)
         except (ModelError, ImportError) as e:
             skipped[pair] = str(e)
             _say(show, f"pair {pair} skipped: {e}")
@@ -242,38 +248,57 @@ def run_methods(cfg: MethodsConfig, *, progress: bool | None = None) -> dict[str
         link = Pump(target, draft, vmap=vmap)
         n_tokens = cfg.tokens if pair == "embedded" else cfg.real_tokens
         prompts = list(PROMPTS[: cfg.prompts])
-        grid = [(m, c) for m in cfg.methods for c in codecs_for(m, cfg.codecs)]
         for wi, w in enumerate(cfg.warpers):
-            params = WARPERS[w]
             t0 = time.perf_counter()
-            contexts = ([context_rows(draft, target, vmap, PROMPTS[i % len(PROMPTS)], params)
-                         for i in range(cfg.tv_contexts)] if cfg.tv_trials > 0 else [])
-            live_runs: list[dict[str, Any]] = []
-            for k, (m, c) in enumerate(grid):
-                _say(show, f"[{pair} {w}] {k + 1}/{len(grid)} {m} {c}")
-                gen = cfg.generation(m, c, w, n_tokens)
-                gens = [link.generate(m, prompt=p, max_new_tokens=gen.max_new_tokens, codec=c,
-                                      params=gen.sampling_params(), draft_len=gen.draft_len,
-                                      seed=cfg.seed * 1000 + i)
-                        for i, p in enumerate(prompts)]
-                rec = _record(pair, m, c, w, gens, cfg)
-                if contexts:
-                    est = measure_tv(m, c, contexts, link.space, trials=cfg.tv_trials,
-                                     resolve=cfg.tv_resolve, seed=cfg.seed + 17 * k)
-                    rec.update(tv_to_target=est.tv, tv_stderr=est.stderr,
-                               tv_commit=est.tv_commit, tv_trials=est.trials)
-                records.append(rec)
-                if cfg.live_rate_mbps > 0 and (cfg.live == "all" or (
-                        cfg.live == "f32" and wi == 0 and c == "f32")):
-                    live_runs.append(rec)
+            recs, live_runs = await asyncio.to_thread(
+                _grid, cfg, pair, w, wi, draft, target, vmap, link, prompts, n_tokens, show)
+            records += recs
             if live_runs:
                 _say(show, f"[{pair} {w}] live runs at {cfg.live_rate_mbps:g} Mbps")
-                asyncio.run(_live(draft, target, live_runs, cfg,
-                                  prompts[: cfg.live_prompts], n_tokens))
+                await _live(draft, target, live_runs, cfg, prompts[: cfg.live_prompts], n_tokens)
             timings[f"{pair}: {w}"] = time.perf_counter() - t0
     return {"kind": "methods", "config": asdict(cfg), "pairs": {p: PAIRS[p] for p in cfg.pairs},
             "skipped": skipped, "records": records, "timings_s": timings,
             "elapsed_s": time.perf_counter() - t_all, "machine": machine()}
+
+
+def _grid(cfg: MethodsConfig, pair: str, w: str, wi: int, draft: LanguageModel,
+          target: LanguageModel, vmap: VocabMap, link: Pump, prompts: list[str], n_tokens: int,
+          show: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The in-process records of one (pair, warper), and those of them to run live."""
+    params = WARPERS[w]
+    contexts = ([context_rows(draft, target, vmap, PROMPTS[i % len(PROMPTS)], params)
+                 for i in range(cfg.tv_contexts)] if cfg.tv_trials > 0 else [])
+    grid = [(m, c) for m in cfg.methods for c in codecs_for(m, cfg.codecs)]
+    records: list[dict[str, Any]] = []
+    live_runs: list[dict[str, Any]] = []
+    for k, (m, c) in enumerate(grid):
+        _say(show, f"[{pair} {w}] {k + 1}/{len(grid)} {m} {c}")
+        gen = cfg.generation(m, c, w, n_tokens)
+        gens = [link.generate(m, prompt=p, max_new_tokens=gen.max_new_tokens, codec=c,
+                              params=gen.sampling_params(), draft_len=gen.draft_len,
+                              seed=cfg.seed * 1000 + i)
+                for i, p in enumerate(prompts)]
+        rec = _record(pair, m, c, w, gens, cfg)
+        if contexts:
+            est = measure_tv(m, c, contexts, link.space, trials=cfg.tv_trials,
+                             resolve=cfg.tv_resolve, seed=cfg.seed + 17 * k)
+            rec.update(tv_to_target=est.tv, tv_stderr=est.stderr,
+                       tv_commit=est.tv_commit, tv_trials=est.trials)
+        records.append(rec)
+        if cfg.live_rate_mbps > 0 and (cfg.live == "all" or (
+                cfg.live == "f32" and wi == 0 and c == "f32")):
+            live_runs.append(rec)
+    return records, live_runs
+
+
+def run_methods_sync(cfg: MethodsConfig, *, progress: bool | None = None) -> dict[str, Any]:
+    """:func:`run_methods` in a fresh event loop (the CLI's entry); inside a running
+    loop it refuses, pointing at ``await run_methods(...)``."""
+    from .load.run import no_running_loop
+
+    no_running_loop("run_methods_sync", "await run_methods(cfg)")
+    return asyncio.run(run_methods(cfg, progress=progress))
 
 
 HEADER = ["method", "codec", "acc", "L", "calls/tok", "up B/tok", "down B/tok", "down B/rej",
@@ -353,4 +378,4 @@ def merge_reports(reps: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 __all__ = ["HEADER", "PROMPTS", "RECORD_KEYS", "MethodsConfig", "format_report", "link_for",
-           "load_pair", "merge_reports", "plot_report", "run_methods"]
+           "load_pair", "merge_reports", "plot_report", "run_methods", "run_methods_sync"]

@@ -36,8 +36,10 @@ def load_plots(rep: dict[str, Any], out_dir: str | Path, prefix: str = "load") -
     paths = []
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    names = [("per token", "token_latency_ms"), ("round", "round_latency_ms"),
-             ("first token", "ttft_ms"), ("queue wait", "queue_wait_ms")]
+    # a load report of a cloud it did not start (or a merged one) has no queue wait
+    names = [(n, k) for n, k in (("per token", "token_latency_ms"), ("round", "round_latency_ms"),
+                                 ("first token", "ttft_ms"), ("queue wait", "queue_wait_ms"))
+             if rep.get(k) is not None]
     qs = ["p50", "p90", "p99", "max"]
     width = 0.2
     for j, q in enumerate(qs):
@@ -49,13 +51,15 @@ def load_plots(rep: dict[str, Any], out_dir: str | Path, prefix: str = "load") -
     ax.legend()
     paths.append(_save(fig, out / f"{prefix}_latency.png"))
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.2))
     hist = rep["batch_size_histogram"]
-    ax.bar([int(k) for k in hist], list(hist.values()), width=max(1, rep["devices"] // 64))
-    ax.set_xlabel("batch size (sessions per target call)")
-    ax.set_ylabel("batches")
-    ax.set_title(f"cloud batch sizes, {rep['devices']} devices (mean {rep['mean_batch_size']:.1f})")
-    paths.append(_save(fig, out / f"{prefix}_batches.png"))
+    if hist is not None:  # None: the cloud was not observed
+        fig, ax = plt.subplots(figsize=(6.4, 3.2))
+        ax.bar([int(k) for k in hist], list(hist.values()), width=max(1, rep["devices"] // 64))
+        ax.set_xlabel("batch size (sessions per target call)")
+        ax.set_ylabel("batches")
+        ax.set_title(f"cloud batch sizes, {rep['devices']} devices "
+                     f"(mean {rep['mean_batch_size']:.1f})")
+        paths.append(_save(fig, out / f"{prefix}_batches.png"))
 
     per = sorted(d["tokens_per_s"] for d in rep.get("per_device", []))
     if per:

@@ -20,14 +20,20 @@ from .options import (
     add_link_args,
     add_transport_arg,
     add_verbose,
+    check_curve_transport,
     check_model,
     codec_name,
+    endpoint,
+    existing_file,
     generation_config,
     method_list,
     nonneg_float,
     nonneg_int,
+    percentile_list,
     positive_float,
     positive_int,
+    probe,
+    rate_or_inf,
     split,
 )
 
@@ -39,6 +45,7 @@ def add_parser(sub: Any) -> None:
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
     bsub.required = True
     _add_load(bsub)
+    _add_load_merge(bsub)
     _add_methods(bsub)
 
 
@@ -65,17 +72,41 @@ DEFAULT_TARGET = "synthetic:256:20:0.5"
 
 
 def _add_load(bsub: Any) -> None:
-    p = bsub.add_parser("load", help="N closed-loop edge devices against one cloud",
-                        description="Closed-loop load test: N edge devices (asyncio tasks in "
-                                    "--procs device processes) against one cloud over ZeroMQ "
-                                    "or TCP. Warm-up is excluded from every number.")
+    p = bsub.add_parser("load", help="N edge devices against one cloud, closed or open loop",
+                        description="Load test: N edge devices (asyncio tasks in --procs device "
+                                    "processes) against one cloud over ZeroMQ or TCP, the cloud "
+                                    "started here or, with --connect, one already running. "
+                                    "Closed loop by default, open loop (Poisson arrivals) with "
+                                    "--request-rate. Warm-up is excluded from every number. "
+                                    "docs/LOAD.md lists the fields of --json.")
     p.add_argument("-n", "--devices", type=positive_int, default=16, help="edge devices")
-    p.add_argument("--target", default=DEFAULT_TARGET,
-                   help="target model spec (the default costs a+b*rows ms per call); "
-                        "default-target, smollm2-135m, gemma3-270m, a model dir ...")
+    p.add_argument("--target", default=None,
+                   help=f"target model spec (default {DEFAULT_TARGET}, which costs a+b*rows ms "
+                        "per call; default-target, smollm2-135m, gemma3-270m, a model dir ...); "
+                        "with --connect: what the cloud there serves, if known (it picks the "
+                        "default draft)")
     p.add_argument("--draft", default=None,
                    help="draft model spec (default: a cost-free synthetic draft for a "
                         "synthetic target, default-draft otherwise)")
+    p.add_argument("--connect", default=None, type=endpoint, metavar="ENDPOINT",
+                   help="load the cloud already running there (xcosd serve, a deployment) "
+                        "instead of starting one; the cloud's own side is then not measured")
+    p.add_argument("--curve-secret", default=None, type=existing_file,
+                   help="device key file (NAME.key_secret) of every device: turns CURVE on "
+                        "(with --connect)")
+    p.add_argument("--curve-server-key", default=None, type=existing_file,
+                   help="the server's public key file (with --curve-secret)")
+    p.add_argument("--connect-timeout", type=positive_float, default=30.0,
+                   help="seconds to wait for the cloud to accept connections")
+    p.add_argument("--request-rate", type=rate_or_inf, default=None, metavar="R",
+                   help="open loop: generations arrive as a Poisson process of R per second "
+                        "(drawn from --seed), spread over the devices round-robin, whether or "
+                        "not earlier ones finished; inf or absent: closed loop")
+    p.add_argument("--prompts-file", default=None, type=existing_file, metavar="PATH",
+                   help="prompts, cycled: one per line, or JSON Lines with a \"prompt\" field "
+                        "(default: a few built-in ones)")
+    p.add_argument("--percentiles", type=percentile_list, default="50,90,99",
+                   help="latency percentiles to report (the JSON always has p50, p90, p99 too)")
     # the generation flags of `xcosd edge`, every one (the devices are edges); only
     # --seed differs: a load run seeds each generation apart, from this one seed
     add_generation_args(p, method_options=True, stop=True, seed=0,
@@ -106,9 +137,25 @@ def _add_load(bsub: Any) -> None:
 
 def check_load(args: argparse.Namespace) -> None:
     generation_config(args)
-    check_model(args.target, "--target")
+    if args.target is not None:
+        check_model(args.target, "--target")
     if args.draft is not None:
         check_model(args.draft, "--draft")
+    if bool(args.curve_secret) != bool(args.curve_server_key):
+        raise UsageError("--curve-secret and --curve-server-key go together")
+    if args.curve_secret and not args.connect:
+        raise UsageError("--curve-secret and --curve-server-key are for a cloud run elsewhere "
+                         "(--connect)")
+    check_curve_transport(args, bool(args.curve_secret))
+    if args.connect and args.scaling is not None:
+        raise UsageError("--scaling sweeps the batching of a cloud it starts; not with --connect")
+    if args.prompts_file:
+        from ..bench.load import read_prompts
+
+        try:
+            read_prompts(args.prompts_file)
+        except (ValueError, OSError) as e:
+            raise UsageError(f"--prompts-file: {e}") from None
     if args.scaling is not None:
         try:
             counts = [int(x) for x in split(args.scaling)]
@@ -121,7 +168,7 @@ def check_load(args: argparse.Namespace) -> None:
 def load_config(args: argparse.Namespace) -> Any:
     """The LoadConfig the options describe; its ``generation`` is built by the same
     :func:`generation_config` as ``xcosd edge``'s, less the seed (LoadConfig's)."""
-    from ..bench.load import LoadConfig
+    from ..bench.load import LoadConfig, read_prompts
 
     duration = args.duration
     if duration is None and args.generations is None:
@@ -133,7 +180,11 @@ def load_config(args: argparse.Namespace) -> Any:
         warmup_generations=args.warmup_generations, batching=not args.no_batching,
         max_batch=args.max_batch, max_wait_s=args.max_wait_ms / 1e3, transport=args.transport,
         procs=args.procs, timeout_s=args.timeout, seed=args.seed,
-        link_rate_mbps=args.link_mbps, rtt_ms=args.link_rtt_ms)
+        link_rate_mbps=args.link_mbps, rtt_ms=args.link_rtt_ms, connect=args.connect,
+        curve_secret=args.curve_secret, curve_server_key=args.curve_server_key,
+        connect_timeout_s=args.connect_timeout, request_rate=args.request_rate,
+        prompts=read_prompts(args.prompts_file) if args.prompts_file else None,
+        percentiles=tuple(args.percentiles))
 
 
 def run_load(args: argparse.Namespace) -> int:
@@ -142,6 +193,9 @@ def run_load(args: argparse.Namespace) -> int:
 
     cfg = load_config(args)
     command = "xcosd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "xcosd bench load"
+    if cfg.connect:
+        # a wrong or dead address fails now, with its reason, not after loading the draft
+        probe(cfg.connect, cfg.connect_timeout_s)
     if args.scaling:
         counts = [int(x) for x in split(args.scaling)]
         rep = load.run_scaling(cfg, counts, progress=args.progress)
@@ -160,6 +214,45 @@ def run_load(args: argparse.Namespace) -> int:
     errors = (sum(p["errors_total"] for p in rep["points"]) if args.scaling
               else rep["errors_total"])
     return 1 if errors else 0
+
+
+def _add_load_merge(bsub: Any) -> None:
+    p = bsub.add_parser("load-merge", help="merge the --json reports of several load generators",
+                        description="One report from the `bench load --json` reports of load "
+                                    "generators that ran side by side against one cloud: "
+                                    "counts and rates add up, and the percentiles are those "
+                                    "of their raw samples together (exact, not averaged).")
+    p.add_argument("reports", nargs="+", type=existing_file, metavar="JSON",
+                   help="reports written by `xcosd bench load --json`")
+    p.add_argument("--percentiles", type=percentile_list, default=None,
+                   help="latency percentiles to report (default: the first report's)")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the merged report as JSON")
+    p.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots there")
+    add_verbose(p)
+    p.set_defaults(func=run_load_merge)
+
+
+def run_load_merge(args: argparse.Namespace) -> int:
+    from ..bench import load, plots
+    from ..errors import XcosdError
+
+    reports = []
+    for path in args.reports:
+        try:
+            reports.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as e:
+            raise XcosdError(f"{path}: not a readable JSON report: {e}") from None
+    try:
+        rep = load.merge_reports(reports, percentiles=args.percentiles)
+    except ValueError as e:
+        raise XcosdError(str(e)) from None
+    rep["command"] = "xcosd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "xcosd bench load-merge"
+    print(load.format_report(rep))
+    if args.plots:
+        plots.load_plots(rep, args.plots)
+    if args.json:
+        _write_json(args.json, rep)
+    return 1 if rep["errors_total"] else 0
 
 
 # ------------------------------------------------------------------ methods
@@ -226,7 +319,7 @@ def check_methods(args: argparse.Namespace) -> None:
 def run_methods(args: argparse.Namespace) -> int:
     from ..bench.grid import all_methods
     from ..bench.methods import MethodsConfig, format_report, plot_report
-    from ..bench.methods import run_methods as run_grid
+    from ..bench.methods import run_methods_sync as run_grid
 
     cfg = MethodsConfig(
         pairs=split(args.pairs), methods=args.methods or all_methods(), codecs=split(args.codecs),

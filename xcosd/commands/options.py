@@ -93,6 +93,25 @@ probability = _number(float, "a number in (0, 1]", lambda v: 0 < v <= 1)
 unit_interval = _number(float, "a number in [0, 1]", lambda v: 0 <= v <= 1)
 
 
+def rate_or_inf(s: str) -> float:
+    """``--request-rate``: a number > 0, or ``inf`` (no arrival process: closed loop)."""
+    if s.strip().lower() in ("inf", "infinity"):
+        return math.inf
+    v: float = positive_float(s)
+    return v
+
+
+def percentile_list(s: str) -> list[float]:
+    """``--percentiles``: a comma-separated list of numbers in [0, 100]."""
+    try:
+        qs = [float(x) for x in split(s)]
+    except ValueError:
+        qs = []
+    if not qs or not all(math.isfinite(q) and 0 <= q <= 100 for q in qs):
+        raise argparse.ArgumentTypeError(f"expected percentiles in [0, 100] like 50,90,99, got {s!r}")
+    return qs
+
+
 def method_names() -> list[str]:
     from ..methods import METHODS
 

@@ -1,9 +1,11 @@
-"""The load generator: closed-loop edge devices, and the device process that runs a
-share of them (``python -m xcosd.bench.load``).
+"""The load generator: edge devices in a closed or an open loop, and the device
+process that runs a share of them (``python -m xcosd.bench.load``).
 
 Each device is a plain :class:`~xcosd.nodes.EdgeNode`; its rounds are timed through
-the node's public ``on_round`` hook (:class:`_RoundLog`), which also ends a
-generation between two rounds once the measured window is over. All the devices of
+the node's public ``on_round`` hook, which hands each round to the log of its own
+generation (:class:`_RoundLog`; in an open loop one node runs several generations
+at once) and ends a generation between two rounds once the measured window is
+over. All the devices of
 one process share one V_C map: building it is the slow part of a handshake on large
 vocabularies, and every device would build the same one.
 
@@ -14,13 +16,14 @@ of the first round that committed a token), ``tokens``, ``error`` (one of
 :data:`ERROR_CLASSES` or ``None``), ``message``, ``cut`` (ended by the window, not
 an error), ``busy_retries``, ``resumes``, ``up_bytes``, ``down_bytes`` and
 ``rounds``: one ``(start, end, tokens, up bytes, down bytes, drafted, accepted)``
-tuple per round.
+tuple per round. In an open loop ``start`` is the generation's arrival time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import math
 import sys
 import time
@@ -28,12 +31,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ...errors import BusyError, ProtocolError, TransportError, XcosdError
 from ...models.base import LanguageModel
 from ...nodes import EdgeNode, RoundObserved
 from ...vocab import VocabMap, Vocabulary
 from . import pipe
-from .config import PROMPTS, LoadConfig, draft_spec
+from .config import LoadConfig, draft_spec, target_spec
 
 ERROR_CLASSES = ("timeout", "busy", "protocol", "transport", "other")
 
@@ -54,24 +59,62 @@ def error_class(e: BaseException) -> str:
     return "other"
 
 
-def load_draft(cfg: LoadConfig, target_vocab: Vocabulary | None) -> LanguageModel:
-    """The devices' draft model (:func:`~xcosd.bench.load.config.draft_spec`)."""
+def load_draft(spec: str, target_vocab: Vocabulary | None) -> LanguageModel:
+    """The devices' draft model by spec (:func:`~xcosd.bench.load.config.draft_spec`);
+    ``synthetic-draft`` is built over ``target_vocab``."""
     from ...models import SyntheticModel, load_model
 
-    spec = draft_spec(cfg)
     if spec == "synthetic-draft":
-        assert target_vocab is not None
+        if target_vocab is None:
+            raise ValueError("the synthetic draft needs the target's vocabulary: name a "
+                             "synthetic target (what the cloud serves) or give a draft")
         return SyntheticModel(target_vocab, skew=0.9, name="synthetic-draft")
     return load_model(spec)
 
 
-def synthetic_target_vocab(cfg: LoadConfig) -> Vocabulary | None:
-    """The target's vocabulary when the device can build it for free (synthetic)."""
-    if not cfg.target.startswith("synthetic:"):
+def spec_target_vocab(spec: str | None) -> Vocabulary | None:
+    """The target's vocabulary when a device can build it for free (a synthetic
+    spec); otherwise ``None``, and each process fetches it from the cloud once."""
+    if spec is None or not spec.startswith("synthetic:"):
         return None
     from ...models import load_model
 
-    return load_model(cfg.target).vocab
+    return load_model(spec).vocab
+
+
+def device_models(cfg: LoadConfig) -> tuple[LanguageModel, Vocabulary | None]:
+    """``(draft, target vocabulary or None)`` for devices in this process: objects
+    as given, specs loaded."""
+    tv = (cfg.target.vocab if cfg.target is not None and not isinstance(cfg.target, str)
+          else spec_target_vocab(target_spec(cfg)))
+    if cfg.draft is not None and not isinstance(cfg.draft, str):
+        return cfg.draft, tv
+    return load_draft(draft_spec(cfg), tv), tv
+
+
+def arrival_offsets(cfg: LoadConfig) -> list[float]:
+    """The open loop's arrival times, in seconds after the go signal: a Poisson
+    process of ``cfg.request_rate`` per second drawn from ``cfg.seed`` (so every
+    device process draws the same list, and a rerun repeats it), over the whole run
+    (warm-up and window) in duration mode, ``devices * (warmup_generations +
+    generations)`` of them in generations mode. Arrival ``j`` is device
+    ``j % devices``'s ``j // devices``-th generation."""
+    assert cfg.request_rate is not None
+    rng = np.random.default_rng([cfg.seed, 0x0A11])
+    out: list[float] = []
+    t = 0.0
+    if cfg.duration_s is not None:
+        horizon = cfg.warmup_s + cfg.duration_s
+        while True:
+            t += float(rng.exponential(1.0 / cfg.request_rate))
+            if t >= horizon:
+                return out
+            out.append(t)
+    total = cfg.devices * (cfg.warmup_generations + (cfg.generations or 0))
+    for _ in range(total):
+        t += float(rng.exponential(1.0 / cfg.request_rate))
+        out.append(t)
+    return out
 
 
 class WindowEnded(Exception):
@@ -87,9 +130,8 @@ class Schedule:
 
 
 class _RoundLog:
-    """An ``EdgeNode.on_round`` hook: records the rounds of one generation, and ends
-    it (:class:`WindowEnded`) after the round that reaches ``stop_at``, so no round
-    is cut in flight."""
+    """Records the rounds of one generation, and ends it (:class:`WindowEnded`) after
+    the round that reaches ``stop_at``, so no round is cut in flight."""
 
     def __init__(self, stop_at: float) -> None:
         self.stop_at = stop_at
@@ -102,7 +144,64 @@ class _RoundLog:
             raise WindowEnded()
 
 
-async def _device(idx: int, edge: EdgeNode, cfg: LoadConfig, sched: Schedule) -> list[dict[str, Any]]:
+#: the log of the generation the current task runs; ``EdgeNode.on_round`` is one
+#: hook per node and calls it from inside the generation's own task, so a context
+#: variable tells apart the generations an open loop runs at once on one node
+_CURRENT: contextvars.ContextVar[_RoundLog | None] = contextvars.ContextVar(
+    "xcosd_load_round_log", default=None)
+
+
+def _route(tally: list[int] | None) -> Callable[[RoundObserved], None]:
+    """The ``on_round`` hook of every device: hand the round to its generation's log
+    (and count its tokens in ``tally[0]``, the progress bar's)."""
+
+    def on_round(r: RoundObserved) -> None:
+        if tally is not None:
+            tally[0] += r.tokens
+        log = _CURRENT.get()
+        if log is not None:
+            log(r)
+
+    return on_round
+
+
+async def _generation(idx: int, k: int, edge: EdgeNode, cfg: LoadConfig, sched: Schedule,
+                      start: float, warmup: bool) -> dict[str, Any]:
+    """Device ``idx``'s ``k``-th generation, started (or due, in an open loop) at
+    ``start``, as the record the module docstring describes."""
+    log = _RoundLog(sched.end if sched.end is not None else math.inf)
+    _CURRENT.set(log)  # this task's own context: other generations keep theirs
+    prompts = cfg.prompt_list
+    rec: dict[str, Any] = {"device": idx, "k": k, "warmup": warmup, "start": start,
+                           "end": start, "first": None, "tokens": 0, "error": None,
+                           "message": None, "cut": False, "busy_retries": 0, "resumes": 0,
+                           "up_bytes": 0, "down_bytes": 0}
+    try:
+        res = await asyncio.wait_for(
+            edge.generate(prompts[(idx + k) % len(prompts)],
+                          seed=cfg.seed * 1_000_003 + idx * 10_007 + k),
+            max(0.0, start + cfg.timeout_s - time.monotonic()))
+        st = res.stats
+        rec.update(tokens=st.tokens, busy_retries=st.busy_retries, resumes=st.resumes,
+                   up_bytes=st.uplink_bytes, down_bytes=st.downlink_bytes)
+    except WindowEnded:
+        rec["cut"] = True  # the window ended between two rounds: not an error
+    except TimeoutError as e:
+        rec["error"], rec["message"] = "timeout", str(e) or "no answer in time"
+    except XcosdError as e:
+        rec["error"], rec["message"] = error_class(e), str(e)
+    except Exception as e:
+        rec["error"], rec["message"] = "other", f"{type(e).__name__}: {e}"
+    rec["end"] = time.monotonic()
+    rec["rounds"] = list(log.rounds)
+    rec["first"] = next((r[1] for r in log.rounds if r[2] > 0), None)
+    if rec["cut"] or rec["error"]:
+        rec["tokens"] = sum(r[2] for r in log.rounds)
+    return rec
+
+
+async def _closed_loop(idx: int, edge: EdgeNode, cfg: LoadConfig,
+                       sched: Schedule) -> list[dict[str, Any]]:
     """One closed-loop device: generate, record, repeat."""
     await asyncio.sleep(max(0.0, sched.go - time.monotonic()))
     gens: list[dict[str, Any]] = []
@@ -114,34 +213,9 @@ async def _device(idx: int, edge: EdgeNode, cfg: LoadConfig, sched: Schedule) ->
             break
         if total is not None and k >= total:
             break
-        deadline = now + cfg.timeout_s
-        log = edge.on_round = _RoundLog(sched.end if sched.end is not None else math.inf)
-        rec: dict[str, Any] = {"device": idx, "k": k, "warmup": total is not None
-                               and k < cfg.warmup_generations, "start": now, "end": now,
-                               "first": None, "tokens": 0, "error": None, "message": None,
-                               "cut": False, "busy_retries": 0, "resumes": 0,
-                               "up_bytes": 0, "down_bytes": 0}
-        try:
-            res = await asyncio.wait_for(
-                edge.generate(PROMPTS[(idx + k) % len(PROMPTS)],
-                              seed=cfg.seed * 1_000_003 + idx * 10_007 + k),
-                deadline - now)
-            st = res.stats
-            rec.update(tokens=st.tokens, busy_retries=st.busy_retries, resumes=st.resumes,
-                       up_bytes=st.uplink_bytes, down_bytes=st.downlink_bytes)
-        except WindowEnded:
-            rec["cut"] = True  # the window ended between two rounds: not an error
-        except TimeoutError as e:
-            rec["error"], rec["message"] = "timeout", str(e) or "no answer in time"
-        except XcosdError as e:
-            rec["error"], rec["message"] = error_class(e), str(e)
-        except Exception as e:
-            rec["error"], rec["message"] = "other", f"{type(e).__name__}: {e}"
-        rec["end"] = time.monotonic()
-        rec["rounds"] = list(log.rounds)
-        rec["first"] = next((r[1] for r in log.rounds if r[2] > 0), None)
-        if rec["cut"] or rec["error"]:
-            rec["tokens"] = sum(r[2] for r in log.rounds)
+        # a task of its own, so the round log set in it stays with this generation
+        rec = await asyncio.create_task(_generation(
+            idx, k, edge, cfg, sched, now, total is not None and k < cfg.warmup_generations))
         gens.append(rec)
         k += 1
         if rec["error"]:
@@ -149,22 +223,61 @@ async def _device(idx: int, edge: EdgeNode, cfg: LoadConfig, sched: Schedule) ->
     return gens
 
 
+async def _open_loop(ids: Sequence[int], edges: Sequence[EdgeNode], cfg: LoadConfig,
+                     sched: Schedule) -> list[dict[str, Any]]:
+    """The open loop's share of this process: every arrival of
+    :func:`arrival_offsets` whose device is here starts a generation at its time,
+    busy device or not. A generation's ``start`` is its arrival time, so a load
+    generator that falls behind shows in the latencies instead of hiding
+    (coordinated omission)."""
+    mine = {i: e for i, e in zip(ids, edges, strict=True)}
+    tasks: list[asyncio.Task[dict[str, Any]]] = []
+    for j, off in enumerate(arrival_offsets(cfg)):
+        idx, k = j % cfg.devices, j // cfg.devices
+        if idx not in mine:
+            continue
+        at = sched.go + off
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+        warmup = cfg.generations is not None and k < cfg.warmup_generations
+        tasks.append(asyncio.create_task(_generation(idx, k, mine[idx], cfg, sched, at, warmup)))
+    return list(await asyncio.gather(*tasks))
+
+
+def curve_client(cfg: LoadConfig) -> Any:
+    """The devices' :class:`~xcosd.transport.CurveClient` (``None``: no CURVE)."""
+    if cfg.curve_secret is None or cfg.curve_server_key is None:
+        return None
+    from ...transport import CurveClient
+
+    return CurveClient.from_files(cfg.curve_secret, cfg.curve_server_key)
+
+
 async def run_devices(cfg: LoadConfig, endpoint: str, ids: Sequence[int],
                       wait_go: Callable[[], Awaitable[Schedule]],
-                      on_ready: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+                      on_ready: Callable[[], None] | None = None, *,
+                      draft: LanguageModel | None = None,
+                      target_vocab: Vocabulary | None = None,
+                      tally: list[int] | None = None) -> list[dict[str, Any]]:
     """Connect one :class:`~xcosd.nodes.EdgeNode` per device id, wait for the go
-    signal, run the closed loop, close. Returns every generation's record."""
-    tv = synthetic_target_vocab(cfg)
-    draft = load_draft(cfg, tv)
+    signal, run the closed or open loop, close. Returns every generation's record.
+
+    ``draft`` / ``target_vocab``: the models of :func:`device_models` (what it gives
+    when ``draft`` is ``None``); ``tally``: ``[tokens]``, counted as rounds end."""
+    if draft is None:
+        draft, target_vocab = device_models(cfg)
     link = cfg.link()
+    curve = curve_client(cfg)
     vmap: VocabMap | None = None
+    hook = _route(tally)
 
     def make() -> EdgeNode:
         # every setting of a generation comes from cfg.generation; only the seed is
         # given per call (LoadConfig's docstring says why)
+        assert draft is not None
         return EdgeNode(draft, endpoint, config=cfg.generation, transport=cfg.transport,
-                        link=link, target_vocab=tv, vocab_map=vmap,
+                        link=link, curve=curve, target_vocab=target_vocab, vocab_map=vmap,
                         timeout_s=max(15.0, cfg.timeout_s), busy_retry_s=0.01,
+                        connect_timeout_s=cfg.connect_timeout_s, on_round=hook,
                         name=f"bench-edge-{ids[0] if ids else 0}")
 
     edges: list[EdgeNode] = []
@@ -181,7 +294,9 @@ async def run_devices(cfg: LoadConfig, endpoint: str, ids: Sequence[int],
         if on_ready is not None:
             on_ready()
         sched = await wait_go()
-        per = await asyncio.gather(*(_device(i, e, cfg, sched)
+        if cfg.request_rate is not None:
+            return await _open_loop(ids, edges, cfg, sched)
+        per = await asyncio.gather(*(_closed_loop(i, e, cfg, sched)
                                      for i, e in zip(ids, edges, strict=True)))
     finally:
         await asyncio.gather(*(e.close() for e in edges), return_exceptions=True)
@@ -192,19 +307,27 @@ def worker_main() -> None:
     """A device process (``python -m xcosd.bench.load``): read the job from stdin,
     connect, say ready, wait for go, run, write the records to stdout (framed by
     :mod:`~xcosd.bench.load.pipe`). Pipes and a fresh interpreter (not
-    :mod:`multiprocessing`) keep it independent of how the parent was started."""
+    :mod:`multiprocessing`) keep it independent of how the parent was started.
+
+    The job names the draft and the target by spec (the parent resolved the
+    defaults): a model object cannot travel, which is why a run whose draft is one
+    keeps its devices in-process (:class:`~xcosd.bench.load.config.LoadConfig`)."""
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write to the result pipe
-    cfg_dict, endpoint, ids = pipe.read(inp)
-    cfg = LoadConfig.from_dict(cfg_dict)
+    cfg_dict, endpoint, ids, draft_name, target_name = pipe.read(inp)
 
     async def main() -> list[dict[str, Any]]:
+        cfg = LoadConfig.from_dict({**cfg_dict, "draft": draft_name, "target": target_name})
+        tv = spec_target_vocab(target_name)
+        draft = load_draft(draft_name, tv)
+
         async def wait_go() -> Schedule:
             msg = await asyncio.to_thread(pipe.read, inp)
             return Schedule(*msg[1:])
 
         return await run_devices(cfg, endpoint, ids, wait_go,
-                                 on_ready=lambda: pipe.write(out, ("ready", len(ids))))
+                                 on_ready=lambda: pipe.write(out, ("ready", len(ids))),
+                                 draft=draft, target_vocab=tv)
 
     try:
         pipe.write(out, ("done", asyncio.run(main())))
@@ -214,5 +337,6 @@ def worker_main() -> None:
         raise
 
 
-__all__ = ["ERROR_CLASSES", "Round", "Schedule", "WindowEnded", "error_class", "load_draft",
-           "run_devices", "synthetic_target_vocab", "worker_main"]
+__all__ = ["ERROR_CLASSES", "Round", "Schedule", "WindowEnded", "arrival_offsets",
+           "curve_client", "device_models", "error_class", "load_draft", "run_devices",
+           "spec_target_vocab", "worker_main"]

@@ -4,9 +4,10 @@ scaling sweep (the JSON is the report dict itself, see
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from .config import generation_settings
+from .config import DEFAULT_PERCENTILES, generation_settings, percentile_key
 
 
 def scaling_rows(scaling: dict[str, Any]) -> list[list[Any]]:
@@ -31,24 +32,46 @@ SCALING_HEADER = ["devices", "batching", "tokens/s", "ideal tokens/s", "efficien
 
 
 def format_report(rep: dict[str, Any]) -> str:
-    """A wrk-style text summary of one run."""
+    """A wrk-style text summary of one run (or of a merged one), at the report's
+    percentiles."""
     c = rep["config"]
     g = generation_settings(c)
+    qs = [percentile_key(q) for q in rep.get("percentiles") or DEFAULT_PERCENTILES]
+    open_loop = c.get("request_rate") is not None
+    loop = (f"open loop at {c['request_rate']:g} generations/s" if open_loop else "closed loop")
+    if c.get("connect"):
+        where = f"the cloud at {c['connect']}" + (f" ({rep['target']})" if rep.get("target") else "")
+    else:
+        where = f"target {c['target']}"
+    batching = ("" if c.get("connect") else ", batching "
+                + (f"on (max {c['max_batch']})" if c["batching"] else "off"))
     lines = [
-        f"{rep['devices']} devices x closed loop, {g['method']}/{g['codec']}, target "
-        f"{c['target']}, draft {rep['draft']}, batching "
-        f"{'on (max ' + str(c['max_batch']) + ')' if c['batching'] else 'off'}, "
-        f"{c['transport']}, {c['procs'] or 'in-process'} device process(es)",
+        f"{rep['devices']} devices x {loop}, {g['method']}/{g['codec']}, {where}, draft "
+        f"{rep['draft']}{batching}, {c['transport']}, "
+        f"{c['procs'] or 'in-process'} device process(es)",
         f"window {rep['window_s']:.2f} s: {rep['tokens']:,} tokens, {rep['rounds']:,} rounds, "
-        f"{rep['tokens_per_s']:,.1f} tokens/s, {rep['rounds_per_s']:,.1f} rounds/s",
-        "  latency (ms)      p50      p90      p99      max",
+        f"{rep['tokens_per_s']:,.1f} tokens/s, {rep['rounds_per_s']:,.1f} rounds/s"
+        + (f", {rep['generations_per_s']:,.2f} generations/s" if "generations_per_s" in rep
+           else ""),
     ]
+    arr = rep.get("arrivals")
+    if arr:
+        lines.append(f"  arrivals: {arr['in_window']} in the window ({arr['measured_rate']:.2f}/s "
+                     f"of {arr['request_rate']:g}/s asked), {arr['scheduled']} scheduled in all")
+    if rep.get("sources"):
+        lines.append(f"  merged from {len(rep['sources'])} load generators; their windows "
+                     + (f"overlap {rep['overlap_s']:.2f} s" if rep["overlap_s"] >= 0
+                        else f"DO NOT overlap ({-rep['overlap_s']:.2f} s apart): the summed "
+                             "rates describe no single moment"))
+    lines.append("  latency (ms)  " + "".join(f"{q:>9}" for q in [*qs, "max"]))
     for name, key in (("per token", "token_latency_ms"), ("round", "round_latency_ms"),
                       ("first token", "ttft_ms"), ("TPOT", "tpot_ms"),
-                      ("queue wait", "queue_wait_ms")):
-        s = rep[key]
-        lines.append(f"  {name:<13} {s['p50']:8.2f} {s['p90']:8.2f} {s['p99']:8.2f} {s['max']:8.2f}"
-                     f"   (n={s['count']})")
+                      ("end to end", "e2e_latency_ms"), ("queue wait", "queue_wait_ms")):
+        s = rep.get(key)
+        if s is None:  # not in older reports; the queue of a cloud not observed
+            continue
+        lines.append(f"  {name:<12}" + "".join(f"{s.get(q, math.nan):9.2f}" for q in [*qs, "max"])
+                     + f"   (n={s['count']})")
     pd = rep["per_device_tokens_per_s"]
     lines += [
         f"  per device tokens/s: min {pd['min']:.1f}  p50 {pd['p50']:.1f}  max {pd['max']:.1f}",
@@ -56,19 +79,28 @@ def format_report(rep: dict[str, Any]) -> str:
         f"{rep['mean_acceptance_length']:.2f}, tokens/round {rep['tokens_per_round']:.2f}",
         f"  bytes/token up {rep['bytes']['up_per_token']:.1f}, down "
         f"{rep['bytes']['down_per_token']:.1f}",
-        f"  cloud: {rep['batches']} batches, mean size {rep['mean_batch_size']:.1f}, busy "
-        f"{100 * rep['cloud']['busy_fraction']:.0f}% of the window; sizes "
-        + ", ".join(f"{k}x{v}" for k, v in list(rep["batch_size_histogram"].items())[:12])
-        + (" ..." if len(rep["batch_size_histogram"]) > 12 else ""),
-        "  errors: " + ", ".join(f"{k} {v}" for k, v in rep["errors"].items())
-        + f" (total {rep['errors_total']})",
     ]
+    if rep.get("cloud") is not None:
+        hist = rep["batch_size_histogram"]
+        lines.append(
+            f"  cloud: {rep['batches']} batches, mean size {rep['mean_batch_size']:.1f}, busy "
+            f"{100 * rep['cloud']['busy_fraction']:.0f}% of the window; sizes "
+            + ", ".join(f"{k}x{v}" for k, v in list(hist.items())[:12])
+            + (" ..." if len(hist) > 12 else ""))
+    else:
+        lines.append("  cloud: not observed (a cloud this run did not start)")
+    lines.append("  errors: " + ", ".join(f"{k} {v}" for k, v in rep["errors"].items())
+                 + f" (total {rep['errors_total']})")
     idl = rep.get("ideal")
     if idl:
-        lines.append(
-            f"  ideal (a={1e3 * idl['a_s']:g} ms, b={1e3 * idl['b_s']:g} ms/row, B={idl['batch']}, "
-            f"{idl['rows_per_session']:.2f} rows, {idl['tokens_per_round']:.2f} tokens/round): "
-            f"{idl['tokens_per_s']:,.1f} tokens/s -> efficiency {idl['efficiency']:.2f}")
+        head = (f"  ideal (a={1e3 * idl['a_s']:g} ms, b={1e3 * idl['b_s']:g} ms/row, "
+                f"B={idl['batch']}, {idl['rows_per_session']:.2f} rows, "
+                f"{idl['tokens_per_round']:.2f} tokens/round): ")
+        if idl["tokens_per_s"] is None:
+            lines.append(head + "no bound (the target costs nothing per call)")
+        else:
+            lines.append(head + f"{idl['tokens_per_s']:,.1f} tokens/s -> efficiency "
+                         f"{idl['efficiency']:.2f}")
     for m in rep.get("error_messages", []):
         lines.append(f"  ! {m}")
     return "\n".join(lines)

@@ -1,5 +1,6 @@
-"""Running a load test: the cloud in this process, the devices in ``procs`` device
-processes (or in this event loop), then the analysis; and the scaling sweep.
+"""Running a load test: the cloud in this process (or, with ``connect``, a cloud
+running elsewhere), the devices in ``procs`` device processes (or in this event
+loop), then the analysis; and the scaling sweep.
 
 Why separate processes: on a machine with few cores the device side (drafting,
 msgpack, the protocol state machines of hundreds of sessions) would otherwise share
@@ -7,9 +8,10 @@ one interpreter lock with the cloud's event loop and its verify thread, and the
 benchmark would measure their contention instead of the scheduler. ``procs=0`` runs
 the devices in the cloud's own event loop (tests, or to see that contention).
 
-The cloud is observed from outside: its target is wrapped in a
+The cloud this run starts is observed from outside: its target is wrapped in a
 :class:`RecordingModel` that timestamps every batch, and the queue waits come from
-:attr:`CloudNode.batch_stats <xcosd.nodes.CloudNode.batch_stats>`.
+:attr:`CloudNode.batch_stats <xcosd.nodes.CloudNode.batch_stats>`. A cloud reached
+with ``connect`` is measured from the devices' side only.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from ..progress import Progress
 from ..report import machine
 from . import pipe
 from .analysis import Batch, analyse
-from .config import LoadConfig
-from .devices import Schedule, run_devices
+from .config import DEFAULT_TARGET, LoadConfig, draft_spec, target_spec
+from .devices import Schedule, arrival_offsets, device_models, run_devices
 
 log = logging.getLogger(__name__)
 
@@ -70,44 +72,70 @@ class RecordingModel:
 
 
 async def run_load(cfg: LoadConfig, *, progress: bool | None = None) -> dict[str, Any]:
-    """Run one load test in the current event loop and return its report."""
+    """Run one load test in the current event loop and return its report.
+
+    A coroutine, so a caller already inside an event loop (a notebook, a service,
+    a pytest-asyncio test) awaits it there; :func:`run_load_sync` is the entry for
+    code without one. With ``cfg.connect`` no cloud is started and the cloud's
+    fields of the report are ``None`` (nothing here observed it)."""
+    if cfg.connect is not None:
+        return await _measure(cfg, cfg.connect, None, None, progress)
     from ...models import load_model
 
-    target = RecordingModel(load_model(cfg.target))
-    devices = list(range(cfg.devices))
+    model = cfg.target if cfg.target is not None and not isinstance(cfg.target, str) \
+        else load_model(cfg.target or DEFAULT_TARGET)
+    target = RecordingModel(model)
     cloud = CloudNode(target, bind="tcp://127.0.0.1:0", transport=cfg.transport,
                       max_batch=cfg.max_batch if cfg.batching else 1,
                       max_wait_s=cfg.max_wait_s if cfg.batching else 0.0,
                       max_sessions=max(1024, 2 * cfg.devices), max_queue=max(4096, 4 * cfg.devices),
                       timeout_s=max(15.0, cfg.timeout_s))
-    records: list[dict[str, Any]] = []
-    t_run = time.monotonic()
     async with cloud:
-        bar = Progress(_planned_s(cfg), enabled=progress,
-                       label=f"{cfg.devices} devices{'' if cfg.batching else ' (no batching)'} ")
-        go_at: list[float] = []
+        return await _measure(cfg, cloud.endpoint, cloud, target, progress)
 
-        def schedule() -> Schedule:
-            go = time.monotonic() + 0.05
-            go_at.append(go)
-            end = None if cfg.duration_s is None else go + cfg.warmup_s + cfg.duration_s
-            return Schedule(go, end)
 
-        if cfg.procs == 0:
-            async def wait_go() -> Schedule:
-                return schedule()
+async def _measure(cfg: LoadConfig, endpoint: str, cloud: CloudNode | None,
+                   target: RecordingModel | None, progress: bool | None) -> dict[str, Any]:
+    """Run the devices against ``endpoint`` and analyse; ``cloud`` / ``target``: the
+    cloud this run started and its recorded target (``None`` with ``connect``)."""
+    devices = list(range(cfg.devices))
+    tally = [0]  # tokens of in-process devices, for the progress bar of a remote cloud
+    t_run = time.monotonic()
+    bar = Progress(_planned_s(cfg), enabled=progress,
+                   label=f"{cfg.devices} devices{'' if cfg.batching else ' (no batching)'} ")
+    go_at: list[float] = []
 
-            task = asyncio.ensure_future(run_devices(cfg, cloud.endpoint, devices, wait_go))
-            await _watch(task, cloud, cfg, bar, go_at)
-            records = task.result()
-        else:
-            records = await _run_procs(cfg, cloud, devices, schedule, bar, go_at)
-        bar.close()
-        cloud_stats = cloud.stats()
-        batch_stats = cloud.batch_stats
-        waits = list(batch_stats.queue_waits) if batch_stats is not None else None
-    return analyse(cfg, records, target.calls, waits, cloud_stats, go_at[0] if go_at else t_run,
-                   _target_costs(target.inner))
+    def schedule() -> Schedule:
+        go = time.monotonic() + 0.05
+        go_at.append(go)
+        end = None if cfg.duration_s is None else go + cfg.warmup_s + cfg.duration_s
+        return Schedule(go, end)
+
+    def counts() -> tuple[int, int]:
+        if cloud is not None:
+            return cloud.counters["emitted_tokens"], cloud.counters["errors_sent"]
+        return tally[0], 0
+
+    if cfg.procs == 0:
+        async def wait_go() -> Schedule:
+            return schedule()
+
+        draft, tv = await asyncio.to_thread(device_models, cfg)
+        task = asyncio.ensure_future(run_devices(cfg, endpoint, devices, wait_go, draft=draft,
+                                                 target_vocab=tv, tally=tally))
+        await _watch(task, cfg, bar, go_at, counts)
+        records = task.result()
+    else:
+        records = await _run_procs(cfg, endpoint, devices, schedule, bar, go_at, counts)
+    bar.close()
+    scheduled = len(arrival_offsets(cfg)) if cfg.request_rate is not None else None
+    go = go_at[0] if go_at else t_run
+    if cloud is None or target is None:
+        return analyse(cfg, records, None, None, None, go, None, scheduled=scheduled)
+    batch_stats = cloud.batch_stats
+    waits = list(batch_stats.queue_waits) if batch_stats is not None else None
+    return analyse(cfg, records, target.calls, waits, cloud.stats(), go,
+                   _target_costs(target.inner), scheduled=scheduled)
 
 
 def _planned_s(cfg: LoadConfig) -> float:
@@ -116,21 +144,24 @@ def _planned_s(cfg: LoadConfig) -> float:
     return float(cfg.warmup_generations + (cfg.generations or 0))
 
 
-async def _watch(task: asyncio.Future[Any], cloud: CloudNode, cfg: LoadConfig, bar: Progress,
-                 go_at: list[float]) -> None:
+async def _watch(task: asyncio.Future[Any], cfg: LoadConfig, bar: Progress,
+                 go_at: list[float], counts: Callable[[], tuple[int, int]]) -> None:
     while not task.done():
         await asyncio.wait([task], timeout=0.25)
         if go_at:
             el = time.monotonic() - go_at[0]
             phase = "warm-up" if cfg.duration_s is not None and el < cfg.warmup_s else "measuring"
-            c = cloud.counters
-            bar.update(el, c["emitted_tokens"], c["errors_sent"], phase)
+            bar.update(el, *counts(), phase)
 
 
-async def _run_procs(cfg: LoadConfig, cloud: CloudNode, devices: list[int],
-                     schedule: Callable[[], Schedule], bar: Progress,
-                     go_at: list[float]) -> list[dict[str, Any]]:
+async def _run_procs(cfg: LoadConfig, endpoint: str, devices: list[int],
+                     schedule: Callable[[], Schedule], bar: Progress, go_at: list[float],
+                     counts: Callable[[], tuple[int, int]]) -> list[dict[str, Any]]:
+    assert cfg.procs is not None  # LoadConfig resolved it
     n = min(cfg.procs, len(devices))
+    # the models by spec, defaults resolved here: a device process cannot receive an
+    # object (LoadConfig keeps a run whose draft is one in-process)
+    job_models = (draft_spec(cfg), target_spec(cfg))
     parts = [devices[i::n] for i in range(n)]
     procs: list[asyncio.subprocess.Process] = []
 
@@ -152,7 +183,7 @@ async def _run_procs(cfg: LoadConfig, cloud: CloudNode, devices: list[int],
                 sys.executable, "-m", "xcosd.bench.load", stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, limit=1 << 30)
             procs.append(p)
-            await send(p, (cfg.to_dict(), cloud.endpoint, part))
+            await send(p, (cfg.to_dict(), endpoint, part, *job_models))
         for p in procs:
             msg = await recv(p)
             if msg[0] != "ready":
@@ -161,7 +192,7 @@ async def _run_procs(cfg: LoadConfig, cloud: CloudNode, devices: list[int],
         for p in procs:
             await send(p, ("go", sched.go, sched.end))
         gathered = asyncio.ensure_future(asyncio.gather(*(recv(p) for p in procs)))
-        await _watch(gathered, cloud, cfg, bar, go_at)
+        await _watch(gathered, cfg, bar, go_at, counts)
         records: list[dict[str, Any]] = []
         for msg in gathered.result():
             if msg[0] != "done":
@@ -187,24 +218,39 @@ def _target_costs(model: Any) -> tuple[float, float] | None:
 
 
 def run_load_sync(cfg: LoadConfig, *, progress: bool | None = None) -> dict[str, Any]:
-    """:func:`run_load` in a fresh event loop (the CLI's entry)."""
+    """:func:`run_load` in a fresh event loop (the CLI's entry). Inside a running
+    loop it refuses, pointing at ``await run_load(...)``: a nested loop cannot run
+    there, and blocking that loop for the whole run would stall its other tasks."""
+    no_running_loop("run_load_sync", "await run_load(cfg)")
     return asyncio.run(run_load(cfg, progress=progress))
+
+
+def no_running_loop(name: str, instead: str) -> None:
+    """Raise RuntimeError if called inside a running event loop (for the ``*_sync``
+    wrappers, whose ``asyncio.run`` would fail there with a less useful message)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(f"{name}() was called inside a running event loop; use {instead}")
 
 
 def run_scaling(base: LoadConfig, devices: Sequence[int] = (1, 4, 16, 64, 256),
                 batching: Sequence[bool] = (True, False), *,
                 progress: bool | None = None) -> dict[str, Any]:
-    """One run per (devices, batching); each report keeps its summary only."""
+    """One run per (devices, batching); each report keeps its summary only (no
+    per-device list, no raw samples)."""
     points = []
     for on in batching:
         for n in devices:
             cfg = dataclasses.replace(base, devices=n, batching=on)
             rep = run_load_sync(cfg, progress=progress)
             rep.pop("per_device", None)
+            rep.pop("samples", None)
             points.append(rep)
             log.info("%d devices, batching %s: %.0f tokens/s", n, on, rep["tokens_per_s"])
     return {"kind": "load-scaling", "base": base.to_dict(), "points": points,
             "machine": machine()}
 
 
-__all__ = ["RecordingModel", "run_load", "run_load_sync", "run_scaling"]
+__all__ = ["RecordingModel", "no_running_loop", "run_load", "run_load_sync", "run_scaling"]
