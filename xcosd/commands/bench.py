@@ -47,6 +47,7 @@ def add_parser(sub: Any) -> None:
     _add_load(bsub)
     _add_load_merge(bsub)
     _add_methods(bsub)
+    _add_scale(bsub)
 
 
 def _add_outputs(p: Any, what: str) -> None:
@@ -337,6 +338,84 @@ def run_methods(args: argparse.Namespace) -> int:
         _write_json(args.json, rep)
     return 0
 
+
+# ------------------------------------------------------------------ scale
+
+#: the scaling bench's target (xcosd.bench.scale.DEFAULT_TARGET, kept here so the
+#: parser needs no heavy import)
+SCALE_TARGET = "synthetic:256:20:0.5"
+
+
+def _add_scale(bsub: Any) -> None:
+    p = bsub.add_parser("scale", help="throughput against 1, 2, 4 ... replicas, and a kill",
+                        description="Closed-loop devices against `xcosd serve --replicas N` "
+                                    "for each N: tokens/s and the ratio to one replica; then a "
+                                    "run in which a replica process is killed, every output "
+                                    "checked against the target's greedy decode.")
+    p.add_argument("-n", "--devices", type=positive_int, default=128, help="edge devices")
+    p.add_argument("--replicas", default="1,2,4", metavar="N,N,...",
+                   help="replica counts to measure")
+    p.add_argument("--target", default=SCALE_TARGET,
+                   help="target model spec (the default sleeps a+b*rows ms per call)")
+    p.add_argument("--method", default="xcosd-e", help="the devices' method")
+    p.add_argument("--draft-len", type=positive_int, default=4, help="tokens drafted per round")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64,
+                   help="tokens per generation")
+    p.add_argument("--duration", type=positive_float, default=10.0, help="measured seconds")
+    p.add_argument("--warmup", type=nonneg_float, default=3.0, help="warm-up seconds (excluded)")
+    p.add_argument("--max-batch", type=positive_int, default=256, help="sessions per target call")
+    p.add_argument("--max-batch-tokens", type=positive_int, default=4096,
+                   help="rows per target call")
+    p.add_argument("--max-wait-ms", type=nonneg_float, default=2.0,
+                   help="how long a batch waits to fill up")
+    p.add_argument("--no-kill", action="store_true", help="skip the killed-replica run")
+    p.add_argument("--kill-replicas", type=positive_int, default=2,
+                   help="replicas in the killed run (one is killed)")
+    p.add_argument("--kill-generations", type=positive_int, default=3,
+                   help="generations per device in the killed run")
+    p.add_argument("--kill-after", type=nonneg_float, default=3.0,
+                   help="seconds into the killed run to kill a replica")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="write the report there (default: bench/out/scale.json)")
+    add_verbose(p)
+    p.set_defaults(func=run_scale, check=check_scale)
+
+
+def _replica_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(x) for x in split(text))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise UsageError(f"--replicas: expected replica counts like 1,2,4, got {text!r}")
+    return counts
+
+
+def check_scale(args: argparse.Namespace) -> None:
+    check_model(args.target, "--target")
+    _replica_counts(args.replicas)
+    if not args.no_kill and args.kill_replicas < 2:
+        raise UsageError("--kill-replicas: the killed run needs 2 replicas or more")
+
+
+def run_scale(args: argparse.Namespace) -> int:
+    from ..bench.scale import OUT_FILE, ScaleConfig, format_report, run_scale_sync
+
+    cfg = ScaleConfig(
+        devices=args.devices, replicas=_replica_counts(args.replicas), target=args.target,
+        method=args.method, draft_len=args.draft_len, max_new_tokens=args.max_new_tokens,
+        warmup_s=args.warmup, duration_s=args.duration, max_batch=args.max_batch,
+        max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
+        kill=not args.no_kill, kill_replicas=args.kill_replicas,
+        kill_generations=args.kill_generations, kill_after_s=args.kill_after)
+    rep = run_scale_sync(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+    rep["command"] = "xcosd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "xcosd bench scale"
+    print(format_report(rep))
+    _write_json(args.json or str(OUT_FILE), rep)
+    k = rep["killed"]
+    failed = any(p["errors"] for p in rep["points"]) or (
+        k is not None and (k["tokens_lost"] or k["failed"]))
+    return 1 if failed else 0
 
 def _write_json(path: str, obj: Any) -> None:
     p = Path(path)

@@ -6,6 +6,16 @@ The target is any spec :func:`xcosd.models.load_model` understands. CURVE is on
 when ``--curve-secret`` is given (with ``--curve-allow DIR`` of device keys, or
 ``--curve-allow-any``). The options it shares with ``edge``, ``demo`` and ``bench``
 live in :mod:`xcosd.commands.options`.
+
+Replicas (docs/NODES.md, "Replicas"):
+
+    xcosd serve --replicas 4 --bind tcp://0.0.0.0:5555 --backend tcp://0.0.0.0:5556
+    xcosd serve --join tcp://broker-host:5556 --target default-target   # on another host
+
+``--replicas N`` runs a :class:`~xcosd.nodes.Broker` on ``--bind`` in this process
+and N replica processes, each ``xcosd serve --join BACKEND`` with the same target
+and limits; one that exits is started again. ``--join`` runs one CloudNode on the
+``replica`` transport.
 """
 
 from __future__ import annotations
@@ -17,7 +27,8 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Coroutine
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from .options import (
@@ -60,6 +71,8 @@ def add_parser(sub: Any) -> None:
                    help="endpoint to bind")
     add_transport_arg(p)
     p.add_argument("--max-batch", type=positive_int, default=32, help="sessions per target call")
+    p.add_argument("--max-batch-tokens", type=positive_int, default=256,
+                   help="rows one target call scores at most")
     p.add_argument("--max-wait-ms", type=nonneg_float, default=2.0,
                    help="how long a batch waits to fill up")
     p.add_argument("--max-sessions", type=positive_int, default=1024,
@@ -85,6 +98,20 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server")
     p.add_argument("--stats-every", type=nonneg_float, default=0.0,
                    help="print a stats line every N seconds (0: only at exit)")
+    g = p.add_argument_group("replicas", "many target replicas behind one endpoint")
+    g.add_argument("--replicas", type=nonneg_int, default=None, metavar="N",
+                   help="run a broker on --bind and N replica processes behind it (0: the "
+                        "broker alone, for replicas that --join)")
+    g.add_argument("--backend", type=endpoint, default=None, metavar="ENDPOINT",
+                   help="where the broker takes replicas (default tcp://127.0.0.1:0; bind "
+                        "tcp://0.0.0.0:PORT so replicas on other hosts can --join)")
+    g.add_argument("--join", type=endpoint, default=None, metavar="ENDPOINT",
+                   help="serve as one replica of the broker whose back end is ENDPOINT "
+                        "(instead of binding --bind)")
+    g.add_argument("--replica-timeout", type=positive_float, default=5.0,
+                   help="seconds of silence after which the broker forgets a replica")
+    # a replica the broker process started leaves with it
+    g.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     add_loop_args(p)
     add_link_args(p)
     add_verbose(p)
@@ -92,6 +119,16 @@ def add_parser(sub: Any) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
+    if args.replicas is not None and args.join is not None:
+        raise UsageError("--replicas runs a broker, --join a replica of one: not both")
+    if args.backend is not None and args.replicas is None:
+        raise UsageError("--backend is the broker's: it needs --replicas")
+    if (args.replicas is not None or args.join is not None) and args.transport != "zmq":
+        raise UsageError("replicas work over ZeroMQ: --transport tcp does not apply")
+    if args.join is not None and args.curve_secret:
+        raise UsageError("--curve-secret belongs on the broker (--replicas), not on a replica")
+    if args.replicas == 0:
+        return  # the broker loads no model
     check_model(args.target, "--target")
     check_curve_transport(args, bool(args.curve_secret))
     if (args.curve_allow or args.curve_allow_any) and not args.curve_secret:
@@ -111,7 +148,35 @@ def curve_server(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replicas is not None:
+        return run_main(_broker(args), args.uvloop)
     return run_main(_serve(args), args.uvloop)
+
+
+@contextlib.asynccontextmanager
+async def _stopping(parent_pid: int | None = None) -> AsyncIterator[asyncio.Event]:
+    """An event set on SIGINT / SIGTERM, or once ``parent_pid`` is no longer this
+    process's parent (the broker process that started this replica is gone)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    async def watch(pid: int) -> None:
+        while os.getppid() == pid:
+            await asyncio.sleep(1.0)
+        print("the broker process is gone; stopping", file=sys.stderr, flush=True)
+        stop.set()
+
+    task = None if parent_pid is None else loop.create_task(watch(parent_pid))
+    try:
+        yield stop
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -121,20 +186,20 @@ async def _serve(args: argparse.Namespace) -> int:
     print(f"loading {args.target} ...", file=sys.stderr, flush=True)
     target = await asyncio.to_thread(load_model, args.target)
     methods = tuple(args.methods) if args.methods else None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    async with CloudNode(
-            target=target, bind=args.bind, transport=args.transport, link=link_from_args(args),
-            curve=curve_server(args), max_batch=args.max_batch,
+    replica = args.join is not None
+    async with _stopping(args.parent_pid) as stop, CloudNode(
+            target=target, bind=args.join if replica else args.bind,
+            transport="replica" if replica else args.transport, link=link_from_args(args),
+            curve=None if replica else curve_server(args), max_batch=args.max_batch,
+            max_batch_tokens=args.max_batch_tokens,
             max_wait_s=args.max_wait_ms / 1000, max_sessions=args.max_sessions,
             max_queue=args.max_queue, max_draft=args.max_draft,
             max_message_bytes=int(args.max_message_mb * (1 << 20)),
             heartbeat_s=args.heartbeat, timeout_s=args.timeout, methods=methods,
             metrics_port=args.metrics_port, metrics_host=args.metrics_host) as cloud:
-        print(f"serving {target.name} on {cloud.endpoint}"
+        where = f"as a replica of the broker at {cloud.endpoint}" if replica else \
+            f"on {cloud.endpoint}"
+        print(f"serving {target.name} {where}"
               + (f", metrics on {cloud.metrics_endpoint}" if cloud.metrics_endpoint else ""),
               file=sys.stderr, flush=True)
         while not stop.is_set():
@@ -149,5 +214,150 @@ async def _serve(args: argparse.Namespace) -> int:
                       file=sys.stderr, flush=True)
         stats = cloud.stats()
     stats.pop("bytes", None)
+    print(json.dumps(stats, indent=2, default=str), file=sys.stderr)
+    return 0
+
+
+# ------------------------------------------------------------------ replicas
+
+#: a replica that exits within this long of starting is restarted after a longer pause
+_QUICK_EXIT_S = 10.0
+#: the longest pause before a replica that keeps exiting is started again
+_MAX_RESTART_DELAY_S = 30.0
+#: how long stopped replicas get to leave before they are killed
+_STOP_TIMEOUT_S = 10.0
+#: how often the broker process looks at its replicas (and prints a change)
+_WATCH_S = 0.1
+
+
+def replica_argv(args: argparse.Namespace, backend: str, index: int) -> list[str]:
+    """The command line of replica ``index`` (from 0): ``xcosd serve --join`` with
+    this command's target, batching, limits, liveness, methods and link. Its
+    metrics port is ``--metrics-port`` + ``index`` (0: each picks a free one)."""
+    argv = [sys.executable, "-m", "xcosd", "serve", "--join", backend,
+            "--target", args.target, "--max-batch", str(args.max_batch),
+            "--max-batch-tokens", str(args.max_batch_tokens),
+            "--max-wait-ms", repr(args.max_wait_ms), "--max-sessions", str(args.max_sessions),
+            "--max-queue", str(args.max_queue), "--max-draft", str(args.max_draft),
+            "--max-message-mb", repr(args.max_message_mb), "--heartbeat", repr(args.heartbeat),
+            "--timeout", repr(args.timeout), "--parent-pid", str(os.getpid())]
+    if args.methods:
+        argv += ["--methods", ",".join(args.methods)]
+    if args.metrics_port is not None:
+        port = args.metrics_port + index if args.metrics_port else 0
+        argv += ["--metrics-port", str(port), "--metrics-host", args.metrics_host]
+    if args.stats_every:
+        argv += ["--stats-every", repr(args.stats_every)]
+    if args.link_mbps is not None:
+        argv += ["--link-mbps", repr(args.link_mbps)]
+    if args.link_rtt_ms:
+        argv += ["--link-rtt-ms", repr(args.link_rtt_ms)]
+    if args.uvloop:
+        argv.append("--uvloop")
+    verbose = getattr(args, "verbose", 0) + getattr(args, "verbose_sub", 0)
+    if verbose:
+        argv.append("-" + "v" * min(verbose, 2))
+    return argv
+
+
+class Replicas:
+    """N replica processes, each started again when it exits (after a pause that
+    grows while it keeps exiting quickly), stopped with SIGTERM and, past
+    :data:`_STOP_TIMEOUT_S`, killed. ``argv(i)`` is replica ``i``'s command line;
+    once ``stopping`` is set (a Ctrl-C reaches the replicas too) none is restarted."""
+
+    def __init__(self, n: int, argv: Callable[[int], list[str]],
+                 stopping: asyncio.Event | None = None) -> None:
+        self.n = n
+        self.argv = argv
+        self.procs: list[asyncio.subprocess.Process | None] = [None] * n
+        self.restarts = 0
+        self._stopping = stopping if stopping is not None else asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._keep(i), name=f"xcosd-replica-{i}")
+                       for i in range(self.n)]
+
+    async def _keep(self, i: int) -> None:
+        delay = 0.5
+        while not self._stopping.is_set():
+            t0 = time.monotonic()
+            try:
+                p = await asyncio.create_subprocess_exec(*self.argv(i))
+            except OSError as e:
+                print(f"replica {i} could not start: {e}", file=sys.stderr, flush=True)
+                rc: int | str = "none"
+            else:
+                self.procs[i] = p
+                print(f"replica {i} started (pid {p.pid})", file=sys.stderr, flush=True)
+                rc = await p.wait()
+            if self._stopping.is_set():
+                return
+            quick = time.monotonic() - t0 < _QUICK_EXIT_S
+            delay = min(_MAX_RESTART_DELAY_S, delay * 2) if quick else 1.0
+            print(f"replica {i} exited with status {rc}; starting it again in {delay:.0f}s",
+                  file=sys.stderr, flush=True)
+            self.restarts += 1
+            await asyncio.sleep(delay)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        live = [p for p in self.procs if p is not None and p.returncode is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+        if live:
+            _done, pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in live],
+                                                timeout=_STOP_TIMEOUT_S)
+            for p in live:
+                if p.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        p.kill()
+            if pending:
+                await asyncio.wait(pending, timeout=_STOP_TIMEOUT_S)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _broker(args: argparse.Namespace) -> int:
+    from ..nodes import Broker
+
+    async with _stopping() as stop, Broker(
+            front=args.bind, back=args.backend or "tcp://127.0.0.1:0",
+            replica_timeout_s=args.replica_timeout,
+            edge_timeout_s=max(60.0, 2 * args.timeout),
+            max_message_bytes=int(args.max_message_mb * (1 << 20)),
+            curve=curve_server(args)) as broker:
+        print(f"broker: edges connect to {broker.endpoint}, replicas join at "
+              f"{broker.back_endpoint}; starting {args.replicas} replicas of {args.target}",
+              file=sys.stderr, flush=True)
+        replicas = Replicas(args.replicas,
+                            lambda i: replica_argv(args, broker.back_endpoint, i), stop)
+        replicas.start()
+        live = 0
+        next_stats = time.monotonic() + args.stats_every
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), _WATCH_S)
+                s = broker.stats()
+                if s["replicas_live"] != live:
+                    # one line per change: what an operator (or a script) waits for
+                    live = s["replicas_live"]
+                    print(f"replicas live: {live} (joined {s['replicas_joined']}, lost "
+                          f"{sum(s['replicas_lost'].values())})", file=sys.stderr, flush=True)
+                if args.stats_every and time.monotonic() >= next_stats:
+                    next_stats += args.stats_every
+                    print(f"replicas {live}  edges {s['edges']}  to replicas "
+                          f"{s['to_replicas']}  to edges {s['to_edges']}  dropped "
+                          f"{s['dropped_replica_full'] + s['dropped_edge_full']}",
+                          file=sys.stderr, flush=True)
+        finally:
+            await replicas.stop()
+        stats = broker.stats()
+    stats["replica_restarts"] = replicas.restarts
     print(json.dumps(stats, indent=2, default=str), file=sys.stderr)
     return 0

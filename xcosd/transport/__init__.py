@@ -6,6 +6,10 @@ Options common to all: ``meter=`` (a :class:`Meter` to count into) and, for
 ZeroMQ and TCP, ``limits=`` (a :class:`~xcosd.wire.frames.Limits`). ZeroMQ also
 takes ``hwm``, ``heartbeat_ivl``, ``heartbeat_timeout``, ``copy_threshold`` and
 ``curve=`` (:class:`CurveServer` to listen, :class:`CurveClient` to connect).
+
+``listen(broker_back_end, transport="replica")`` serves as one replica behind a
+:class:`~xcosd.nodes.broker.Broker` (:mod:`xcosd.transport.replica`); edges connect
+to the broker's front end with ``zmq``, so there is no ``replica`` connection.
 """
 
 from __future__ import annotations
@@ -19,9 +23,13 @@ from .link import LinkConnection, LinkListener, LinkSpec, message_latency, seque
 from .meter import Meter, Tally
 
 TRANSPORTS = ("zmq", "tcp", "memory")
+#: cloud-side only: a replica behind a broker
+LISTEN_ONLY = ("replica",)
 
 
 def _kind(endpoint: str, transport: str) -> str:
+    if transport in LISTEN_ONLY:
+        return transport
     if endpoint.startswith("mem://"):
         return "memory"
     if transport not in TRANSPORTS:
@@ -31,8 +39,16 @@ def _kind(endpoint: str, transport: str) -> str:
 
 
 async def listen(endpoint: str, transport: str = "zmq", **opts: Any) -> Listener:
-    """Bind a cloud-side listener (``transport``: ``zmq``, ``tcp`` or ``memory``)."""
+    """Bind a cloud-side listener (``transport``: ``zmq``, ``tcp`` or ``memory``), or,
+    with ``replica``, connect to a broker's back end as one of its replicas."""
     kind = _kind(endpoint, transport)
+    if kind == "replica":
+        from .replica import ReplicaListener
+
+        if opts.pop("curve", None) is not None:
+            raise TransportError("CURVE belongs on the broker's front end, not on a replica",
+                                 code="endpoint")
+        return await ReplicaListener.open(endpoint, **opts)
     if kind == "zmq":
         from .zeromq import ZmqListener
 
@@ -49,6 +65,9 @@ async def listen(endpoint: str, transport: str = "zmq", **opts: Any) -> Listener
 async def connect(endpoint: str, transport: str = "zmq", **opts: Any) -> Connection:
     """Connect an edge-side connection to a listener's endpoint."""
     kind = _kind(endpoint, transport)
+    if kind in LISTEN_ONLY:
+        raise TransportError(f"there is no {kind!r} connection: edges connect to the broker "
+                             "with 'zmq'", code="endpoint")
     if kind == "zmq":
         from .zeromq import ZmqConnection
 
@@ -63,6 +82,7 @@ async def connect(endpoint: str, transport: str = "zmq", **opts: Any) -> Connect
 
 
 __all__ = [
+    "LISTEN_ONLY",
     "TRANSPORTS",
     "Connection",
     "CurveClient",

@@ -1,0 +1,512 @@
+"""``xcosd bench scale``: throughput against 1, 2, 4 ... target replicas behind one
+broker, and a run in which a replica process is killed.
+
+The cluster is what a user starts: ``xcosd serve --replicas N`` in a child process
+(the broker in it, the N replicas in N processes of their own). The devices are
+closed-loop :class:`~xcosd.nodes.EdgeNode` s in this process, each with its own
+ZeroMQ connection to the broker: one generation at a time, the next as soon as one
+ends.
+
+The target sleeps (``synthetic:256:20:0.5``: 20 ms per call plus 0.5 ms per scored
+row, the GIL released), as a model on an accelerator waits for it; the devices
+decode greedily with a draft whose greedy choice always matches the target's, so a
+round commits ``draft_len + 1`` tokens. For B sessions in one batch the cost model's
+best is ``B (d + 1) / (a + b B (d + 1))`` tokens/s per replica; with D devices on
+N replicas B = D / N, which is what the report's ``ideal`` column assumes (every
+device in every batch of its replica). Replicas cannot beat it: splitting the
+devices only saves the per-row cost, never the per-call cost ``a``.
+
+Throughput counts the tokens of the rounds that end inside the measured window
+(after a warm-up). The killed run gives every device a fixed number of
+generations, kills one replica process (SIGKILL) mid-run, and compares every output
+with the target's own greedy decode: a lost or repeated token would show there.
+The broker process starts the killed replica again, as it would in service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..config import GenerationConfig
+from ..models.base import LanguageModel
+from ..nodes import EdgeNode, RoundObserved
+from .report import OUT_DIR, machine, table
+
+SCHEMA_VERSION = 1
+#: where ``xcosd bench scale`` writes by default (and the results generator reads)
+OUT_FILE = OUT_DIR / "scale.json"
+#: 20 ms per target call plus 0.5 ms per scored row, sleeping
+DEFAULT_TARGET = "synthetic:256:20:0.5"
+#: the throughput ratios over one replica the design aims at
+GOALS = {2: 1.8, 4: 3.4}
+#: what the devices generate from (device i's k-th generation: prompt (i + k) % len)
+PROMPTS = (
+    "Once upon a time",
+    "The cloud server verifies a block of drafted tokens in one pass",
+    "def merge_sorted(a, b):",
+    "In the beginning the network was slow, and the edge device",
+    "Speculative decoding between two vocabularies",
+    "A short story about a lighthouse keeper:",
+    "The quick brown fox",
+    "Return a new list containing all items from the iterable",
+)
+#: seconds a cluster gets to start (processes, imports, the target) or to stop
+START_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass
+class ScaleConfig:
+    """One scaling bench. ``max_batch`` and ``max_batch_tokens`` default to values
+    that let one replica put every device in one batch, so one replica is measured
+    at its best and the ratios are not flattered by its batches being split."""
+
+    devices: int = 128
+    replicas: tuple[int, ...] = (1, 2, 4)
+    target: str = DEFAULT_TARGET
+    method: str = "xcosd-e"
+    draft_len: int = 4
+    max_new_tokens: int = 64
+    warmup_s: float = 3.0
+    duration_s: float = 10.0
+    max_batch: int = 256
+    max_batch_tokens: int = 4096
+    max_wait_ms: float = 2.0
+    #: the killed-replica run: replicas, generations per device, when to kill
+    kill: bool = True
+    kill_replicas: int = 2
+    kill_generations: int = 3
+    kill_after_s: float = 3.0
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.devices < 1 or not self.replicas or min(self.replicas) < 1:
+            raise ValueError("need at least one device and replica counts >= 1")
+        if self.kill and self.kill_replicas < 2:
+            raise ValueError("the killed run needs at least 2 replicas (one survives)")
+
+    def generation(self) -> GenerationConfig:
+        return GenerationConfig(method=self.method, draft_len=self.draft_len,
+                                do_sample=False, max_new_tokens=self.max_new_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["replicas"] = list(self.replicas)
+        return d
+
+
+def ideal_tokens_per_s(cfg: ScaleConfig, replicas: int) -> float | None:
+    """The cost model's best with ``replicas`` replicas (module docstring), for a
+    synthetic target; ``None`` for any other."""
+    parts = cfg.target.split(":")
+    if parts[0] != "synthetic" or len(parts) < 4:
+        return None
+    a, b = float(parts[2]) / 1e3, float(parts[3]) / 1e3
+    per = cfg.devices / replicas
+    rows = cfg.draft_len + 1
+    return replicas * per * rows / (a + b * per * rows)
+
+
+def greedy_reference(model: LanguageModel, prompt: str, n: int) -> list[int]:
+    """The target's own greedy decode of ``prompt`` (``n`` tokens, or up to EOS)."""
+    import numpy as np
+
+    eos = model.vocab.roles.get("eos")
+    sess = model.start(model.tokenize(prompt))
+    out: list[int] = []
+    try:
+        while len(out) < n:
+            t = int(np.argmax(model.score([(sess, [])])[0][-1]))
+            out.append(t)
+            if t == eos:
+                break
+            model.append(sess, [t])
+    finally:
+        model.end(sess)
+    return out
+
+
+# ------------------------------------------------------------------ the cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Cluster:
+    """``xcosd serve --replicas N`` in a child process, watched through the lines
+    it prints: the replica pids, and how many replicas the broker has live."""
+
+    def __init__(self, cfg: ScaleConfig, replicas: int) -> None:
+        self.cfg = cfg
+        self.replicas = replicas
+        self.endpoint = f"tcp://127.0.0.1:{_free_port()}"
+        self.lines: list[str] = []
+        self.live = 0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+
+    def pids(self) -> list[int]:
+        """Every replica process started so far, in order."""
+        return [int(m.group(1)) for ln in self.lines
+                if (m := re.search(r"^replica \d+ started \(pid (\d+)\)", ln))]
+
+    async def start(self) -> Cluster:
+        c = self.cfg
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "xcosd", "serve", "--replicas", str(self.replicas),
+            "--bind", self.endpoint, "--target", c.target, "--max-batch", str(c.max_batch),
+            "--max-batch-tokens", str(c.max_batch_tokens), "--max-wait-ms", repr(c.max_wait_ms),
+            "--max-sessions", str(max(1024, 4 * c.devices)),
+            "--max-queue", str(max(4096, 8 * c.devices)),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE)
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+        await self.wait_live(self.replicas)
+        return self
+
+    async def _read(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        async for raw in self._proc.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            self.lines.append(line)
+            if m := re.match(r"replicas live: (\d+)", line):
+                self.live = int(m.group(1))
+            self._changed.set()
+
+    async def wait_live(self, n: int) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self.live != n:
+            assert self._proc is not None
+            if self._proc.returncode is not None or time.monotonic() > deadline:
+                tail = "\n".join(self.lines[-15:])
+                raise RuntimeError(f"the cluster did not reach {n} live replicas:\n{tail}")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), 0.5)
+
+    def kill_replica(self, index: int = 0) -> int:
+        """SIGKILL the replica process started ``index``-th; its pid."""
+        pid = self.pids()[index]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    async def close(self) -> None:
+        p = self._proc
+        if p is None:
+            return
+        if p.returncode is None:
+            p.send_signal(signal.SIGINT)  # the broker stops its replicas, then itself
+            try:
+                await asyncio.wait_for(p.wait(), START_TIMEOUT_S)
+            except TimeoutError:
+                p.kill()
+                await p.wait()
+        if self._reader is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._reader, 10)
+
+    async def __aenter__(self) -> Cluster:
+        try:
+            return await self.start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+# ------------------------------------------------------------------ the machine
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all cores since boot (Linux), else ``None``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+class _CpuWindow:
+    """How busy the machine and this process (the devices) were between
+    :meth:`begin` and :meth:`end`: a point where the machine is near 100 % busy
+    measures the cores, not the replicas."""
+
+    def begin(self) -> None:
+        self._m0, self._p0, self._t0 = _cpu_ticks(), time.process_time(), time.monotonic()
+
+    def end(self) -> dict[str, float | None]:
+        m1, p1, t1 = _cpu_ticks(), time.process_time(), time.monotonic()
+        busy = None
+        if self._m0 is not None and m1 is not None and m1[1] > self._m0[1]:
+            busy = (m1[0] - self._m0[0]) / (m1[1] - self._m0[1])
+        wall = max(1e-9, t1 - self._t0)
+        return {"machine_busy": busy, "devices_cores": (p1 - self._p0) / wall,
+                "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
+# ------------------------------------------------------------------ the devices
+
+
+class _WindowEnded(Exception):
+    """Raised from a device's round hook once the measured window is over."""
+
+
+@contextlib.asynccontextmanager
+async def _devices(cfg: ScaleConfig, endpoint: str) -> AsyncIterator[list[EdgeNode]]:
+    """``cfg.devices`` connected edges; the first builds the V_C map, the rest reuse it."""
+    from ..models import SyntheticModel, load_model
+
+    target = load_model(cfg.target, a=0.0, b=0.0)
+    draft = SyntheticModel(target.vocab, skew=0.9, name="synthetic-draft")
+    gen = cfg.generation()
+    edges: list[EdgeNode] = []
+
+    def make(vmap: Any = None) -> EdgeNode:
+        return EdgeNode(draft, endpoint, config=gen, target_vocab=target.vocab, vocab_map=vmap,
+                        busy_retry_s=0.01, name="bench-scale")
+
+    try:
+        first = make()
+        await first.start()
+        edges.append(first)
+        for i in range(1, cfg.devices, 32):
+            batch = [make(first.vocab_map) for _ in range(i, min(cfg.devices, i + 32))]
+            edges.extend(batch)
+            await asyncio.gather(*(e.start() for e in batch))
+        yield edges
+    finally:
+        await asyncio.gather(*(e.close() for e in edges), return_exceptions=True)
+
+
+async def _throughput(cfg: ScaleConfig, replicas: int) -> dict[str, Any]:
+    """One point: ``replicas`` replicas, closed loop, tokens in the window."""
+    async with Cluster(cfg, replicas) as cluster, _devices(cfg, cluster.endpoint) as edges:
+        go = time.monotonic() + 0.05
+        w0, w1 = go + cfg.warmup_s, go + cfg.warmup_s + cfg.duration_s
+        tokens = rounds = errors = resumes = 0
+        round_s: list[float] = []
+
+        def on_round(r: RoundObserved) -> None:
+            nonlocal tokens, rounds
+            if w0 <= r.end <= w1:
+                tokens += r.tokens
+                rounds += 1
+                round_s.append(r.end - r.start)
+            if r.end > w1:
+                raise _WindowEnded()
+
+        async def device(i: int, e: EdgeNode) -> None:
+            nonlocal errors, resumes
+            e.on_round = on_round
+            await asyncio.sleep(max(0.0, go - time.monotonic()))
+            k = 0
+            while time.monotonic() < w1:
+                try:
+                    res = await asyncio.wait_for(e.generate(PROMPTS[(i + k) % len(PROMPTS)]),
+                                                 cfg.timeout_s)
+                    resumes += res.stats.resumes
+                except _WindowEnded:
+                    break
+                except Exception:
+                    errors += 1
+                    await asyncio.sleep(0.05)
+                k += 1
+
+        cpu = _CpuWindow()
+        usage: dict[str, float | None] = {}
+
+        async def watch_cpu() -> None:
+            await asyncio.sleep(max(0.0, w0 - time.monotonic()))
+            cpu.begin()
+            await asyncio.sleep(max(0.0, w1 - time.monotonic()))
+            usage.update(cpu.end())
+
+        watcher = asyncio.ensure_future(watch_cpu())
+        await asyncio.gather(*(device(i, e) for i, e in enumerate(edges)))
+        await watcher
+        round_s.sort()
+    ideal = ideal_tokens_per_s(cfg, replicas)
+    tps = tokens / cfg.duration_s
+    return {"replicas": replicas, "tokens": tokens, "rounds": rounds,
+            "tokens_per_s": tps, "ideal_tokens_per_s": ideal,
+            "efficiency": tps / ideal if ideal else None,
+            "round_ms_p50": 1e3 * round_s[len(round_s) // 2] if round_s else None,
+            "errors": errors, "resumes": resumes, **usage}
+
+
+async def _killed(cfg: ScaleConfig) -> dict[str, Any]:
+    """Fixed work on ``kill_replicas`` replicas; one replica process is killed after
+    ``kill_after_s``; every output checked against the target's greedy decode."""
+    from ..models import load_model
+
+    reference = load_model(cfg.target, a=0.0, b=0.0)
+    want = {p: greedy_reference(reference, p, cfg.max_new_tokens) for p in PROMPTS}
+    async with Cluster(cfg, cfg.kill_replicas) as cluster, \
+            _devices(cfg, cluster.endpoint) as edges:
+        records: list[dict[str, Any]] = []
+
+        async def device(i: int, e: EdgeNode) -> None:
+            for k in range(cfg.kill_generations):
+                prompt = PROMPTS[(i + k) % len(PROMPTS)]
+                rec: dict[str, Any] = {"device": i, "k": k, "prompt": prompt}
+                try:
+                    res = await asyncio.wait_for(e.generate(prompt), cfg.timeout_s)
+                    rec.update(tokens=len(res.token_ids), exact=res.token_ids == want[prompt],
+                               resumes=res.stats.resumes, error=None)
+                except Exception as err:
+                    rec.update(tokens=0, exact=False, resumes=0,
+                               error=f"{type(err).__name__}: {err}")
+                records.append(rec)
+
+        t0 = time.monotonic()
+        task = asyncio.ensure_future(asyncio.gather(*(device(i, e) for i, e in enumerate(edges))))
+        done, _ = await asyncio.wait([task], timeout=cfg.kill_after_s)
+        killed_at = time.monotonic() - t0
+        pid = cluster.kill_replica(0)
+        await task
+        wall = time.monotonic() - t0
+        restarted = len(cluster.pids()) > cfg.kill_replicas
+        reconnects = sum(e.resumes for e in edges)
+        edges_moved = sum(1 for e in edges if e.resumes)
+    expected = sum(len(want[r["prompt"]]) for r in records)
+    got = sum(r["tokens"] for r in records if r["exact"])
+    return {
+        "replicas": cfg.kill_replicas, "devices": cfg.devices,
+        "generations": len(records), "killed_pid": pid, "killed_at_s": killed_at,
+        "finished_before_kill": bool(done), "wall_s": wall,
+        "exact": sum(r["exact"] for r in records),
+        "mismatched": sum(1 for r in records if not r["exact"] and r["error"] is None),
+        "failed": sum(1 for r in records if r["error"] is not None),
+        "errors": sorted({r["error"] for r in records if r["error"]})[:5],
+        "tokens_expected": expected, "tokens_exact": got, "tokens_lost": expected - got,
+        "sessions_resumed": sum(1 for r in records if r["resumes"]),
+        "resumes": sum(r["resumes"] for r in records),
+        "edges_reconnected": edges_moved, "reconnects": reconnects,
+        "replica_restarted": restarted,
+        "tokens_per_s": sum(r["tokens"] for r in records) / wall if wall else 0.0,
+    }
+
+
+# ------------------------------------------------------------------ the report
+
+
+async def run_scale(cfg: ScaleConfig, *, log: Any = None) -> dict[str, Any]:
+    """Every point, then the killed run; the report (see :func:`format_report`)."""
+    points = []
+    for n in cfg.replicas:
+        p = await _throughput(cfg, n)
+        points.append(p)
+        if log is not None:
+            log(f"{n} replicas: {p['tokens_per_s']:,.0f} tokens/s")
+    base = next((p["tokens_per_s"] for p in points if p["replicas"] == 1), None)
+    for p in points:
+        p["ratio"] = p["tokens_per_s"] / base if base else None
+        ideal1 = ideal_tokens_per_s(cfg, 1)
+        p["ideal_ratio"] = (p["ideal_tokens_per_s"] / ideal1
+                            if ideal1 and p["ideal_tokens_per_s"] else None)
+        goal = GOALS.get(p["replicas"])
+        p["goal_ratio"] = goal
+        p["meets_goal"] = None if goal is None or p["ratio"] is None else p["ratio"] >= goal
+    killed = await _killed(cfg) if cfg.kill else None
+    if killed is not None and log is not None:
+        log(f"killed run: {killed['exact']}/{killed['generations']} exact, "
+            f"{killed['sessions_resumed']} sessions resumed")
+    return {"schema_version": SCHEMA_VERSION, "kind": "scale", "config": cfg.to_dict(),
+            "points": points, "killed": killed, "machine": machine()}
+
+
+def run_scale_sync(cfg: ScaleConfig, *, log: Any = None) -> dict[str, Any]:
+    """:func:`run_scale` in a fresh event loop (the CLI's entry)."""
+    return asyncio.run(run_scale(cfg, log=log))
+
+
+SCALE_HEADER = ["replicas", "tokens/s", "ratio", "goal", "ideal tok/s", "ideal ratio",
+                "efficiency", "round p50 ms", "machine busy", "devices cores", "errors",
+                "resumes"]
+
+
+def scale_rows(rep: dict[str, Any]) -> list[list[Any]]:
+    """The table of :func:`format_report` (and of docs/RESULTS.md), one row a point."""
+    def f(v: float | None, spec: str) -> str:
+        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+    return [[p["replicas"], f(p["tokens_per_s"], ",.0f"), f(p["ratio"], ".2f"),
+             f(p["goal_ratio"], ".1f"), f(p["ideal_tokens_per_s"], ",.0f"),
+             f(p["ideal_ratio"], ".2f"), f(p["efficiency"], ".2f"), f(p["round_ms_p50"], ".1f"),
+             f(100 * p["machine_busy"] if p.get("machine_busy") is not None else None, ".0f")
+             + ("%" if p.get("machine_busy") is not None else ""),
+             f(p.get("devices_cores"), ".2f"), p["errors"], p["resumes"]]
+            for p in rep["points"]]
+
+
+def killed_sentence(k: dict[str, Any] | None) -> str:
+    if k is None:
+        return "No replica was killed in this run."
+    verdict = ("no token was lost or repeated" if k["tokens_lost"] == 0 and not k["failed"]
+               else f"{k['tokens_lost']} tokens were lost or wrong, {k['failed']} generations "
+                    "failed")
+    again = ("started the killed replica again" if k["replica_restarted"]
+             else "had not yet restarted the killed replica")
+    return (f"Killed run: {k['devices']} devices x {k['generations'] // max(1, k['devices'])} "
+            f"greedy generations on {k['replicas']} replicas; one replica process was killed "
+            f"(SIGKILL) {k['killed_at_s']:.1f} s in. {k['exact']} of {k['generations']} outputs "
+            f"equal the target's greedy decode ({k['tokens_exact']:,} of "
+            f"{k['tokens_expected']:,} tokens): {verdict}. {k['sessions_resumed']} sessions "
+            f"were resumed on another replica ({k['edges_reconnected']} edges reconnected); "
+            f"the broker process {again}.")
+
+
+def section_lines(rep: dict[str, Any] | None) -> list[str]:
+    """A docs/RESULTS.md section from a report (``None``: the file is missing)."""
+    if rep is None:
+        return ["## Replicas", "", f"{OUT_FILE} is missing.", ""]
+    c = rep["config"]
+    goals = [p for p in rep["points"] if p["goal_ratio"] is not None]
+    met = [p for p in goals if p["meets_goal"]]
+    m = rep.get("machine") or {}
+    lines = ["## Replicas", "",
+             f"Command: `{rep.get('command', 'xcosd bench scale')}`. {c['devices']} closed-loop "
+             f"devices (greedy, {c['method']}, draft length {c['draft_len']}, "
+             f"{c['max_new_tokens']} tokens per generation) against `xcosd serve --replicas N` "
+             f"with target `{c['target']}`; {c['duration_s']:g} s measured after "
+             f"{c['warmup_s']:g} s warm-up, on {m.get('nproc', '?')} cores.", "",
+             table(scale_rows(rep), SCALE_HEADER, markdown=True), ""]
+    lines.append("*machine busy*: the share of all cores busy during the window (every "
+                 "process on the machine); *devices cores*: the cores the devices' process used. "
+                 "A point with the machine near 100 % busy is bound by the cores, not by the "
+                 "replicas or the broker.")
+    if goals:
+        lines.append(f"{len(met)} of {len(goals)} ratio goals met ("
+                     + ", ".join(f"{p['replicas']} replicas: {p['ratio']:.2f}x vs "
+                                 f"{p['goal_ratio']:.1f}x" for p in goals) + ").")
+    lines += [killed_sentence(rep.get("killed")), ""]
+    return lines
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    """The report as text (what ``xcosd bench scale`` prints)."""
+    return "\n".join([table(scale_rows(rep), SCALE_HEADER), "",
+                      killed_sentence(rep.get("killed"))])
+
+
+__all__ = ["DEFAULT_TARGET", "GOALS", "OUT_FILE", "SCALE_HEADER", "SCHEMA_VERSION", "Cluster",
+           "ScaleConfig", "format_report", "greedy_reference", "ideal_tokens_per_s",
+           "killed_sentence", "run_scale", "run_scale_sync", "scale_rows", "section_lines"]
