@@ -5,9 +5,35 @@ It binds a listener (ZeroMQ by default, raw TCP or in-memory on request, with an
 optional link emulator and CURVE), feeds every received message through the
 sans-I/O :class:`~xcosd.protocol.CloudConnection` of its peer, and hands the
 "needs scoring" work to the batching :class:`~xcosd.nodes.scheduler.Scheduler`.
-Three tasks run while it is open (receive, schedule, reap silent peers), plus an
-optional Prometheus endpoint; all of them, the worker thread and the socket are
-gone when the ``async with`` block exits. It never calls ``asyncio.run``.
+Four tasks run while it is open (take in, serve, schedule, reap), plus one short
+task per peer with replies waiting and an optional Prometheus endpoint; all of
+them, the worker thread and the socket are gone when the ``async with`` block
+exits (:meth:`CloudNode.close` returns within :data:`CLOSE_TIMEOUT_S` whatever the
+traffic). It never calls ``asyncio.run``.
+
+The receive path is built so that no peer can take the event loop or another
+peer's turn:
+
+* **Intake** reads the socket into one bounded queue per peer and lets the loop
+  run other tasks every :data:`INTAKE_BURST` messages (a ready socket answers
+  ``recv`` without ever yielding, so a flood would otherwise hold the loop). A
+  message past its peer's bound (``max_peer_queue`` messages or
+  ``4 * max_message_bytes`` bytes) is dropped unread and counted
+  (``dropped_flood``), or, for a draft, refused ``busy`` (``refused_flood``),
+  which an edge retries.
+* **Serving** takes the peers round-robin, at most :data:`PEER_TURN` messages of
+  one peer per turn, and yields every :data:`SERVE_BURST` messages. A follow-up
+  request (sampling candidates or a residual over the vocabulary: the expensive
+  message) runs in the scheduler's worker thread; its peer's other messages wait
+  until it is done, so each connection's state is only ever touched by one thread
+  and in arrival order (verdicts for that peer wait too).
+* **Replies** go through one bounded outgoing queue per peer, written by that
+  peer's own task with a :data:`SEND_TIMEOUT_S` deadline per message: a peer that
+  does not read delays only its own replies; past the bound they are dropped and
+  counted (``dropped``, ``dropped_outbox``).
+* **Reaping**: a peer silent for ``timeout_s`` loses its sessions; a session with
+  no draft or follow-up for ``session_idle_s`` is closed even when its peer keeps
+  pinging (``sessions_idle_reaped``).
 
 Hostile input: the size limit is checked before anything is decoded, every
 defect is answered with a typed error to that peer (or dropped and counted when
@@ -22,8 +48,12 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import deque
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
+
+import msgpack
 
 from ..errors import ProtocolError, TransportError
 from ..models.base import LanguageModel
@@ -32,6 +62,7 @@ from ..protocol.cloud import (
     CloseReason,
     CloudConfig,
     CloudConnection,
+    CloudPhase,
     CloudSession,
     Output,
     Rejected,
@@ -45,18 +76,93 @@ from ..protocol.messages import (
     MAX_HEADER_BYTES,
     DraftMsg,
     Message,
+    RequestMsg,
     ServerLimits,
     from_wire,
     session_of,
 )
 from ..transport import LinkListener, LinkSpec, Listener, listen
-from ..wire.frames import Limits, decode_message
+from ..wire.frames import Limits, decode_message, message_bytes
 from .scheduler import BatchStats, Scheduler
 
 log = logging.getLogger(__name__)
 
-#: a reply to a peer that does not read within this long is dropped (and counted)
+#: a reply a peer does not take within this long is dropped (and counted)
 SEND_TIMEOUT_S = 1.0
+#: messages the intake reads before it lets the loop run other tasks
+INTAKE_BURST = 4
+#: messages of one peer served per turn before the next peer's
+PEER_TURN = 8
+#: messages served before the serving task lets the loop run other tasks
+SERVE_BURST = 32
+#: replies one peer's sender writes before it lets the loop run other tasks
+SEND_BURST = 32
+#: :meth:`CloudNode.close` returns within about this long, whatever the traffic
+CLOSE_TIMEOUT_S = 3.0
+#: a follow-up that took the worker thread longer than this holds its peer back
+#: afterwards for FOLLOW_UP_HOLD times as long, so one peer's follow-ups take at
+#: most 1 / (1 + FOLLOW_UP_HOLD) of the thread (and of the GIL) from everyone else
+FOLLOW_UP_FREE_S = 0.002
+FOLLOW_UP_HOLD = 2.0
+
+_Frames = Sequence[Any]
+
+
+class _Peer:
+    """What the node keeps for one peer: its protocol connection, its messages
+    waiting for their turn (``None``: it disconnected), its replies waiting for
+    the socket, and whether its follow-up is in the worker thread (``busy``: then
+    nothing else touches ``conn`` until it is back)."""
+
+    __slots__ = ("busy", "conn", "deferred", "dropped", "gone", "held", "id", "inbox",
+                 "inbox_bytes", "last_seen", "outbox", "outbox_bytes", "ready", "sender")
+
+    def __init__(self, peer: bytes, conn: CloudConnection, now: float) -> None:
+        self.id = peer
+        self.conn = conn
+        self.inbox: deque[tuple[_Frames, int] | None] = deque()
+        self.inbox_bytes = 0
+        self.outbox: deque[tuple[_Frames, int]] = deque()
+        self.outbox_bytes = 0
+        self.sender: asyncio.Task[None] | None = None
+        self.ready = False
+        self.busy = False
+        #: served nothing for a while after an expensive follow-up
+        self.held = False
+        #: verdicts that arrived while busy, applied when it is back
+        self.deferred: list[tuple[CloudSession, RoundOutcome]] = []
+        #: a drop asked for while busy, done when it is back
+        self.gone: CloseReason | None = None
+        self.dropped = False
+        self.last_seen = now
+
+
+def _receive_packed(conn: CloudConnection, msg: Message
+                    ) -> tuple[Output[Any], list[tuple[str, _Frames]], float]:
+    """``conn.receive(msg)``, its answers packed, and how long that took: a
+    follow-up's work, done in the worker thread (sampling K candidates and packing
+    them both cost)."""
+    t0 = time.perf_counter()
+    out = conn.receive(msg)
+    packed: list[tuple[str, _Frames]] = [(m.TYPE, pack(m)) for m in out.send]
+    return out, packed, time.perf_counter() - t0
+
+
+def _peek_draft(frames: _Frames) -> tuple[int, int] | None:
+    """``(s, r)`` when ``frames`` look like a draft (header only, small headers
+    only): what a ``busy`` refusal of it needs. Anything else: ``None``."""
+    if not frames or len(frames[0]) > 512:
+        return None
+    try:
+        h = msgpack.unpackb(bytes(frames[0]), raw=False)
+    except Exception:
+        return None
+    if not isinstance(h, dict) or h.get("t") != DraftMsg.TYPE:
+        return None
+    s, r = h.get("s"), h.get("r")
+    if type(s) is not int or type(r) is not int:
+        return None
+    return s, r
 
 
 class CloudNode:
@@ -66,28 +172,41 @@ class CloudNode:
     endpoint (``tcp://127.0.0.1:0`` picks a free port; read :attr:`endpoint`).
     ``transport``: ``zmq`` (default), ``tcp`` or ``memory``. ``link``: emulate a link
     on every peer. ``curve``: a :class:`~xcosd.transport.CurveServer`. Batching:
-    ``max_batch``, ``max_wait_s``. Limits: ``max_sessions``, ``max_queue``,
-    ``max_draft``, ``max_message_bytes``. Liveness: the edge pings every
-    ``heartbeat_s``; a peer silent for ``timeout_s`` loses its sessions.
+    ``max_batch``, ``max_wait_s``, ``max_batch_tokens`` (rows one batch scores:
+    what bounds the batch a small round waits behind). Limits: ``max_sessions``,
+    ``max_queue``, ``max_draft``, ``max_message_bytes``, ``max_peer_queue`` (messages
+    of one peer waiting to be served, and replies waiting to be sent to it).
+    Liveness: the edge pings every ``heartbeat_s``; a peer silent for ``timeout_s``
+    loses its sessions, and a session without a draft or follow-up for
+    ``session_idle_s`` (default ``timeout_s``) is closed even if its peer pings.
     ``method_options``: per-method defaults (``{"xcosd-e": {"K": 8}}``) that an
     edge's own options override. ``metrics_port``: serve Prometheus text there.
     """
 
     def __init__(self, target: LanguageModel, bind: str = "tcp://127.0.0.1:5555", *,
                  transport: str = "zmq", link: LinkSpec | None = None, curve: Any = None,
-                 max_batch: int = 32, max_wait_s: float = 0.002, max_sessions: int = 1024,
+                 max_batch: int = 32, max_wait_s: float = 0.002,
+                 max_batch_tokens: int | None = 256, max_sessions: int = 1024,
                  max_queue: int = 4096, max_draft: int = 32,
-                 max_message_bytes: int = 16 << 20, heartbeat_s: float = 1.0,
-                 timeout_s: float = 15.0, methods: tuple[str, ...] | None = None,
+                 max_message_bytes: int = 16 << 20, max_peer_queue: int = 1024,
+                 heartbeat_s: float = 1.0, timeout_s: float = 15.0,
+                 session_idle_s: float | None = None,
+                 methods: tuple[str, ...] | None = None,
                  method_options: dict[str, dict[str, Any]] | None = None,
                  metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                  transport_options: dict[str, Any] | None = None) -> None:
+        if max_peer_queue < 1:
+            raise ValueError(f"max_peer_queue must be >= 1, got {max_peer_queue}")
         self.target = target
         self.bind = bind
         self.transport = transport
         self.link = link
         self.curve = curve
         self.timeout_s = timeout_s
+        self.session_idle_s = timeout_s if session_idle_s is None else session_idle_s
+        self.max_peer_queue = max_peer_queue
+        #: bytes one peer may have waiting each way (one message always fits)
+        self.max_peer_bytes = 4 * max_message_bytes
         self.limits = ServerLimits(max_message_bytes, max_sessions, max_draft, heartbeat_s,
                                    timeout_s)
         # the header bound admits the longest legal prompt: refused as too_large, a
@@ -101,20 +220,29 @@ class CloudNode:
         self.metrics_host = metrics_host
         self._transport_options = dict(transport_options or {})
         self._sched_opts: dict[str, Any] = {"max_batch": max_batch, "max_wait_s": max_wait_s,
-                            "max_queue": max_queue}
+                                            "max_queue": max_queue,
+                                            "max_batch_tokens": max_batch_tokens}
         self._listener: Listener | None = None
         self._scheduler: Scheduler | None = None
-        self._conns: dict[bytes, CloudConnection] = {}
-        self._last_seen: dict[bytes, float] = {}
+        self._peers: dict[bytes, _Peer] = {}
+        #: peers with messages to serve, in turn order
+        self._ready: deque[_Peer] = deque()
+        self._work = asyncio.Event()
+        #: session key -> when it last had a draft, a follow-up or a verdict
+        self._activity: dict[tuple[bytes, int], float] = {}
         self._tasks: list[asyncio.Task[Any]] = []
+        #: follow-ups in the worker thread
+        self._jobs: set[asyncio.Task[Any]] = set()
         self._metrics: Any = None
         self._closed = False
         self._started_at = 0.0
         self.counters: dict[str, Any] = {
             "sessions_opened": 0, "sessions_closed": 0, "sessions_timed_out": 0,
-            "sessions_failed": 0, "rounds": 0, "draft_tokens": 0, "accepted_tokens": 0,
-            "emitted_tokens": 0, "follow_ups": 0, "messages": 0, "errors_sent": 0,
-            "dropped": 0, "peers_dropped": 0, "internal_errors": 0, "errors_by_code": {},
+            "sessions_failed": 0, "sessions_idle_reaped": 0, "rounds": 0, "draft_tokens": 0,
+            "accepted_tokens": 0, "emitted_tokens": 0, "follow_ups": 0, "messages": 0,
+            "errors_sent": 0, "dropped": 0, "dropped_outbox": 0, "dropped_flood": 0,
+            "refused_flood": 0, "follow_ups_held": 0, "peers_dropped": 0, "internal_errors": 0,
+            "errors_by_code": {},
         }
 
     # -- lifecycle -------------------------------------------------------------
@@ -141,7 +269,8 @@ class CloudNode:
         self._scheduler = Scheduler(self.target, self._deliver, **self._sched_opts)
         self._scheduler.start()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._receive_loop(), name="xcosd-cloud-recv"),
+        self._tasks = [loop.create_task(self._intake_loop(), name="xcosd-cloud-recv"),
+                       loop.create_task(self._serve_loop(), name="xcosd-cloud-serve"),
                        loop.create_task(self._reap_loop(), name="xcosd-cloud-reaper")]
         if self.metrics_port is not None:
             from .metrics import MetricsServer
@@ -154,27 +283,48 @@ class CloudNode:
 
     async def close(self) -> None:
         """Stop serving: cancel the tasks, close the socket, stop the worker thread.
-        Idempotent."""
+        Idempotent. Returns within about :data:`CLOSE_TIMEOUT_S` under any traffic:
+        every wait is bounded, and a batch still computing by then is left to finish
+        in its thread (its results are discarded)."""
         if self._closed:
             return
         self._closed = True
-        for t in self._tasks:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_TIMEOUT_S
+
+        def left(floor: float = 0.0) -> float:
+            return max(floor, deadline - loop.time())
+
+        tasks = [*self._tasks, *self._jobs,
+                 *(p.sender for p in self._peers.values() if p.sender is not None)]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        if tasks:
+            await asyncio.wait(tasks, timeout=left(0.1))
         self._tasks = []
         if self._metrics is not None:
-            await self._metrics.close()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(left(0.1)):
+                    await self._metrics.close()
             self._metrics = None
-        for conn in list(self._conns.values()):
-            self._apply_events(conn.drop(CloseReason.SHUTDOWN))
-        self._conns.clear()
         if self._scheduler is not None:
-            await self._scheduler.close()
+            # no verdict is delivered after this; a batch computing is waited for
+            # (bounded) before the sessions it uses are ended below
+            await self._scheduler.stop(left())
+        for p in list(self._peers.values()):
+            p.busy, p.dropped = False, True
+            p.inbox.clear()
+            p.outbox.clear()
+            self._apply_events(p.conn.drop(CloseReason.SHUTDOWN))
+        self._peers.clear()
+        self._ready.clear()
+        self._activity.clear()
+        if self._scheduler is not None:
+            await self._scheduler.close(left(0.2))
         if self._listener is not None:
             with contextlib.suppress(Exception):
-                await self._listener.close()
+                async with asyncio.timeout(left(0.2)):
+                    await self._listener.close()
 
     async def __aenter__(self) -> CloudNode:
         return await self.start()
@@ -185,60 +335,195 @@ class CloudNode:
 
     # -- receiving ----------------------------------------------------------------
 
-    async def _receive_loop(self) -> None:
+    async def _intake_loop(self) -> None:
+        """Read the socket into the peers' queues; never hold the loop for long."""
         assert self._listener is not None
+        listener = self._listener
+        n = 0
         while True:
             try:
-                peer, frames = await self._listener.recv()
+                peer, frames = await listener.recv()
             except TransportError as e:
                 if e.code == "closed":
                     return
                 log.warning("receive failed: %s", e)
                 await asyncio.sleep(0.01)
                 continue
-            if frames is None:
-                await self._drop_peer(peer, CloseReason.DISCONNECTED)
-                continue
             try:
-                await self._handle(peer, frames)
+                self._take_in(peer, frames)
             except Exception:  # a bug must not take the cloud down
                 self.counters["internal_errors"] += 1
-                log.exception("handling a message from %s failed", bytes(peer).hex())
+                log.exception("taking in a message from %s failed", bytes(peer).hex())
+            n += 1
+            if n >= INTAKE_BURST:
+                # a ready socket answers recv at once: without this, a peer that
+                # sends faster than the cloud reads would hold the loop for good
+                n = 0
+                await asyncio.sleep(0)
 
-    async def _handle(self, peer: bytes, frames: list[bytes]) -> None:
-        self.counters["messages"] += 1
-        conn = self._conns.get(peer)
-        if conn is None:
-            conn = self._conns[peer] = CloudConnection(self.config, peer)
-        self._last_seen[peer] = time.monotonic()
+    def _take_in(self, peer: bytes, frames: list[bytes] | None) -> None:
+        now = time.monotonic()
+        p = self._peers.get(peer)
+        if p is None:
+            if frames is None:
+                return  # a peer we hold nothing for went away
+            p = self._peers[peer] = _Peer(peer, CloudConnection(self.config, peer), now)
+        p.last_seen = now
+        if frames is None:
+            p.inbox.append(None)  # after everything it sent; never dropped
+        else:
+            self.counters["messages"] += 1
+            n = message_bytes(frames)
+            if p.inbox and (len(p.inbox) >= self.max_peer_queue
+                            or p.inbox_bytes + n > self.max_peer_bytes):
+                self._overflow(p, frames)
+                return
+            p.inbox.append((frames, n))
+            p.inbox_bytes += n
+        self._mark_ready(p)
+
+    def _overflow(self, p: _Peer, frames: _Frames) -> None:
+        """A message past its peer's queue bound: a draft is refused ``busy`` (the
+        edge sends it again later), anything else is dropped unread."""
+        sr = _peek_draft(frames)
+        if sr is None:
+            self.counters["dropped_flood"] += 1
+            return
+        self.counters["refused_flood"] += 1
+        self._apply(p, p.conn.refuse("busy", f"{len(p.inbox)} messages from this peer are "
+                                     "waiting to be served; retry later", *sr))
+
+    def _mark_ready(self, p: _Peer) -> None:
+        if p.inbox and not p.ready and not p.busy and not p.held and not p.dropped:
+            p.ready = True
+            self._ready.append(p)
+            self._work.set()
+
+    async def _serve_loop(self) -> None:
+        """Serve the peers' queues round-robin, a bounded turn each."""
+        served = 0
+        while True:
+            if not self._ready:
+                served = 0
+                self._work.clear()
+                await self._work.wait()
+                continue
+            p = self._ready.popleft()
+            p.ready = False
+            turn = 0
+            while p.inbox and turn < PEER_TURN and not (p.busy or p.held or p.dropped):
+                item = p.inbox.popleft()
+                turn += 1
+                try:
+                    if item is None:
+                        self._drop_peer(p.id, CloseReason.DISCONNECTED)
+                        break
+                    frames, size = item
+                    p.inbox_bytes -= size
+                    self._handle(p, frames)
+                except Exception:  # a bug must not take the cloud down
+                    self.counters["internal_errors"] += 1
+                    log.exception("handling a message from %s failed", bytes(p.id).hex())
+            self._mark_ready(p)
+            served += turn
+            if served >= SERVE_BURST:
+                served = 0
+                await asyncio.sleep(0)
+
+    def _handle(self, p: _Peer, frames: _Frames) -> None:
+        conn = p.conn
         header: Any = None
         try:
             header, buffers = decode_message(frames, limits=self.frame_limits)
             msg: Message = from_wire(header, [bytes(b) for b in buffers])
         except ProtocolError as e:
-            await self._apply(conn, conn.refuse(e.code, e.message, session_of(header)))
+            self._apply(p, conn.refuse(e.code, e.message, session_of(header)))
             return
         assert self._scheduler is not None
         if isinstance(msg, DraftMsg) and self._scheduler.full():
             self._scheduler.stats.busy_refusals += 1
-            await self._apply(conn, conn.refuse(
+            if msg.s in conn.sessions:  # its edge is trying: the session is not idle
+                self._activity[(p.id, msg.s)] = time.monotonic()
+            self._apply(p, conn.refuse(
                 "busy", f"the cloud has {self._scheduler.queued} rounds queued; retry later",
                 msg.s, msg.r))
             return
-        await self._apply(conn, conn.receive(msg))
+        if isinstance(msg, RequestMsg):
+            # candidates or a residual over the whole vocabulary: off the loop, and
+            # nothing else of this peer runs until it is back (one thread at a time
+            # on its connection, its messages in order)
+            p.busy = True
+            task = asyncio.get_running_loop().create_task(self._follow_up(p, msg),
+                                                          name="xcosd-cloud-follow-up")
+            self._jobs.add(task)
+            task.add_done_callback(self._jobs.discard)
+            return
+        out = conn.receive(msg)
+        self._touch(p, msg, out)
+        self._apply(p, out)
+
+    async def _follow_up(self, p: _Peer, msg: RequestMsg) -> None:
+        assert self._scheduler is not None
+        took = 0.0
+        try:
+            out, packed, took = await self._scheduler.run(_receive_packed, p.conn, msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.counters["internal_errors"] += 1
+            log.exception("a follow-up from %s failed", bytes(p.id).hex())
+            out = p.conn.refuse("internal", f"the follow-up failed: {type(e).__name__}",
+                                msg.s, msg.r)
+            packed = [(m.TYPE, pack(m)) for m in out.send]
+        p.busy = False
+        if p.dropped:
+            return
+        self._touch(p, msg, out)
+        self._apply_events(out)
+        for kind, frames in packed:
+            self._queue_out(p, kind, frames)
+        deferred, p.deferred = p.deferred, []
+        for session, outcome in deferred:
+            self._apply(p, p.conn.scored(session, outcome))
+        if p.gone is not None:
+            self._drop_peer(p.id, p.gone)
+            return
+        if took > FOLLOW_UP_FREE_S:
+            # a fair share of the worker thread: this peer's next message waits (its
+            # verdicts do not); an honest edge's next draft is a round trip away anyway
+            self.counters["follow_ups_held"] += 1
+            p.held = True
+            try:
+                await asyncio.sleep(took * FOLLOW_UP_HOLD)
+            finally:
+                p.held = False
+        self._mark_ready(p)
+
+    def _touch(self, p: _Peer, msg: Message, out: Output[Any]) -> None:
+        """A draft or follow-up the session accepted: it is in use."""
+        if not isinstance(msg, (DraftMsg, RequestMsg)):
+            return
+        if msg.s in p.conn.sessions and not any(isinstance(e, Rejected) for e in out.events):
+            self._activity[(p.id, msg.s)] = time.monotonic()
 
     async def _deliver(self, session: CloudSession, outcome: RoundOutcome) -> None:
-        conn = session.conn
-        if self._conns.get(conn.peer) is not conn:
+        if self._closed:
             return
-        await self._apply(conn, conn.scored(session, outcome))
+        conn = session.conn
+        p = self._peers.get(conn.peer)
+        if p is None or p.conn is not conn:
+            return
+        if p.busy:  # its follow-up holds the connection: after it
+            p.deferred.append((session, outcome))
+            return
+        self._apply(p, conn.scored(session, outcome))
 
-    async def _apply(self, conn: CloudConnection, out: Output) -> None:
+    def _apply(self, p: _Peer, out: Output[Any]) -> None:
         self._apply_events(out)
         for m in out.send:
-            await self._send(conn, m)
+            self._queue_out(p, m.TYPE, pack(m))
 
-    def _apply_events(self, out: Output) -> None:
+    def _apply_events(self, out: Output[Any]) -> None:
         c = self.counters
         sched = self._scheduler
         for ev in out.events:
@@ -250,8 +535,11 @@ class CloudNode:
                 c["draft_tokens"] += ev.drafted
                 c["accepted_tokens"] += ev.accepted
                 c["emitted_tokens"] += ev.accepted + 1
+                if not ev.session.closed:
+                    self._activity[ev.session.key] = time.monotonic()
             elif isinstance(ev, SessionOpened):
                 c["sessions_opened"] += 1
+                self._activity[ev.session.key] = time.monotonic()
             elif isinstance(ev, SessionClosed):
                 c["sessions_closed"] += 1
                 if ev.reason in (CloseReason.TIMEOUT, CloseReason.DISCONNECTED):
@@ -259,6 +547,9 @@ class CloudNode:
                 elif ev.reason is CloseReason.ERROR:
                     c["sessions_failed"] += 1
                 c["follow_ups"] += ev.session.requests
+                key = ev.session.key
+                if ev.session.conn.sessions.get(key[1]) is None:
+                    self._activity.pop(key, None)
                 if sched is not None:
                     # its queued work, if any, is skipped when batches form (the
                     # protocol closed the session); its model state is freed
@@ -268,57 +559,138 @@ class CloudNode:
                 by[ev.code] = by.get(ev.code, 0) + 1
                 log.debug("refused a message (%s): %s", ev.code, ev.message)
 
-    async def _send(self, conn: CloudConnection, msg: Message) -> None:
-        if self._listener is None:
+    # -- sending ------------------------------------------------------------------
+
+    def _queue_out(self, p: _Peer, kind: str, frames: _Frames) -> None:
+        """Queue a reply to ``p``; its own task writes it. Past the bound: dropped."""
+        c = self.counters
+        if kind == "error":
+            c["errors_sent"] += 1
+        if p.dropped or self._closed or self._listener is None:
+            c["dropped"] += 1
             return
-        if msg.TYPE == "error":
-            self.counters["errors_sent"] += 1
+        n = message_bytes(frames)
+        if p.outbox and (len(p.outbox) >= self.max_peer_queue
+                         or p.outbox_bytes + n > self.max_peer_bytes):
+            c["dropped"] += 1
+            c["dropped_outbox"] += 1
+            return
+        p.outbox.append((frames, n))
+        p.outbox_bytes += n
+        if p.sender is None:
+            p.sender = asyncio.get_running_loop().create_task(self._sender(p),
+                                                              name="xcosd-cloud-send")
+
+    async def _sender(self, p: _Peer) -> None:
+        """Write ``p``'s replies in order; a peer that does not read waits here
+        alone, each reply for at most :data:`SEND_TIMEOUT_S`."""
+        assert self._listener is not None
+        listener = self._listener
+        sent = 0
         try:
-            async with asyncio.timeout(SEND_TIMEOUT_S):  # no task per send, unlike wait_for
-                await self._listener.send(conn.peer, pack(msg))
-        except (TransportError, TimeoutError) as e:
-            # the peer is gone or does not read: drop the message, count it
-            self.counters["dropped"] += 1
-            log.debug("dropped a %s to %s: %s", msg.TYPE, bytes(conn.peer).hex(), e)
-            if isinstance(e, TransportError) and e.code == "unreachable":
-                await self._drop_peer(conn.peer, CloseReason.DISCONNECTED)
+            while p.outbox and not p.dropped:
+                frames, n = p.outbox.popleft()
+                p.outbox_bytes -= n
+                try:
+                    async with asyncio.timeout(SEND_TIMEOUT_S):  # no task per send
+                        await listener.send(p.id, frames)
+                except (TransportError, TimeoutError) as e:
+                    # the peer is gone or does not read: drop the message, count it
+                    self.counters["dropped"] += 1
+                    log.debug("dropped a reply to %s: %s", bytes(p.id).hex(), e)
+                    if isinstance(e, TransportError) and e.code == "unreachable":
+                        self._drop_peer(p.id, CloseReason.DISCONNECTED)
+                        return
+                    if isinstance(e, TransportError) and e.code == "closed":
+                        return
+                except Exception:  # a bug must not take the cloud down
+                    self.counters["internal_errors"] += 1
+                    log.exception("sending to %s failed", bytes(p.id).hex())
+                sent += 1
+                if sent >= SEND_BURST:
+                    sent = 0
+                    await asyncio.sleep(0)
+        finally:
+            p.sender = None
 
     # -- liveness -------------------------------------------------------------------
 
-    async def _drop_peer(self, peer: bytes, reason: CloseReason) -> None:
-        conn = self._conns.pop(peer, None)
-        self._last_seen.pop(peer, None)
-        if conn is None:
-            return
+    def _drop_peer(self, peer: bytes, reason: CloseReason) -> bool:
+        """End ``peer``'s sessions and forget it (after its follow-up, if one is in
+        the worker thread); whether there was such a peer to drop."""
+        p = self._peers.get(peer)
+        if p is None or p.gone is not None:
+            return False
+        if p.busy:
+            p.gone = reason
+            return True
+        del self._peers[peer]
+        p.dropped = True
+        p.inbox.clear()
+        p.inbox_bytes = 0
+        p.outbox.clear()
+        p.outbox_bytes = 0
+        if p.sender is not None and p.sender is not asyncio.current_task():
+            p.sender.cancel()
+        conn = p.conn
         if conn.sessions:
             log.info("peer %s %s: freeing %d sessions", bytes(peer).hex(), reason,
                      len(conn.sessions))
         self.counters["peers_dropped"] += 1
         self._apply_events(conn.drop(reason))
+        return True
 
     async def reap(self, now: float | None = None) -> int:
-        """Drop every peer silent for more than ``timeout_s`` as of ``now`` (default:
-        ``time.monotonic()``) and free its sessions; return how many were dropped.
+        """As of ``now`` (default: ``time.monotonic()``), drop every peer silent for
+        more than ``timeout_s`` and free its sessions, and close every session with
+        no draft or follow-up for more than ``session_idle_s`` (unless its round is
+        being verified: the cloud owes it a verdict) even if its peer still pings.
+        Returns how many peers and sessions were reaped.
 
         The reaper task calls this periodically. It is public so a test can make a
         timeout happen at a moment it chooses (a ``now`` past the deadline, with a
         ``timeout_s`` the reaper itself never reaches) instead of sleeping through a
         short timeout and racing the reaper to observe the state before it.
         """
-        cutoff = (time.monotonic() if now is None else now) - self.timeout_s
-        silent = [p for p, t in self._last_seen.items() if t < cutoff]
-        for peer in silent:
-            await self._drop_peer(peer, CloseReason.TIMEOUT)
+        now = time.monotonic() if now is None else now
+        cutoff = now - self.timeout_s
+        silent = [p for p in self._peers.values() if p.last_seen < cutoff]
+        n = 0
+        for p in silent:
+            if not self._drop_peer(p.id, CloseReason.TIMEOUT):
+                continue
+            n += 1
             if self._listener is not None:
                 with contextlib.suppress(Exception):
-                    await self._listener.close_peer(peer)
-        return len(silent)
+                    async with asyncio.timeout(SEND_TIMEOUT_S):
+                        await self._listener.close_peer(p.id)
+        return n + self._reap_idle_sessions(now)
+
+    def _reap_idle_sessions(self, now: float) -> int:
+        cutoff = now - self.session_idle_s
+        n = 0
+        for key in [k for k, t in self._activity.items() if t < cutoff]:
+            p = self._peers.get(key[0])
+            sess = p.conn.sessions.get(key[1]) if p is not None else None
+            if p is None or sess is None:
+                self._activity.pop(key, None)
+                continue
+            if p.busy or sess.phase is CloudPhase.SCORING:
+                continue
+            self.counters["sessions_idle_reaped"] += 1
+            self._apply_events(p.conn.end(sess, CloseReason.TIMEOUT))
+            n += 1
+        return n
 
     async def _reap_loop(self) -> None:
-        period = max(0.05, min(1.0, self.timeout_s / 4))
+        period = max(0.05, min(1.0, min(self.timeout_s, self.session_idle_s) / 4))
         while True:
             await asyncio.sleep(period)
-            await self.reap()
+            try:
+                await self.reap()
+            except Exception:  # a bug must not stop the reaper
+                self.counters["internal_errors"] += 1
+                log.exception("reaping failed")
 
     # -- stats -----------------------------------------------------------------------
 
@@ -341,8 +713,10 @@ class CloudNode:
             "target": self.target.name,
             "uptime_s": time.perf_counter() - self._started_at if self._started_at else 0.0,
             "sessions_active": self.config.sessions,
-            "peers": len(self._conns),
+            "peers": len(self._peers),
             "queued": sched.queued if sched else 0,
+            "inbox": sum(len(p.inbox) for p in self._peers.values()),
+            "outbox": sum(len(p.outbox) for p in self._peers.values()),
             "acceptance_rate": accepted / drafted if drafted else 0.0,
             "mean_acceptance_length": 1 + accepted / c["rounds"] if c["rounds"] else 0.0,
             **c,

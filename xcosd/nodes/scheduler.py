@@ -1,15 +1,21 @@
 """The cloud's pipelined batching scheduler.
 
 Every session's "needs scoring" request (:class:`~xcosd.protocol.ScoreNeeded`)
-goes into one FIFO queue. The scheduler takes the oldest request, waits up to
-``max_wait_s`` for more (never past ``max_batch``), and runs the whole batch as
-**one** :meth:`LanguageModel.score` call plus each session's verification in a
-single worker thread, so the event loop keeps moving bytes for every other session
+goes into the queue of its **peer** (one sub-queue per connection). The scheduler
+waits for a request, then up to ``max_wait_s`` for more (never past ``max_batch``
+requests or ``max_batch_tokens`` rows), and runs the whole batch as **one**
+:meth:`LanguageModel.score` call plus each session's verification in a single
+worker thread, so the event loop keeps moving bytes for every other session
 while the target computes (network I/O and compute overlap; while batch *k*
 computes, batch *k + 1* fills up).
 
-* Fairness: strict FIFO by arrival; a session has at most one request queued (the
-  protocol allows one round in flight), so no session can crowd others out.
+* Fairness: a batch takes requests **round-robin across peers** (one per peer per
+  pass; the rotation carries over to the next batch), so a peer with many
+  sessions cannot fill every batch and push another peer's round behind its own;
+  within a peer, first come first served. ``max_batch_tokens`` bounds the rows
+  (draft tokens + 1) one batch scores, so the batch a small request waits behind
+  is bounded in cost however long other peers' drafts are; a single request
+  larger than the bound still runs, alone.
 * Backpressure: :meth:`Scheduler.full` tells the node to refuse new work with a
   ``busy`` error once ``max_queue`` requests wait.
 * Cancellation: a closed session's queued request (the protocol closed it) is
@@ -17,6 +23,10 @@ computes, batch *k + 1* fills up).
   session that closed while its batch ran is discarded by the
   state machine, and the model state is freed in the worker thread
   (:meth:`Scheduler.free`), never concurrently with a batch.
+* Other work for the worker thread (the node's expensive follow-up requests) goes
+  through :meth:`Scheduler.run`, between batches, never beside one.
+* Stopping is bounded: :meth:`Scheduler.close` waits at most ``timeout`` for a
+  batch still computing, then leaves the thread to finish it alone.
 """
 
 from __future__ import annotations
@@ -41,53 +51,79 @@ from ..sampling import warp_batch
 
 log = logging.getLogger(__name__)
 
+#: how long :meth:`Scheduler.close` waits, by default, for work still in the thread
+CLOSE_WAIT_S = 2.0
+
 
 def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[RoundOutcome]:
     """Bring each session's model context in step, score all of them in one call,
     warp all their rows in one call, verify each round. Runs in the worker thread (or
     inline in sans-I/O tests).
 
-    A failure of the whole batched call is retried per session, so one bad session
-    cannot fail its batch-mates.
+    Isolation: only a failure of the batched model call itself is retried, session
+    by session (the model call consumes no randomness). Verification runs exactly
+    once per session, after scoring: an exception there (``MemoryError``
+    included) fails that session alone, and its batch-mates draw their random
+    numbers once, as if it had not been in their batch.
     """
-    prepared: list[ScoreNeeded] = []
     out: dict[int, RoundOutcome] = {}
+    prepared: list[tuple[int, ScoreNeeded]] = []
     for i, req in enumerate(batch):
         try:
             _prepare(model, req)
-            prepared.append(req)
+            prepared.append((i, req))
         except Exception as e:  # the model refused this session's context
             out[i] = _failed(e)
-    index = {id(r): i for i, r in enumerate(batch)}
+    rows: dict[int, np.ndarray] = {}
     if prepared:
         try:
-            rows = model.score([(r.session.handle, r.new_ids) for r in prepared])
-            warped = _warp_all(prepared, rows)
-            for r, rr, p in zip(prepared, rows, warped, strict=True):
-                out[index[id(r)]] = r.session.verify_rows(rr, p)
+            got = model.score([(r.session.handle, r.new_ids) for _, r in prepared])
+            if len(got) != len(prepared):
+                raise ModelError(f"the model returned {len(got)} results for "
+                                 f"{len(prepared)} sessions")
+            rows = {i: rr for (i, _), rr in zip(prepared, got, strict=True)}
         except Exception:
             log.exception("batched score failed; retrying %d sessions one by one",
                           len(prepared))
-            for r in prepared:
+            rows = {}
+            for i, r in prepared:
                 try:
                     _rewind(model, r)
-                    rows1 = model.score([(r.session.handle, r.new_ids)])
-                    out[index[id(r)]] = r.session.verify_rows(rows1[0])
+                    rows[i] = model.score([(r.session.handle, r.new_ids)])[0]
                 except Exception as e:
-                    out[index[id(r)]] = _failed(e)
+                    out[i] = _failed(e)
+    scored = [(i, r) for i, r in prepared if i in rows]
+    warped = _warp_all([r for _, r in scored], [rows[i] for i, _ in scored])
+    for (i, r), p in zip(scored, warped, strict=True):
+        out[i] = _verify(r.session, rows[i], p)
     return [out[i] for i in range(len(batch))]
+
+
+def _verify(session: CloudSession, rows: np.ndarray, warped: np.ndarray | None
+            ) -> RoundOutcome:
+    """One session's verification; whatever it raises fails that session only."""
+    try:
+        return session.verify_rows(rows, warped)
+    except Exception as e:  # MemoryError, a method's bug: this session's problem
+        log.exception("verifying a round of session %s failed", session.s)
+        err = e if isinstance(e, XcosdError) else XcosdError(
+            f"verifying this round failed: {type(e).__name__}: {e}", code="internal")
+        return RoundOutcome(0, TokenReply(0), None, err)
 
 
 def _warp_all(prepared: Sequence[ScoreNeeded], rows: Sequence[np.ndarray]
               ) -> Sequence[np.ndarray | None]:
     """Every session's rows warped with its own sampling parameters, in one
     :func:`~xcosd.sampling.warp_batch` call for the whole batch. Rows one session's
-    verification would refuse anyway (wrong shape, no mass) make the call fail; then
-    each session warps its own rows and reports its own error."""
+    verification would refuse anyway (wrong shape, no mass) make the call fail, and
+    so may anything else (memory): then each session warps its own rows and reports
+    its own error."""
+    if not prepared:
+        return []
     try:
         return warp_batch([np.asarray(rr, dtype=np.float32) for rr in rows],
                           [r.session.params for r in prepared])
-    except (XcosdError, ValueError, IndexError):
+    except Exception:
         return [None] * len(prepared)
 
 
@@ -107,6 +143,12 @@ def _rewind(model: LanguageModel, req: ScoreNeeded) -> None:
 def _failed(e: BaseException) -> RoundOutcome:
     err = e if isinstance(e, XcosdError) else ModelError(f"target model failed: {e}")
     return RoundOutcome(0, TokenReply(0), None, err)
+
+
+def request_rows(req: ScoreNeeded) -> int:
+    """What a request costs a batch: the rows the target scores and the session
+    verifies (its drafted tokens plus one)."""
+    return len(req.new_ids) + 1
 
 
 @dataclass
@@ -151,25 +193,37 @@ Deliver = Callable[[CloudSession, RoundOutcome], Awaitable[None]]
 
 
 class Scheduler:
-    """One queue, one worker thread, batches of up to ``max_batch``."""
+    """Per-peer queues, one worker thread, batches of up to ``max_batch`` requests
+    and ``max_batch_tokens`` rows (``None``: no bound on rows)."""
 
     def __init__(self, model: LanguageModel, deliver: Deliver, *, max_batch: int = 32,
-                 max_wait_s: float = 0.002, max_queue: int = 1024) -> None:
+                 max_wait_s: float = 0.002, max_queue: int = 1024,
+                 max_batch_tokens: int | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         self.model = model
         self.deliver = deliver
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.max_queue = max_queue
+        self.max_batch_tokens = max_batch_tokens
         self.stats = BatchStats()
-        self._queue: deque[ScoreNeeded] = deque()
+        #: peer -> its requests, oldest first; a peer is here only while it has some
+        self._queues: dict[bytes, deque[ScoreNeeded]] = {}
+        #: peers with queued requests, in the order batches take from them
+        self._rr: deque[bytes] = deque()
+        self._queued = 0
+        self._queued_rows = 0
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-verify")
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
         self._closed = False
         self._to_free: list[CloudSession] = []
-        self._current: Future[Any] | None = None
+        #: work handed to the thread and not finished (batches, frees, node jobs)
+        self._jobs: set[Future[Any]] = set()
 
     # -- node side -------------------------------------------------------------
 
@@ -179,14 +233,21 @@ class Scheduler:
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return self._queued
 
     def full(self) -> bool:
-        return len(self._queue) >= self.max_queue
+        return self._queued >= self.max_queue
 
     def submit(self, req: ScoreNeeded) -> None:
         req.enqueued_at = time.perf_counter()
-        self._queue.append(req)
+        peer = req.session.conn.peer
+        q = self._queues.get(peer)
+        if q is None:
+            q = self._queues[peer] = deque()
+            self._rr.append(peer)
+        q.append(req)
+        self._queued += 1
+        self._queued_rows += request_rows(req)
         self._wake.set()
 
     def free(self, session: CloudSession) -> None:
@@ -196,6 +257,17 @@ class Scheduler:
         # creates it during the batch, and reading it now would miss (and leak) it.
         self._to_free.append(session)
         self._wake.set()
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` in the worker thread, after the work already handed to
+        it: never concurrently with a batch, so ``fn`` may touch what a batch
+        touches. The node's expensive follow-up requests come through here."""
+        if self._closed:
+            raise XcosdError("the scheduler is closed", code="internal")
+        fut = self._executor.submit(fn, *args)
+        self._jobs.add(fut)
+        fut.add_done_callback(self._jobs.discard)
+        return await asyncio.wrap_future(fut)
 
     def _free_pending(self) -> None:
         while self._to_free:
@@ -212,66 +284,142 @@ class Scheduler:
         self._free_pending()
         return score_batch(self.model, batch) if batch else []
 
-    async def close(self) -> None:
-        if self._closed:
+    async def stop(self, timeout: float = CLOSE_WAIT_S) -> None:
+        """Form no more batches; drop the queued requests (their sessions' model
+        state is freed by :meth:`close`); wait at most ``timeout`` seconds for the
+        task and for work still in the thread. Idempotent."""
+        if self._stopped:
             return
-        self._closed = True
+        self._stopped = True
+        self._wake.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # bounded: even a cancellation swallowed somewhere below cannot hang
+            # this (the loop also checks ``_stopped``)
+            await asyncio.wait({self._task}, timeout=max(0.0, deadline - loop.time()))
             self._task = None
-        for req in self._queue:
-            self.free(req.session)
-        self._queue.clear()
-        # wait for a batch that is still computing, so no thread outlives the node
-        if self._current is not None and not self._current.done():
-            with contextlib.suppress(Exception):
-                await asyncio.wrap_future(self._current)
-        await self._in_worker(self._free_pending)
-        self._executor.shutdown(wait=True)  # the worker is idle: this returns at once
+        for q in self._queues.values():
+            for req in q:
+                self.free(req.session)
+        self._queues.clear()
+        self._rr.clear()
+        self._queued = self._queued_rows = 0
+        await self._settle(deadline - loop.time())
 
-    async def _in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn`` in the worker thread; the future is kept so ``close`` can wait."""
-        self._current = self._executor.submit(fn, *args)
-        return await asyncio.wrap_future(self._current)
+    async def _settle(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` for the thread's work; whether it is idle."""
+        # a C-level copy: the worker thread discards finished futures from the set
+        busy = [f for f in tuple(self._jobs) if not f.done()]
+        if busy and timeout > 0:
+            await asyncio.wait([asyncio.wrap_future(f) for f in busy], timeout=timeout)
+        return all(f.done() for f in busy)
+
+    async def close(self, timeout: float = CLOSE_WAIT_S) -> None:
+        """Stop, free every finished session's model state in the worker, end the
+        thread. Returns within about ``timeout`` seconds: a batch still computing by
+        then is left to finish in its thread (whose results nobody takes), the
+        executor shut down without waiting for it."""
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        await self.stop(timeout)
+        self._closed = True
+        idle = await self._settle(deadline - loop.time())
+        if idle:
+            fut = self._executor.submit(self._free_pending)
+            self._jobs.add(fut)
+            idle = await self._settle(max(0.05, deadline - loop.time()))
+        # an idle worker exits at once, so waiting for it leaves no thread behind;
+        # a busy one is not waited for
+        self._executor.shutdown(wait=idle, cancel_futures=True)
 
     # -- the loop ------------------------------------------------------------------
 
+    def _budget_reached(self) -> bool:
+        return (self._queued >= self.max_batch
+                or (self.max_batch_tokens is not None
+                    and self._queued_rows >= self.max_batch_tokens))
+
+    def _oldest(self) -> float:
+        return min(q[0].enqueued_at for q in self._queues.values())
+
     async def _take(self) -> list[ScoreNeeded]:
-        while not self._queue:
-            if self._to_free:
+        while not self._queued:
+            if self._to_free or self._stopped:
                 return []
             self._wake.clear()
             await self._wake.wait()
-        if len(self._queue) < self.max_batch and self.max_wait_s > 0:
-            deadline = self._queue[0].enqueued_at + self.max_wait_s
-            while len(self._queue) < self.max_batch:
+        if not self._budget_reached() and self.max_wait_s > 0:
+            deadline = self._oldest() + self.max_wait_s
+            while not self._budget_reached() and not self._stopped:
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     break
                 self._wake.clear()
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow
+                # the cancellation that stops this task
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), left)
+                    async with asyncio.timeout(left):
+                        await self._wake.wait()
+        return self._form()
+
+    def _pop(self, peer: bytes, q: deque[ScoreNeeded]) -> ScoreNeeded:
+        """Take ``peer``'s oldest request and move ``peer`` to the back of the
+        rotation (or out of it, when that was its last)."""
+        req = q.popleft()
+        self._queued -= 1
+        self._queued_rows -= request_rows(req)
+        self._rr.popleft()
+        if q:
+            self._rr.append(peer)
+        else:
+            del self._queues[peer]
+        return req
+
+    def _form(self) -> list[ScoreNeeded]:
+        """A batch: one request per peer per pass, round-robin, until ``max_batch``
+        requests or the next request would take it past ``max_batch_tokens`` rows
+        (that peer then goes first in the next batch)."""
         batch: list[ScoreNeeded] = []
-        while self._queue and len(batch) < self.max_batch:
-            req = self._queue.popleft()
-            if req.session.closed:
+        rows = 0
+        cap = self.max_batch_tokens
+        while self._rr and len(batch) < self.max_batch:
+            peer = self._rr[0]
+            q = self._queues[peer]
+            head = q[0]
+            if head.session.closed:
+                self._pop(peer, q)
+                if peer in self._queues:  # a skipped request does not cost its peer its turn
+                    self._rr.rotate(1)
                 self.stats.cancelled += 1
                 continue
-            batch.append(req)
+            cost = request_rows(head)
+            if batch and cap is not None and rows + cost > cap:
+                break
+            batch.append(self._pop(peer, q))
+            rows += cost
         return batch
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopped:
             batch = await self._take()
+            if self._stopped:
+                return
             if not batch:
-                await self._in_worker(self._free_pending)
+                with contextlib.suppress(Exception):
+                    await self.run(self._free_pending)
                 continue
             now = time.perf_counter()
             waits = [now - r.enqueued_at for r in batch]
             t0 = time.perf_counter()
-            outcomes = await self._in_worker(self._job, batch)
+            try:
+                outcomes = await self.run(self._job, batch)
+            except Exception as e:  # a bug, or the thread is gone: fail these rounds,
+                log.exception("a batch of %d failed", len(batch))  # never hang them
+                outcomes = [_failed(e) for _ in batch]
             compute = time.perf_counter() - t0
             self.stats.record(len(batch), compute, waits)
             for req, outcome in zip(batch, outcomes, strict=True):
@@ -280,3 +428,4 @@ class Scheduler:
                     await self.deliver(req.session, outcome)
                 except Exception:
                     log.exception("delivering a verdict failed")
+
