@@ -217,3 +217,35 @@ def test_a_resumed_context_keeps_the_start_token(tmp_path: Path) -> None:
     _prepare(tm, req)
     got = tm.score([(req.session.handle, req.new_ids)])[0][0]
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+async def test_a_session_closed_as_idle_is_opened_again_alone() -> None:
+    """The cloud closes a session it thinks idle (its peer still pings): the edge's
+    next message gets ``no_session`` and that one session is opened again, on the
+    same connection (no reconnect, no other session touched); the output is the
+    one the target alone gives."""
+    import asyncio
+    import time
+
+    import xcosd
+
+    from .helpers.waits import HANG_S
+    from .session_pairs import greedy_decode
+
+    target, draft = pair()
+    want = greedy_decode(target, "ab", 40)
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", timeout_s=HANG_S,
+                               session_idle_s=1.0) as cloud:
+        reaps: list[asyncio.Future[int]] = []
+
+        def on_round(_obs: object) -> None:
+            if not cloud.stats()["sessions_idle_reaped"]:  # as of 5 s from now: idle
+                reaps.append(asyncio.ensure_future(cloud.reap(time.monotonic() + 5.0)))
+
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, timeout_s=HANG_S,
+                                  on_round=on_round) as edge:
+            res = await edge.generate("ab", max_new_tokens=40, temperature=0.0)
+            await asyncio.gather(*reaps)
+            assert res.token_ids == want
+            assert cloud.stats()["sessions_idle_reaped"] >= 1
+            assert res.stats.resumes >= 1 and edge.resumes == 0  # the session, not the link

@@ -174,7 +174,8 @@ class CloudNode:
     on every peer. ``curve``: a :class:`~xcosd.transport.CurveServer`. Batching:
     ``max_batch``, ``max_wait_s``, ``max_batch_tokens`` (rows one batch scores:
     what bounds the batch a small round waits behind). Limits: ``max_sessions``,
-    ``max_queue``, ``max_draft``, ``max_message_bytes``, ``max_peer_queue`` (messages
+    ``max_sessions_per_peer`` (default half of ``max_sessions``: no peer takes every
+    session), ``max_queue``, ``max_draft``, ``max_message_bytes``, ``max_peer_queue`` (messages
     of one peer waiting to be served, and replies waiting to be sent to it).
     Liveness: the edge pings every ``heartbeat_s``; a peer silent for ``timeout_s``
     loses its sessions, and a session without a draft or follow-up for
@@ -187,7 +188,7 @@ class CloudNode:
                  transport: str = "zmq", link: LinkSpec | None = None, curve: Any = None,
                  max_batch: int = 32, max_wait_s: float = 0.002,
                  max_batch_tokens: int | None = 256, max_sessions: int = 1024,
-                 max_queue: int = 4096, max_draft: int = 32,
+                 max_sessions_per_peer: int | None = None, max_queue: int = 4096, max_draft: int = 32,
                  max_message_bytes: int = 16 << 20, max_peer_queue: int = 1024,
                  heartbeat_s: float = 1.0, timeout_s: float = 15.0,
                  session_idle_s: float | None = None,
@@ -215,7 +216,8 @@ class CloudNode:
                                    max_header_bytes=MAX_HEADER_BYTES)
         self.server_id = secrets.token_hex(8)
         self.config = CloudConfig(target.vocab, target.tokenize, self.limits, self.server_id,
-                                  methods=methods, default_options=method_options)
+                                  methods=methods, default_options=method_options,
+                                  max_sessions_per_peer=max_sessions_per_peer)
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
         self._transport_options = dict(transport_options or {})
@@ -724,4 +726,7 @@ class CloudNode:
         }
         if self._listener is not None:
             out["bytes"] = self._listener.meter.to_dict()
+            transport = getattr(self._listener, "stats", None)  # TCP: refusals, reaping
+            if isinstance(transport, dict):
+                out["transport"] = dict(transport)
         return out

@@ -56,7 +56,6 @@ from ..protocol.errors import exception_for
 from ..protocol.messages import (
     Error,
     Message,
-    Open,
     Ping,
     Pong,
     VerdictMsg,
@@ -73,6 +72,9 @@ log = logging.getLogger(__name__)
 
 #: codes that mean "the cloud no longer has this connection's state": resume
 LOST_CODES = frozenset({"handshake", "no_session"})
+#: of those, the one that concerns one session only (the cloud closed it, e.g. as
+#: idle, but knows the connection): that session alone is opened again
+SESSION_LOST_CODES = frozenset({"no_session"})
 
 #: a prompt: text, or target token ids (the cloud's context is then exactly those ids)
 Prompt = str | Sequence[int] | np.ndarray
@@ -149,6 +151,10 @@ class _Lost:
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
+
+
+class _SessionLost(Exception):
+    """Raised inside a generation whose session the cloud no longer has."""
 
 
 class _ConnectionLost(Exception):
@@ -595,6 +601,9 @@ class EdgeNode:
                             await self._round(es, inbox, st, trace, watch.feed)
                     except _ConnectionLost as lost:
                         await self._resume(es, inbox, st, trace, lost.epoch, prompt_ids)
+                    except _SessionLost:  # the cloud closed this session (idle): re-open it
+                        st.resumes += 1
+                        await self._open(es, inbox, st, trace, prompt_ids)
         finally:
             self._inboxes.pop(s, None)
             if opened and self._connected and self._conn is not None:
@@ -665,6 +674,8 @@ class EdgeNode:
         msg, n = item
         st.count("down", msg.TYPE, n)
         trace.append(("down", n))
+        if isinstance(msg, Error) and msg.code in SESSION_LOST_CODES:
+            raise _SessionLost(msg.message)  # this session only: open it again
         if isinstance(msg, Error) and msg.code in LOST_CODES:
             # the cloud does not know this connection any more (it restarted)
             epoch = self._epoch
@@ -683,10 +694,13 @@ class EdgeNode:
 
     async def _open(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
                     trace: list[tuple[str, int]], prompt_ids: np.ndarray | None) -> None:
+        """Open (or re-open) ``es``: on a new connection or a lost session with a new
+        ``open``; after ``busy`` with the same one again (nothing was generated, so
+        a seeded generation stays the same)."""
         delay, since = self.busy_retry_s, time.monotonic()
+        msg: Message = es.open()
         while True:
             try:
-                msg: Open = es.open()
                 await self._send(msg, st, trace)
                 while True:
                     out = es.receive(await self._next(es, inbox, st, trace))
@@ -698,9 +712,14 @@ class EdgeNode:
                 await self._recover(lost.epoch)
                 while not inbox.empty():
                     inbox.get_nowait()
+                msg = es.open()
+                continue
+            except _SessionLost:
+                msg = es.open()
                 continue
             if any(isinstance(e, Retry) for e in out.events):
                 delay = await self._busy_pause(st, delay, since)
+                msg = es.resend()
                 continue
             return
 

@@ -758,5 +758,8 @@ class CloudConnection:
         elif isinstance(reply, HybridReply) and reply.other_token is not None:
             ids = [int(reply.other_token)]
         elif isinstance(reply, CandidatesReply):
-            ids = [int(i) for i in reply.ids]
+            # K may be 65,536 candidates: select the distinct V_O ones in numpy
+            c = np.asarray(reply.ids, dtype=np.int64)
+            ids = np.unique(c[space.to_common[c] < 0]).tolist()
+            return {i: self.config.piece(i) for i in ids}
         return {i: self.config.piece(i) for i in ids if space.to_common[i] < 0}

@@ -281,6 +281,12 @@ class LinkListener(Listener):
     def meter(self) -> Meter:  # type: ignore[override]
         return self.inner.meter
 
+    @property
+    def stats(self) -> dict[str, int] | None:
+        """The wrapped listener's own counters, if it keeps any (TCP does)."""
+        inner = getattr(self.inner, "stats", None)
+        return inner if isinstance(inner, dict) else None
+
     def framing_overhead(self, frames: Frames) -> int:
         """The wrapped transport's framing: the emulated link delays messages but
         puts nothing of its own on the wire (``LinkSpec.overhead`` is a model input)."""
