@@ -54,7 +54,11 @@ def check_contract(name: str, v: np.ndarray) -> None:
     else:
         assert bits(dec) == bits(com)
     assert bits(c.commit(com)) == bits(com)
-    assert c.decode(c.encode(com), v.shape[0]).tobytes() == bits(com)
+    again = c.decode(c.encode(com), v.shape[0])
+    if c.exact:  # exact in value: a sparse codec does not send a zero's sign
+        assert np.array_equal(again, com)
+    else:
+        assert again.tobytes() == bits(com)
     assert len(data) <= c.max_encoded_size(v.shape[0])
     assert c.encoded_size(v) == len(data)
     assert np.all(dec >= 0) and np.all(np.isfinite(dec))
@@ -261,3 +265,271 @@ def test_q8_commit_is_idempotent_when_the_grid_choice_would_change() -> None:
         c = get_codec(name)
         once = c.commit(v)
         assert once.tobytes() == c.commit(once).tobytes()
+
+
+# ------------------------------------------- fast paths: bits, adversarial rows
+
+
+def _hash(n: int, salt: int) -> np.ndarray:
+    """Deterministic pseudo-random uint32 per index (integer arithmetic only, so the
+    rows below are the same bits on every platform and numpy version)."""
+    h = np.arange(n, dtype=np.uint32) * np.uint32(0x9E3779B1) + np.uint32(salt)
+    h ^= h >> np.uint32(15)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return h
+
+
+def _floats(exponent: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """float32 with these biased exponent fields and hashed mantissas."""
+    bits = (exponent.astype(np.uint32) << np.uint32(23)) | (h >> np.uint32(9))
+    return bits.view(np.float32)
+
+
+def adversarial_rows(n: int = 262_144) -> dict[str, np.ndarray]:
+    """Rows that stress the codecs' fast paths (at the size the speed target is for)."""
+    h, g = _hash(n, 1), _hash(n, 2)
+    rows = {"dense": _floats(87 + (g % np.uint32(40)), h)}  # 2^-40 .. 2^-1, log-spread
+    den = (h >> np.uint32(10)).view(np.float32).copy()  # float32 subnormals ...
+    den[::4099] = _floats(np.full(den[::4099].size, 120), g[::4099])  # ... and a few normals
+    rows["denormal"] = den
+    rows["half-subnormal"] = _floats(101 + (g % np.uint32(13)), h)  # 2^-26 .. 2^-13
+    # a 4-gram row's shape: most entries share one backed-off value, a few hundred
+    # distinct others, some zeros
+    palette = _floats(100 + np.arange(300) % 20, _hash(300, 3))
+    ties = np.full(n, palette[0], dtype=np.float32)
+    pick = g % np.uint32(100) < 15
+    ties[pick] = palette[h[pick] % np.uint32(300)]
+    ties[g % np.uint32(997) == 0] = 0
+    rows["ties"] = ties
+    # four values mixed uniformly: ties at every rank, on an exact log grid
+    rows["four-values"] = np.array([2e-6, 1e-6, 5e-7, 2.5e-7], np.float32)[h % np.uint32(4)]
+    rows["all-equal"] = np.full(n, 1.0 / n, dtype=np.float32)
+    one = np.zeros(n, dtype=np.float32)
+    one[n // 3] = 1.0
+    rows["one-hot"] = one
+    rows["signed-zeros"] = np.where(g % np.uint32(7) == 0, _floats(np.full(n, 110), h),
+                                    np.float32(-0.0)).astype(np.float32)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def adversarial() -> dict[str, np.ndarray]:
+    return adversarial_rows()
+
+
+#: sha256 (first 16 hex digits) of each codec's bytes for each adversarial row, as the
+#: float64 / numpy-cast encoders wrote them before the fast paths: the fast encoders
+#: must write the same bytes (zstd's own output is not pinned: it is the library's)
+PINNED: dict[str, dict[str, str]] = {
+    "dense": {"f32": "91ecb34b4cb94364", "f16": "6431ff32f755d8d4", "bf16": "efeb0294a03b2a1a",
+              "q8": "50d5b0eb3979a37d", "q8:lin": "f12ea8a6d20c491a",
+              "q8:sqrt": "273f979cf37722ec", "sparse": "4efa7e7b1ff19a91",
+              "topk:50": "462550a2d5ea70ca"},
+    "denormal": {"f32": "d3f1845c1ab82aa3", "f16": "d5c63b9411d489fb",
+                 "bf16": "9f2fe840312fe55c", "q8": "c7dfaa80f2f70873",
+                 "q8:lin": "24a1b91790fdb4ff", "q8:sqrt": "da75acf11a350401",
+                 "sparse": "d17713050b5056d9", "topk:50": "ca416354c7eb7d78"},
+    "half-subnormal": {"f32": "ee14161ab5da005a", "f16": "3757aeecfe47eeb9",
+                       "bf16": "ef95496c5f66ae74", "q8": "ad853e2f3fec3af5",
+                       "q8:lin": "bec1201dbe808a48", "q8:sqrt": "10f206a134759549",
+                       "sparse": "065a2f0007b50b9e", "topk:50": "66640a16ec3eb1d9"},
+    "ties": {"f32": "8cfb0dbdd022fdfc", "f16": "b7119acff62c7aae", "bf16": "44b7a7396f6c9058",
+             "q8": "bfccbe0aa5f2b910", "q8:lin": "20a45bb03f7b5669",
+             "q8:sqrt": "d444cbded9624a6c", "sparse": "56fe3a2f82269225",
+             "topk:50": "0769481fcc2118d7"},
+    "four-values": {"f32": "a66c8142351633a5", "f16": "39c2ba5715863cbd",
+                    "bf16": "5edcf55e438bce4a", "q8": "c219d518e58d58f8",
+                    "q8:lin": "ed0b3e46d3914cc7", "q8:sqrt": "ccb15b60c71ecdd8",
+                    "sparse": "3ddb6921a15a1245", "topk:50": "3f5b05b0af9a4e69"},
+    "all-equal": {"f32": "b88091f3f33029b5", "f16": "5d13ba5d22458efb",
+                  "bf16": "df22f2424127bd7a", "q8": "44ae3f460fb9a45d",
+                  "q8:lin": "a25685da4792d620", "q8:sqrt": "a25685da4792d620",
+                  "sparse": "aaf680c411c9ec8a", "topk:50": "881f16527030f4b5"},
+    "one-hot": {"f32": "539b9850beff54b5", "f16": "32a97dde69fdbede",
+                "bf16": "0e683fd5a0a6b683", "q8": "617b7849fd6d1252",
+                "q8:lin": "0e16eb9ae512f4de", "q8:sqrt": "0e16eb9ae512f4de",
+                "sparse": "6ba0f0fea82e1570", "topk:50": "6ba0f0fea82e1570"},
+    "signed-zeros": {"f32": "9a0d5e3ee4f865f0", "f16": "5356daba8e92291d",
+                     "bf16": "effcbe6a83c4ea06", "q8": "c9a890d4ee572535",
+                     "q8:lin": "17733c35756ea765", "q8:sqrt": "e2913ddfa7392822",
+                     "sparse": "b7c2c67a7018d614", "topk:50": "226169a274847bd1"},
+}
+
+
+@pytest.mark.parametrize("row", sorted(PINNED))
+def test_encoded_bytes_are_pinned_on_adversarial_rows(row: str,
+                                                      adversarial: dict[str, np.ndarray]) -> None:
+    import hashlib
+
+    v = adversarial[row]
+    for name, digest in PINNED[row].items():
+        c = get_codec(name)
+        data = c.encode(v)
+        assert hashlib.sha256(data).hexdigest()[:16] == digest, name
+        zstd = get_codec(name + "+zstd")
+        assert zstd.decode(zstd.encode(v), v.size).tobytes() == c.decode(data, v.size).tobytes()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_contract_on_adversarial_rows(name: str, adversarial: dict[str, np.ndarray]) -> None:
+    for v in adversarial.values():
+        check_contract(name, v)
+
+
+def _f16_reference(v: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return v.astype("<f2").view("<u2")
+
+
+def _f16_edge_cases() -> np.ndarray:
+    f = np.float32
+    ulp = np.nextafter
+    edges = [0.0, 2.0 ** -149, 2.0 ** -126, 2.0 ** -26, 2.0 ** -25, 2.0 ** -24, 2.0 ** -15,
+             2.0 ** -14, 1.0, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 2.0 - 2.0 ** -12,
+             2.0 - 2.0 ** -11, 65504.0, 65519.0, 65520.0, 65536.0, 1e30,
+             float(np.finfo(np.float32).max)]
+    # every rounding boundary of the subnormal halves, and of the step into 2^-14:
+    # (j + 1/2) * 2^-24 rounds to even
+    edges += [(j + 0.5) * 2.0 ** -24 for j in range(1025)]
+    # normal halves: the halfway point of every mantissa step in a few binades
+    for e in (-14, -13, -1, 0, 10, 15):
+        edges += [(1 + (m + 0.5) / 1024) * 2.0 ** e for m in range(0, 1024, 7)]
+    x = np.array(edges, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        around = np.concatenate([x, ulp(x, f(np.inf)), ulp(x, f(0))])
+    return around[np.isfinite(around)]
+
+
+def test_f16_encoding_is_numpys_half_cast_bit_for_bit() -> None:
+    from xcosd.codecs.halves import f32_to_f16_bits
+
+    edge = _f16_edge_cases()
+    assert np.array_equal(f32_to_f16_bits(edge), _f16_reference(edge))
+    # random bit patterns over every finite non-negative float32, and each binade
+    # from 2^-30 to 2^16 with its low 13 bits at and around the rounding point
+    rng = np.random.default_rng(16)
+    bits = rng.integers(0, 0x7F800000, 1 << 20, dtype=np.uint32)
+    e = rng.integers(97, 144, 1 << 18, dtype=np.uint32)
+    low = rng.choice(np.array([0, 1, 0xFFF, 0x1000, 0x1001, 0x1FFF], np.uint32), e.size)
+    mid = rng.integers(0, 1 << 10, e.size, dtype=np.uint32) << np.uint32(13)
+    bits = np.concatenate((bits, (e << np.uint32(23)) | mid | low))
+    v = bits.view(np.float32)
+    assert np.array_equal(f32_to_f16_bits(v), _f16_reference(v))
+    # -0.0, the only signed value an encoder accepts, keeps its sign
+    z = np.array([-0.0, 0.5, -0.0, 2.0 ** -20], np.float32)
+    assert np.array_equal(f32_to_f16_bits(z), _f16_reference(z))
+
+
+def test_f16_decoding_is_numpys_half_cast_and_refuses_the_rest() -> None:
+    c = get_codec("f16")
+    h = np.arange(1 << 16, dtype=np.uint32).astype("<u2")
+    valid = (h < 0x7C00) | (h == 0x8000)  # finite non-negative halves and -0.0
+    ok = h[valid]
+    assert c.decode(ok.tobytes(), ok.size).tobytes() == ok.view("<f2").astype(np.float32).tobytes()
+    for bad in h[~valid][::97]:
+        with pytest.raises(CodecError):
+            c.decode(np.array([0, bad], "<u2").tobytes(), 2)
+
+
+def test_f16_encoding_on_adversarial_rows(adversarial: dict[str, np.ndarray]) -> None:
+    for name, v in adversarial.items():
+        assert get_codec("f16").encode(v) == _f16_reference(v).tobytes(), name
+
+
+@pytest.mark.parametrize("kind", ["log", "lin", "sqrt"])
+def test_q8_codes_are_the_float64_quantisers(kind: str, adversarial: dict[str, np.ndarray],
+                                            model_rows: list[tuple[str, np.ndarray]]) -> None:
+    """The float32 estimates with float64 fix-ups give the float64 formula's codes,
+    on every grid, for every entry."""
+    from xcosd.codecs.q8 import _LOG_STEPS, Q8
+
+    c = Q8(kind)
+    rows = [*adversarial.values(), *(p for _, p in model_rows)]
+    for v in rows:
+        scale = float(v.max())
+        for steps in (_LOG_STEPS if kind == "log" else (0,)):
+            levels = c._levels(scale, steps)
+            ref = c._codes_exact(v, scale, steps)
+            ref[levels[ref] == 0] = 0
+            assert np.array_equal(c._codes(v, scale, steps, levels, np.empty_like(v)), ref)
+
+
+def test_q8_grid_choice_is_the_float64_cost_models(
+        adversarial: dict[str, np.ndarray], model_rows: list[tuple[str, np.ndarray]]) -> None:
+    from xcosd.codecs.q8 import _choose_steps, _choose_steps_exact
+
+    rows = [*adversarial.values(), *(p for _, p in model_rows)]
+    rng = np.random.default_rng(3)
+    rows += [(rng.random(5000) ** e).astype(np.float32) for e in (1, 4, 16, 64, 256)]
+    for v in rows:
+        if v.max() > 0:
+            assert _choose_steps(v, float(v.max())) == _choose_steps_exact(v, float(v.max()))
+
+
+def test_q8_keeps_its_guarantees_on_adversarial_rows(adversarial: dict[str, np.ndarray]) -> None:
+    for name in ("q8", "q8:lin", "q8:sqrt"):
+        c = get_codec(name)
+        for row, v in adversarial.items():
+            data = c.encode(v)
+            codes = np.frombuffer(data, np.uint8, offset=5)
+            com = c.commit(v)
+            assert com.tobytes() == c.commit(com).tobytes(), (name, row)  # idempotent
+            assert np.all(com[v == 0] == 0) and np.all(codes[v == 0] == 0), (name, row)
+            top = v == v.max()
+            assert np.all(codes[top] == 255) and np.all(com[top] == v.max()), (name, row)
+
+
+def test_topk_keeps_the_largest_with_ties_to_lowest_index_on_adversarial_rows(
+        adversarial: dict[str, np.ndarray]) -> None:
+    for k in (1, 7, 50, 1000, 100_000):
+        c = get_codec(f"topk:{k}")
+        for row, v in adversarial.items():
+            nz = np.flatnonzero(v)
+            best = nz[np.lexsort((nz, -v[nz]))][:k]  # by value, then by index
+            assert np.array_equal(c.keep(v), np.sort(best)), (k, row)  # type: ignore[attr-defined]
+
+
+def test_sparse_decodes_dense_and_gappy_index_runs() -> None:
+    """Both ways of rebuilding indices from gaps (the prefix sum, and the mask built
+    from the few gaps other than 1) agree with the encoder on rows with zero runs at
+    the start, the end, and longer than a u8 gap."""
+    c = get_codec("sparse")
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        n = int(rng.integers(1, 5000)) if trial % 4 else 70_000
+        v = (rng.random(n) + 0.01).astype(np.float32)
+        for _ in range(int(rng.integers(0, 4))):
+            a = int(rng.integers(0, n))
+            v[a:a + int(rng.choice([1, 2, 255, 256, 300, 65_536]))] = 0
+        if trial % 3 == 0:
+            v[rng.random(n) < 0.5] = 0
+        if trial % 5 == 0:
+            v[0] = 0
+        assert np.array_equal(c.decode(c.encode(v), n), v)
+
+
+def test_zstd_level_is_3_for_small_payloads_and_1_for_large_ones() -> None:
+    """Levels are the sender's choice (any level decodes alike): ``+zstd`` keeps level
+    3's bytes under 128 KiB of inner payload and switches to level 1 above, where it
+    is faster for about the same size; ``+zstd:LEVEL`` is one level throughout."""
+    import zstandard
+
+    from xcosd.codecs.zstd import FAST_FROM
+
+    def z(level: int, raw: bytes) -> bytes:
+        return zstandard.ZstdCompressor(level=level, write_content_size=True,
+                                        write_checksum=False).compress(raw)
+
+    rng = np.random.default_rng(5)
+    for n in (1000, FAST_FROM // 4 - 1, FAST_FROM // 4, 262_144):
+        v = (rng.random(n) ** 8).astype(np.float32)
+        raw = get_codec("f32").encode(v)
+        assert get_codec("f32+zstd").encode(v) == z(3 if len(raw) < FAST_FROM else 1, raw)
+        assert get_codec("f32+zstd:3").encode(v) == z(3, raw)
+        assert get_codec("f32+zstd:1").encode(v) == z(1, raw)
+        for name in ("f32+zstd", "f32+zstd:3", "f32+zstd:1", "f32+zstd:19"):
+            assert np.array_equal(get_codec("f32+zstd").decode(get_codec(name).encode(v), n), v)
+    assert get_codec("q8+zstd:3").name == "q8+zstd:3" and get_codec("q8+zstd").name == "q8+zstd"
