@@ -1,6 +1,10 @@
 """Write ``docs/RESULTS.md`` and its plots (``docs/img/*.png``) from ``bench/out/*.json``.
 
-    .venv/bin/python -m xcosd.bench.results
+    .venv/bin/python -m xcosd.bench.results [--only soak]
+
+``--only soak`` rewrites just that section of the current RESULTS.md (from
+``bench/out/soak.json``), leaving the others as they are: a soak can be rerun on its
+own without rerunning every other bench.
 
 All three paths are relative to the working directory (the repository root, where
 ``make bench`` runs it): the JSON comes from :data:`~xcosd.bench.report.OUT_DIR`.
@@ -13,6 +17,7 @@ JSON files are reported as missing, not invented.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -182,6 +187,16 @@ def section_scaling(sc: Any) -> list[str]:
             f"({base['duration_s']:g} s measured after {base['warmup_s']:g} s warm-up per point).",
             "", table(shown, SCALING_HEADER, markdown=True), "", _img(path, "scaling"), "",
             " ".join(para), ""]
+
+
+def section_soak(rep: Any) -> list[str]:
+    """The soak's section (:func:`xcosd.bench.soak.section_lines`), its plot redrawn."""
+    from xcosd.bench import soak
+
+    if rep is None:
+        return soak.section_lines(None)
+    path = soak.plot(rep, IMG / "soak.png")
+    return soak.section_lines(rep, f"img/{path.name}")
 
 
 def _fastest(records: list[dict[str, Any]], rate: str, lossless_only: bool) -> dict[str, Any]:
@@ -384,7 +399,8 @@ def sizes_note(run: Any) -> list[str]:
             "method and codec), 3 prompts x 32 tokens at top-p 0.95 and top-k 50 (5 codecs: "
             "warping a 128k-256k row costs tens of ms), the real pair 1 prompt x 12 tokens "
             "(f32, T=1); the TV uses 2000 (1500 at top-p/top-k, 600 for the real pair) "
-            "one-draft rounds per context at 3 contexts (1 for the real pair). Small samples "
+            "one-draft rounds per context at 3 contexts (1 for the real pair); the soak runs "
+            "at its defaults (256 devices, 60 s). Small samples "
             "make acceptance rates noisy by a few percent; the commands above take larger "
             "sizes (`--prompts`, `--tokens`, `--tv-trials`, `--duration`).", ""]
 
@@ -409,8 +425,41 @@ def kept_section(heading: str) -> list[str]:
     return [*lines[start:end], ""]
 
 
-def main() -> int:
+def replace_section(text: str, heading: str, section: list[str], before: tuple[str, ...]) -> str:
+    """``text`` with the section whose heading starts with ``heading`` (up to the next
+    ``## `` heading) replaced by ``section``; without one, ``section`` goes before the
+    first heading that starts with one of ``before``, else at the end."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith(heading)), None)
+    if start is None:
+        at = next((i for i, ln in enumerate(lines) if ln.startswith(before)), len(lines))
+        end = at
+        start = at
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
+                   len(lines))
+    new = [*lines[:start], *section, *lines[end:]]
+    return "\n".join(new).rstrip() + "\n"
+
+
+#: what ``--only`` can rewrite: name -> (heading prefix, the section, the headings
+#: it goes before when the file has none yet)
+SECTIONS = {"soak": ("## Soak", lambda: section_soak(_load("soak.json")),
+                     ("## Methods", "## Framework overhead", "## Sizes used", MUTATION_HEADING))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="xcosd.bench.results", description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=sorted(SECTIONS), default=None,
+                    help="rewrite only this section of the current RESULTS.md")
+    args = ap.parse_args(argv)
     IMG.mkdir(parents=True, exist_ok=True)
+    if args.only is not None:
+        heading, make, before = SECTIONS[args.only]
+        text = DOC.read_text() if DOC.exists() else ""
+        DOC.write_text(replace_section(text, heading, make(), before))
+        print(f"wrote the {args.only} section of {DOC}")
+        return 0
     run = _load("run_all.json")
     load = _load("load.json")
     scaling = _load("load_scaling.json")
@@ -424,6 +473,7 @@ def main() -> int:
     doc += section_machine(run, rep_machine)
     doc += section_load(load)
     doc += section_scaling(scaling)
+    doc += section_soak(_load("soak.json"))
     doc += section_methods(methods)
     doc += section_transport(_load("transport.json"))
     doc += section_codecs(_load("codecs.json"))

@@ -54,6 +54,9 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
                                "--live", "none", "--json", f"{out}/methods_truncated.json",
                                "--no-progress"]),
     ]
+    # the soak at its defaults (256 devices for 60 s, faults throughout; about 2 minutes
+    # with the drain and the wait for the reaper)
+    s.append(("soak", [*XCOSD, "bench", "soak", "--json", f"{out}/soak.json", "--no-progress"]))
     if not skip_real:
         s.append(("methods-real", [*XCOSD, "bench", "methods", "--pairs", "real", "--methods",
                                    "ar,straightforward,xcosd,xcosd-e,target-resample",

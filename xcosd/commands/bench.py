@@ -3,7 +3,9 @@
 ``load`` runs many closed-loop edge devices against one cloud (or, with
 ``--scaling``, a sweep over device counts with batching on and off); ``methods``
 measures every resampling method and codec on real model rows. Both print a
-report, and write JSON (``--json``) and PNG plots (``--plots DIR``).
+report, and write JSON (``--json``) and PNG plots (``--plots DIR``). ``soak`` runs
+devices against one cloud for a while with faults injected throughout (device
+kills, cloud restarts, lost and duplicated messages) and checks every output.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .options import (
     existing_file,
     generation_config,
     method_list,
+    method_names,
     nonneg_float,
     nonneg_int,
     percentile_list,
@@ -35,19 +38,23 @@ from .options import (
     probe,
     rate_or_inf,
     split,
+    unit_interval,
 )
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="load test and method benchmarks",
-                       description="Benchmarks: `load` (devices against a cloud) and "
-                                   "`methods` (methods x codecs on real model rows).")
+                       description="Benchmarks: `load` (devices against a cloud), "
+                                   "`methods` (methods x codecs on real model rows) and "
+                                   "`soak` (devices against a cloud with faults, every "
+                                   "output checked).")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
     bsub.required = True
     _add_load(bsub)
     _add_load_merge(bsub)
     _add_methods(bsub)
     _add_scale(bsub)
+    _add_soak(bsub)
 
 
 def _add_outputs(p: Any, what: str) -> None:
@@ -416,6 +423,111 @@ def run_scale(args: argparse.Namespace) -> int:
     failed = any(p["errors"] for p in rep["points"]) or (
         k is not None and (k["tokens_lost"] or k["failed"]))
     return 1 if failed else 0
+
+# ------------------------------------------------------------------ soak
+
+
+def _add_soak(bsub: Any) -> None:
+    from ..bench.soak import PAIRS, SoakConfig
+
+    d = SoakConfig()
+    p = bsub.add_parser("soak", help="devices against one cloud for a while, with faults",
+                        description="N edge devices generate greedily against one cloud for "
+                                    "--duration seconds while devices are killed, the cloud "
+                                    "restarts and messages are lost and duplicated; every "
+                                    "output is compared with the target's own greedy decode. "
+                                    "Reports tokens/s, mismatches, errors, the sessions left "
+                                    "on the cloud and the process's memory over time; exit "
+                                    "status 1 if a check fails.")
+    p.add_argument("-n", "--devices", type=positive_int, default=d.devices,
+                   help="edge devices running at any time")
+    p.add_argument("--duration", type=positive_float, default=d.duration_s,
+                   help="seconds of faults and generations (then the running generations "
+                        "finish and the cloud must free every session)")
+    p.add_argument("--pair", choices=PAIRS, default=d.pair,
+                   help="models: bytes (two byte-level n-grams, cheap rows) or embedded (the "
+                        "default n-gram pair, 128k-200k-entry rows)")
+    p.add_argument("--method", default=d.method, choices=method_names(), metavar="METHOD",
+                   help="resampling method: %(choices)s")
+    p.add_argument("--codec", default=d.codec, type=codec_name, help="probability codec")
+    p.add_argument("--draft-len", type=nonneg_int, default=d.draft_len,
+                   help="tokens drafted per round")
+    p.add_argument("--max-new-tokens", type=positive_int, default=d.max_new_tokens,
+                   help="tokens per generation")
+    p.add_argument("--prompts", type=positive_int, default=d.prompts,
+                   help="distinct prompts (each one's greedy decode is computed once)")
+    p.add_argument("--loss", type=unit_interval, default=d.loss,
+                   help="probability that a message is lost, per message and direction")
+    p.add_argument("--duplicate", type=unit_interval, default=d.duplicate,
+                   help="probability that a message is duplicated, per message and direction")
+    p.add_argument("--kill-rate", type=nonneg_float, default=d.kill_rate,
+                   help="device kills per second, on average (each replaced by a new device)")
+    p.add_argument("--restarts", type=nonneg_int, default=d.restarts,
+                   help="cloud restarts, evenly spaced over the run")
+    p.add_argument("--heartbeat", type=positive_float, default=d.heartbeat_s,
+                   help="seconds between an edge's pings")
+    p.add_argument("--edge-timeout", type=positive_float, default=d.edge_timeout_s,
+                   help="seconds of cloud silence after which an edge reconnects")
+    p.add_argument("--cloud-timeout", type=positive_float, default=d.cloud_timeout_s,
+                   help="seconds of silence after which the cloud frees a peer's sessions")
+    p.add_argument("--resend-after", type=positive_float, default=d.resend_after_s,
+                   help="seconds before an edge asks again for a late answer")
+    p.add_argument("--generation-timeout", type=positive_float, default=d.generation_timeout_s,
+                   help="seconds one generation may take")
+    add_transport_arg(p)
+    p.add_argument("--seed", type=nonneg_int, default=d.seed,
+                   help="seed of the prompts, the kills and the links")
+    _add_outputs(p, "the report (default: bench/out/soak.json)")
+    p.set_defaults(func=run_soak, check=check_soak)
+
+
+def check_soak(args: argparse.Namespace) -> None:
+    if args.loss >= 1:
+        raise UsageError("--loss: expected a probability below 1 (every message lost "
+                         "leaves nothing to measure)")
+    try:
+        soak_config(args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def soak_config(args: argparse.Namespace) -> Any:
+    """The SoakConfig the options describe."""
+    from ..bench.soak import SoakConfig
+
+    return SoakConfig(
+        devices=args.devices, duration_s=args.duration, pair=args.pair, method=args.method,
+        codec=args.codec, draft_len=args.draft_len, max_new_tokens=args.max_new_tokens,
+        prompts=args.prompts, loss=args.loss, duplicate=args.duplicate,
+        kill_rate=args.kill_rate, restarts=args.restarts, heartbeat_s=args.heartbeat,
+        edge_timeout_s=args.edge_timeout, cloud_timeout_s=args.cloud_timeout,
+        resend_after_s=args.resend_after, generation_timeout_s=args.generation_timeout,
+        transport=args.transport, seed=args.seed)
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    import logging
+
+    from ..bench.soak import OUT_FILE, format_report, plot
+    from ..bench.soak import run_soak as run
+
+    nodes_log = logging.getLogger("xcosd.nodes")
+    level = nodes_log.level
+    if not (args.verbose or getattr(args, "verbose_sub", 0)):
+        # the faults are injected on purpose: every edge's "connection lost;
+        # reconnecting" at a restart is expected, and would bury the report
+        nodes_log.setLevel(logging.ERROR)
+    try:
+        rep = run(soak_config(args), progress=args.progress)
+    finally:
+        nodes_log.setLevel(level)
+    rep["command"] = "xcosd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "xcosd bench soak"
+    print(format_report(rep))
+    if args.plots:
+        plot(rep, Path(args.plots) / "soak.png")
+    _write_json(args.json or str(OUT_FILE), rep)
+    return 0 if rep["ok"] else 1
+
 
 def _write_json(path: str, obj: Any) -> None:
     p = Path(path)

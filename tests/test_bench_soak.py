@@ -1,0 +1,196 @@
+"""``xcosd bench soak``: a small soak through every fault, the report's fields, the CLI,
+and the pieces its verdicts rest on (the mismatch classes, the memory summary).
+
+The soak here is small (16 devices for 6 s, short timeouts so the reaper frees a
+killed device's session within the test) and asserts what must hold however slow
+the machine is: no token lost, repeated or wrong, no internal error, every
+generation completed or killed, no session left on the cloud. Throughput is
+measured by ``make bench``, never asserted here.
+
+Its link loses messages but does not duplicate them: a duplicated ``welcome``
+fails an edge's handshake (see the xfail test below), which would fail a
+generation that resumes after the restart now and then. The CLI run keeps the
+default duplicates and asserts only what that bug cannot break.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+import xcosd
+from xcosd.bench.results import replace_section
+from xcosd.bench.soak import (
+    MISMATCH_KINDS,
+    SCHEMA_VERSION,
+    SECTION_HEADING,
+    SoakConfig,
+    format_report,
+    memory_summary,
+    mismatch_kind,
+    section_lines,
+    soak,
+)
+from xcosd.cli import main
+from xcosd.models import SyntheticModel
+from xcosd.transport import LinkSpec
+
+#: top-level fields every soak report carries (docs/RESULTS.md and scripts read them)
+FIELDS = ("kind", "schema_version", "config", "pair", "window_s", "tokens_per_s",
+          "tokens_checked", "tokens_committed", "generations", "generation_s", "mismatches",
+          "mismatches_by_kind", "mismatch_examples", "kills", "replaced", "cloud_restarts",
+          "restart_at_s", "edge_errors", "device_start_errors", "cloud", "sessions_left",
+          "peers_left", "settle_s", "memory", "samples", "loop_lag_max_s", "cpu_cores_mean", "checks", "ok",
+          "machine")
+MEMORY_FIELDS = ("series_mb", "start_mb", "warm_at_s", "warm_mb", "end_mb", "peak_mb",
+                 "growth", "flat", "late_slope_mb_per_min")
+
+
+def check_schema(rep: dict) -> None:
+    missing = [k for k in FIELDS if k not in rep]
+    assert not missing, missing
+    assert rep["kind"] == "soak" and rep["schema_version"] == SCHEMA_VERSION
+    assert all(k in rep["memory"] for k in MEMORY_FIELDS)
+    assert rep["memory"]["series_mb"], "no RSS sample in the window"
+    assert set(rep["mismatches_by_kind"]) == set(MISMATCH_KINDS)
+    assert {"errors_by_code", "internal_errors", "instances"} <= set(rep["cloud"])
+    json.dumps(rep)  # JSON types only
+
+
+async def test_soak_survives_kills_a_restart_and_a_lossy_link() -> None:
+    cfg = SoakConfig(devices=16, duration_s=6.0, kill_rate=1.5, restarts=1, loss=0.02,
+                     duplicate=0.0, prompts=16, edge_timeout_s=2.0, cloud_timeout_s=2.0,
+                     resend_after_s=0.5, generation_timeout_s=30.0)
+    rep = await soak(cfg)  # the awaitable variant, inside the test's running loop
+    check_schema(rep)
+    report = format_report(rep)
+    g = rep["generations"]
+    assert rep["mismatches"] == 0, (report, rep["mismatch_examples"])
+    assert rep["cloud"]["internal_errors"] == 0, report
+    # every generation that started completed or was killed with its device
+    assert g["failed"] == 0 and g["unfinished"] == 0, (report, rep["edge_error_examples"])
+    assert g["started"] == g["completed"] + g["killed"], report
+    assert g["completed"] > 0 and rep["tokens_checked"] > 0
+    assert rep["kills"] >= 1 and g["killed"] == rep["kills"], report
+    assert rep["cloud_restarts"] == 1 and rep["restart_error"] is None
+    assert rep["cloud"]["instances"] == 2
+    assert rep["sessions_left"] == 0 and rep["peers_left"] == 0, report
+    assert rep["checks"]["no_mismatch"] and rep["checks"]["all_generations_accounted"]
+    # the results section renders from it, every check named
+    text = "\n".join(section_lines(rep, "img/soak.png"))
+    assert text.startswith(SECTION_HEADING) and "0 mismatches" in text
+
+
+def test_cli_soak_runs_and_writes_its_report(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "soak.json"
+    rc = main(["bench", "soak", "--devices", "8", "--duration", "3", "--edge-timeout", "2",
+               "--cloud-timeout", "2", "--resend-after", "0.5", "--json", str(out),
+               "--no-progress"])
+    rep = json.loads(out.read_text())
+    check_schema(rep)
+    assert rc == (0 if rep["ok"] else 1)
+    assert rep["config"]["devices"] == 8 and rep["config"]["duration_s"] == 3.0
+    assert rep["command"].startswith("xcosd ")
+    assert rep["mismatches"] == 0, rep["mismatch_examples"]
+    assert rep["cloud"]["internal_errors"] == 0
+    assert rep["sessions_left"] == 0
+    printed = capsys.readouterr().out
+    assert "tokens/s" in printed and "mismatches" in printed and "checks:" in printed
+
+
+@pytest.mark.parametrize("args", [["--devices", "0"], ["--loss", "1"], ["--duplicate", "2"],
+                                  ["--pair", "nope"], ["--method", "nope"]])
+def test_cli_soak_refuses_bad_options(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "soak", *args])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith("xcosd: error:")
+
+
+def test_config_checks_its_values() -> None:
+    for bad in ({"devices": 0}, {"duration_s": 0}, {"loss": 1.0}, {"pair": "x"},
+                {"method": "nope"}, {"transport": "memory"}, {"kill_rate": -1.0}):
+        with pytest.raises(ValueError):
+            SoakConfig(**bad)  # type: ignore[arg-type]
+    assert SoakConfig().link(0) is not None
+    assert SoakConfig(loss=0.0, duplicate=0.0).link(0) is None
+
+
+@pytest.mark.parametrize(("got", "kind"), [
+    ([1, 2, 3, 4], None),
+    ([1, 3, 4], "lost"),            # 2 is missing, the rest follows
+    ([1, 2, 2, 3, 4], "repeated"),  # 2 twice, the rest follows
+    ([1, 2, 2, 3], "repeated"),     # the same, cut at the length limit
+    ([1, 2, 3, 4, 5], "long"),      # the reference is a prefix of it
+    ([1, 2, 9, 4], "wrong"),
+    ([1, 2], "short"),
+])
+def test_mismatch_kinds(got: list[int], kind: str | None) -> None:
+    assert mismatch_kind(got, [1, 2, 3, 4]) == kind
+
+
+def test_memory_summary_compares_the_end_with_the_warm_sample() -> None:
+    def samples(mbs: list[float]) -> list[dict]:
+        s = [{"t": float(i), "phase": "running", "rss_mb": mb} for i, mb in enumerate(mbs)]
+        s[-1]["phase"] = "end"
+        return s
+
+    flat = memory_summary(samples([50, 100, 101, 104, 105]), 4.0, 0.25)
+    assert flat["warm_mb"] == 100 and flat["end_mb"] == 105 and flat["flat"]
+    assert flat["start_mb"] == 50 and flat["peak_mb"] == 105
+    grows = memory_summary(samples([50, 100, 110, 120, 130]), 4.0, 0.25)
+    assert grows["growth"] == pytest.approx(1.3) and not grows["flat"]
+    # 10 MiB a second over the second half: 600 MiB a minute; a level tail: 0
+    assert grows["late_slope_mb_per_min"] == pytest.approx(600)
+    level = memory_summary(samples([50, 90, 100, 100, 100]), 4.0, 0.25)
+    assert level["late_slope_mb_per_min"] == pytest.approx(0, abs=1e-9)
+
+
+def test_replace_section_rewrites_only_that_section() -> None:
+    doc = "# R\n\n## A\n\na\n\n## Soak: old\n\nold\n\n## B\n\nb\n"
+    new = replace_section(doc, "## Soak", ["## Soak: new", "", "new", ""], ("## B",))
+    assert new == "# R\n\n## A\n\na\n\n## Soak: new\n\nnew\n\n## B\n\nb\n"
+    added = replace_section("# R\n\n## A\n\na\n\n## B\n\nb\n", "## Soak",
+                            ["## Soak: x", "", "x", ""], ("## B",))
+    assert added == "# R\n\n## A\n\na\n\n## Soak: x\n\nx\n\n## B\n\nb\n"
+
+
+# ------------------------------------------------------- what the soak found
+
+
+@pytest.mark.xfail(reason="EdgeHandshake.receive raises ProtocolError('unexpected welcome') "
+                          "for a duplicated welcome that arrives while it waits for vmap_ok "
+                          "(xcosd/protocol/edge.py); EdgeNode does not retry a ProtocolError",
+                   strict=False)
+async def test_a_duplicated_welcome_does_not_fail_the_handshake() -> None:
+    target = SyntheticModel(64)
+    draft = SyntheticModel(target.vocab, skew=0.9, name="d")
+    # every message twice: a fresh cloud does not know the edge's V_C map, so the
+    # edge uploads it and waits for vmap_ok, and meets the second welcome first
+    async with xcosd.CloudNode(target, bind="tcp://127.0.0.1:0") as cloud:
+        edge = xcosd.EdgeNode(draft, cloud.endpoint, link=LinkSpec.of(duplicate=1.0),
+                              timeout_s=2.0, connect_timeout_s=5.0)
+        async with edge:
+            r = await edge.generate("ab", max_new_tokens=4, do_sample=False)
+    assert len(r.token_ids) == 4
+
+
+@pytest.mark.xfail(reason="LinkConnection seeds its RNG from LinkSpec.seed on every connection "
+                          "(xcosd/transport/link.py), so an edge that reconnects replays the "
+                          "same losses: one whose first message is lost never connects",
+                   strict=False)
+async def test_a_reconnect_does_not_replay_the_links_losses() -> None:
+    target = SyntheticModel(64)
+    draft = SyntheticModel(target.vocab, skew=0.9, name="d")
+    # a seed whose first draw loses the first message (the hello) of a connection
+    seed = next(s for s in range(10_000) if random.Random(s).random() < 0.01)
+    async with xcosd.CloudNode(target, bind="tcp://127.0.0.1:0") as cloud:
+        edge = xcosd.EdgeNode(draft, cloud.endpoint, link=LinkSpec.of(loss=0.01, seed=seed),
+                              timeout_s=0.5, connect_timeout_s=3.0)
+        async with edge:
+            r = await edge.generate("ab", max_new_tokens=4, do_sample=False)
+    assert len(r.token_ids) == 4
