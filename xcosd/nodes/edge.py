@@ -349,7 +349,12 @@ class EdgeNode:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("no answer to the handshake")
-            msg = await asyncio.wait_for(self._control.get(), left)
+            try:
+                async with asyncio.timeout(min(left, self.resend_after_s)):
+                    msg = await self._control.get()
+            except TimeoutError:
+                pending = hs.resend()  # a lost hello or upload: the same step again
+                continue
             if isinstance(msg, _Lost):
                 raise TransportError("connection lost during the handshake", code="closed")
             pending = hs.receive(msg).send

@@ -119,19 +119,33 @@ class EdgeHandshake:
         self.welcome: Welcome | None = None
         self.ready = False
         self._wait: str = "welcome"
+        #: what was sent last (sent again when its answer is late: see :meth:`resend`)
+        self._last: list[Message] = []
 
     def hello(self) -> Hello:
         self.ready, self._wait = False, "welcome"
         tfp = self.target_vocab.fingerprint if self.target_vocab is not None else None
         mfp = self.vmap.fingerprint if self.vmap is not None else None
-        return Hello(PROTOCOL_VERSION, self.node, tfp, mfp, self.target_vocab is None)
+        msg = Hello(PROTOCOL_VERSION, self.node, tfp, mfp, self.target_vocab is None)
+        self._last = [msg]
+        return msg
+
+    def resend(self) -> list[Message]:
+        """The last step's messages again, when their answer is late (a lost message):
+        every handshake step is idempotent at the cloud, and a duplicated answer is
+        dropped here."""
+        return [] if self.ready else list(self._last)
 
     def receive(self, msg: Message) -> HandshakeOutput:
         """Feed a cloud message; returns what to send next, with a
         :class:`HandshakeDone` event once sessions may open. Raises the typed error on
-        a refusal or a vocabulary mismatch."""
+        a refusal or a vocabulary mismatch. A repeated answer (the same cloud's
+        ``welcome``, ``vocab`` or ``vmap_ok`` again: a duplicated or resent message)
+        is dropped."""
         if isinstance(msg, Error):
             raise exception_for(msg.code, msg.message)
+        if self._repeated(msg):
+            return HandshakeOutput()
         if isinstance(msg, Welcome) and self._wait == "welcome":
             if msg.version != PROTOCOL_VERSION:
                 raise ProtocolError(f"the cloud speaks protocol {msg.version}, this edge "
@@ -161,6 +175,18 @@ class EdgeHandshake:
             return self._done()
         raise ProtocolError(f"unexpected {msg.TYPE!r} during the handshake", code="state")
 
+    def _repeated(self, msg: Message) -> bool:
+        w = self.welcome
+        if isinstance(msg, Welcome):
+            return self._wait != "welcome" and w is not None and msg.server_id == w.server_id
+        if isinstance(msg, VocabTable):
+            return (self._wait != "vocab" and self.target_vocab is not None
+                    and msg.fingerprint == self.target_vocab.fingerprint)
+        if isinstance(msg, VocabMapAccepted):
+            return (self._wait != "vmap_ok" and self.vmap is not None
+                    and msg.fingerprint == self.vmap.fingerprint)
+        return False
+
     def _after_vocab(self, map_known: bool) -> HandshakeOutput:
         assert self.target_vocab is not None
         if self.vmap is None or self.vmap.target.fingerprint != self.target_vocab.fingerprint:
@@ -170,6 +196,7 @@ class EdgeHandshake:
             return self._done()
         self._wait = "vmap_ok"
         up: VocabMapUpload = upload_for(self.vmap)
+        self._last = [up]
         return HandshakeOutput([up])
 
     def _done(self) -> HandshakeOutput:

@@ -191,12 +191,18 @@ class _Outbox:
             self._task = None
 
 
+#: numbers the connections of this process, so each gets its own random stream
+_CONNECTIONS = itertools.count()
+
+
 class LinkConnection(Connection):
     """An edge connection seen through an emulated link."""
 
     def __init__(self, inner: Connection, spec: LinkSpec) -> None:
         self.inner, self.spec = inner, spec
-        rng = random.Random(spec.seed)
+        # one stream per connection: a reconnect must not meet the same losses again
+        # (with one stream per seed, an edge whose hello is lost could never connect)
+        rng = random.Random(f"{spec.seed}/{next(_CONNECTIONS)}")
         self._out = _Outbox(DelayLine(spec.up, rng), inner.send)
         self._down = DelayLine(spec.down, rng)
         self._inbox: asyncio.Queue[tuple[float, list[bytes] | BaseException]] = asyncio.Queue()
