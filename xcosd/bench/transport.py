@@ -1,44 +1,73 @@
-"""Transport overhead: xcosd's framing over each transport against bare pyzmq.
+"""Transport overhead: xcosd's framing and rounds against bare pyzmq, in one run.
 
-    .venv/bin/python -m xcosd.bench.transport [--quick] [--uvloop]
+    .venv/bin/python -m xcosd.bench.transport [--quick] [--uvloop] [--repeat N]
+    .venv/bin/python -m xcosd.bench.transport --rounds [--quick] [--repeat N] [--profile]
 
-For each payload (a small draft-sized message and a 100 KB HR-sized one) and each
-transport (``zmq``, ``tcp``, ``memory``), one edge connection and the listener in
-the same event loop:
+**Transport** (the default): for each payload (a small draft-sized message and a
+100 KB HR-sized one) and each transport (``zmq``, ``tcp``, ``memory``), one edge
+connection and the listener in the same event loop:
 
 * ping-pong round trips (encode_message -> send -> listener recv ->
   decode_message -> reply -> recv -> decode): p50 / p99 microseconds;
 * pipelined echo with 64 messages in flight: messages per second;
 
 and the same for a bare ``zmq.asyncio`` DEALER/ROUTER echo of the same bytes
-(one frame, no header codec), reported as ratios (xcosd / bare). Prints and
-writes ``bench/out/transport.json``.
+(one frame, no header codec), reported as ratios (xcosd / bare). The machine this
+runs on is shared and a single pass swings by several times, so ``--repeat``
+passes alternate the stacks and every number is the median over the passes (each
+ratio the median of the per-pass ratios: numerator and denominator from the same
+minute). Prints and writes ``bench/out/transport.json``.
+
+**Rounds** (``--rounds``): what a whole round costs against what the socket
+library costs. In the same process and run, the bare pyzmq echo pipelines 32-byte
+messages with 64 in flight (messages/s), and ``xcosd bench load`` runs 64
+closed-loop devices (one device process, the cloud in this process) against a
+near-free target (:data:`NULL_TARGET`: 10 us + 1 us per row, sleeping) for each
+method and transport. Each load run is bracketed by two echo runs, and its ratio
+is its rounds/s over their mean: the bare echo is the yardstick of what this
+machine gives a Python process that minute. Medians over ``--repeat`` passes;
+writes ``bench/out/rounds.json``. ``--profile`` also profiles the cloud's
+process (cProfile) during the xcosd-e / zmq runs and prints where its time goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import io
 import json
 import platform
+import pstats
+import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import zmq
 import zmq.asyncio
 
-from xcosd.bench.report import OUT_DIR
+from xcosd.bench.report import OUT_DIR, machine
 from xcosd.transport import connect, listen
 from xcosd.wire.frames import decode_message, encode_message
 
 OUT = OUT_DIR / "transport.json"
+ROUNDS_OUT = OUT_DIR / "rounds.json"
 PAYLOADS = {"draft 32 B": 32, "hr 100 KB": 100_000}
 WINDOW = 64
+#: the near-free target of the rounds benchmark: a 256-id synthetic model costing
+#: 0.01 ms per call and 0.001 ms per row, so what is measured is the framework
+NULL_TARGET = "synthetic:256:0.01:0.001"
+#: the devices of the rounds benchmark
+DEVICES = 64
+METHODS = ("xcosd-e", "ar")
+TRANSPORTS = ("zmq", "tcp")
+STACKS = ("zmq", "tcp", "memory")
 
 
 def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(xs) * 1e6, q))
+    return float(np.percentile(np.asarray(xs) * 1e6, q)) if xs else 0.0
 
 
 async def bench_xcosd(kind: str, size: int, n_rtt: int, n_pipe: int) -> dict[str, float]:
@@ -79,6 +108,8 @@ async def bench_xcosd(kind: str, size: int, n_rtt: int, n_pipe: int) -> dict[str
 
 
 async def bench_bare_zmq(size: int, n_rtt: int, n_pipe: int) -> dict[str, float]:
+    """The yardstick: a ``zmq.asyncio`` ROUTER echoing what one DEALER sends, one
+    awaited call per message, both in this event loop."""
     ctx = zmq.asyncio.Context()
     router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
     router.bind("tcp://127.0.0.1:0")
@@ -114,28 +145,39 @@ async def bench_bare_zmq(size: int, n_rtt: int, n_pipe: int) -> dict[str, float]
     return {"p50_us": _pct(rtts, 50), "p99_us": _pct(rtts, 99), "msgs_per_s": rate}
 
 
-async def run_all(quick: bool) -> dict[str, Any]:
+def _median_row(passes: Sequence[dict[str, float]]) -> dict[str, float]:
+    return {k: float(statistics.median(p[k] for p in passes)) for k in passes[0]}
+
+
+async def run_all(quick: bool, repeat: int = 1) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for label, size in PAYLOADS.items():
         n_rtt = (300 if quick else 2000) if size < 1000 else (50 if quick else 300)
         n_pipe = n_rtt * 2
-        bare = await bench_bare_zmq(size, n_rtt, n_pipe)
-        rows: dict[str, Any] = {"bare pyzmq": bare}
-        for kind in ("zmq", "tcp", "memory"):
-            r = await bench_xcosd(kind, size, n_rtt, n_pipe)
-            r["p50_vs_bare"] = r["p50_us"] / bare["p50_us"]
-            r["p99_vs_bare"] = r["p99_us"] / bare["p99_us"]
-            r["msgs_per_s_vs_bare"] = r["msgs_per_s"] / bare["msgs_per_s"]
-            rows[f"xcosd {kind}"] = r
-        out[label] = {"round_trips": n_rtt, "pipelined": n_pipe, "results": rows}
+        passes: dict[str, list[dict[str, float]]] = {"bare pyzmq": []}
+        passes.update({f"xcosd {k}": [] for k in STACKS})
+        for _ in range(max(1, repeat)):
+            bare = await bench_bare_zmq(size, n_rtt, n_pipe)
+            passes["bare pyzmq"].append(bare)
+            for kind in STACKS:
+                r = await bench_xcosd(kind, size, n_rtt, n_pipe)
+                r["p50_vs_bare"] = r["p50_us"] / bare["p50_us"]
+                r["p99_vs_bare"] = r["p99_us"] / bare["p99_us"]
+                r["msgs_per_s_vs_bare"] = r["msgs_per_s"] / bare["msgs_per_s"]
+                passes[f"xcosd {kind}"].append(r)
+        rows = {name: _median_row(ps) for name, ps in passes.items()}
+        out[label] = {"round_trips": n_rtt, "pipelined": n_pipe, "repeats": max(1, repeat),
+                      "results": rows}
     return out
 
 
 def format_tables(res: dict[str, Any]) -> str:
     lines = []
     for label, block in res["payloads"].items():
+        reps = block.get("repeats", 1)
         lines.append(f"\n{label}  ({block['round_trips']} round trips, {block['pipelined']} "
-                     f"pipelined with {WINDOW} in flight; loop {res['loop']})")
+                     f"pipelined with {WINDOW} in flight; loop {res['loop']}; median of "
+                     f"{reps} pass{'es' if reps != 1 else ''})")
         lines.append(f"{'transport':<14}{'p50 us':>9}{'p99 us':>9}{'msgs/s':>10}"
                      f"{'p50 x':>8}{'p99 x':>8}{'rate x':>8}")
         for name, r in block["results"].items():
@@ -146,21 +188,126 @@ def format_tables(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------ rounds
+
+
+async def bare_echo_rate(n: int, size: int = 32) -> float:
+    """Messages/s of the bare pyzmq echo with :data:`WINDOW` in flight."""
+    return (await bench_bare_zmq(size, 0, n))["msgs_per_s"]
+
+
+async def load_rounds(method: str, transport: str, duration_s: float, warmup_s: float,
+                      profile: cProfile.Profile | None = None) -> dict[str, Any]:
+    """One ``xcosd bench load`` run of :data:`DEVICES` closed-loop devices against
+    :data:`NULL_TARGET`; its rounds/s and what the cloud saw."""
+    from xcosd.bench.load import LoadConfig, run_load
+    from xcosd.config import GenerationConfig
+
+    cfg = LoadConfig(devices=DEVICES, target=NULL_TARGET,
+                     generation=GenerationConfig(method=method), duration_s=duration_s,
+                     warmup_s=warmup_s, transport=transport)
+    if profile is not None:
+        profile.enable()
+    try:
+        rep = await run_load(cfg, progress=False)
+    finally:
+        if profile is not None:
+            profile.disable()
+    return {"rounds_per_s": float(rep["rounds_per_s"]), "tokens_per_s": float(rep["tokens_per_s"]),
+            "round_p50_ms": float(rep["round_latency_ms"]["p50"]),
+            "mean_batch_size": rep.get("mean_batch_size"), "errors": int(rep["errors_total"])}
+
+
+async def run_rounds(quick: bool, repeat: int, methods: Sequence[str] = METHODS,
+                     transports: Sequence[str] = TRANSPORTS,
+                     profile: cProfile.Profile | None = None) -> dict[str, Any]:
+    """The rounds benchmark (see the module docstring); ``profile`` records the
+    cloud's process during the xcosd-e / zmq runs."""
+    n_echo = 4000 if quick else 10000
+    duration, warmup = (2.0, 1.0) if quick else (4.0, 1.5)
+    await bare_echo_rate(n_echo // 4)  # warm the context and the loop
+    configs = [(m, t) for t in transports for m in methods]
+    passes: dict[str, list[dict[str, Any]]] = {f"{m} {t}": [] for m, t in configs}
+    for _ in range(max(1, repeat)):
+        for m, t in configs:
+            before = await bare_echo_rate(n_echo)
+            prof = profile if (m, t) == ("xcosd-e", "zmq") else None
+            r = await load_rounds(m, t, duration, warmup, prof)
+            after = await bare_echo_rate(n_echo)
+            r["echo_msgs_per_s"] = (before + after) / 2
+            r["ratio"] = r["rounds_per_s"] / r["echo_msgs_per_s"]
+            passes[f"{m} {t}"].append(r)
+    results = {}
+    for name, ps in passes.items():
+        results[name] = {
+            "rounds_per_s": statistics.median(p["rounds_per_s"] for p in ps),
+            "echo_msgs_per_s": statistics.median(p["echo_msgs_per_s"] for p in ps),
+            "ratio": statistics.median(p["ratio"] for p in ps),
+            "passes": ps}
+    return {"kind": "rounds", "devices": DEVICES, "target": NULL_TARGET, "window": WINDOW,
+            "duration_s": duration, "warmup_s": warmup, "repeats": max(1, repeat),
+            "results": results}
+
+
+def format_rounds(res: dict[str, Any]) -> str:
+    lines = [f"\n{res['devices']} closed-loop devices, target {res['target']}, against the bare "
+             f"pyzmq echo ({res['window']} in flight); median of {res['repeats']} pass(es)",
+             f"{'method / transport':<20}{'rounds/s':>10}{'echo msgs/s':>13}{'ratio':>8}"
+             f"{'  per pass'}"]
+    for name, r in res["results"].items():
+        per = " ".join(f"{p['ratio']:.2f}" for p in r["passes"])
+        lines.append(f"{name:<20}{r['rounds_per_s']:>10,.0f}{r['echo_msgs_per_s']:>13,.0f}"
+                     f"{r['ratio']:>8.2f}  {per}")
+    return "\n".join(lines)
+
+
+def profile_text(prof: cProfile.Profile, top: int = 30) -> str:
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer round trips")
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer messages, shorter runs")
     ap.add_argument("--uvloop", action="store_true", help="run under uvloop")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="passes, medians reported (default: 3, 1 with --quick)")
+    ap.add_argument("--rounds", action="store_true",
+                    help="rounds/s of 64 devices against the bare echo, not the transport")
+    ap.add_argument("--profile", action="store_true",
+                    help="with --rounds: profile the cloud during the xcosd-e / zmq runs")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help=f"with --rounds: methods (default {','.join(METHODS)})")
+    ap.add_argument("--transports", default=",".join(TRANSPORTS),
+                    help=f"with --rounds: transports (default {','.join(TRANSPORTS)})")
     args = ap.parse_args(argv)
+    repeat = args.repeat if args.repeat is not None else (1 if args.quick else 3)
+    runner: Any = asyncio.run
     if args.uvloop:
         import uvloop
 
-        payloads = uvloop.run(run_all(args.quick))
-    else:
-        payloads = asyncio.run(run_all(args.quick))
-    res = {"loop": "uvloop" if args.uvloop else "asyncio", "machine": platform.platform(),
-           "payloads": payloads}
-    print(format_tables(res))
+        runner = uvloop.run
+    loop_name = "uvloop" if args.uvloop else "asyncio"
     OUT.parent.mkdir(parents=True, exist_ok=True)
+    if args.rounds:
+        prof = cProfile.Profile() if args.profile else None
+        res = runner(run_rounds(args.quick, repeat, args.methods.split(","),
+                                args.transports.split(","), profile=prof))
+        res.update(loop=loop_name, machine=machine())
+        print(format_rounds(res))
+        out = ROUNDS_OUT.with_name("rounds_uvloop.json") if args.uvloop else ROUNDS_OUT
+        if prof is not None:
+            text = profile_text(prof)
+            print("\nthe cloud's process during the xcosd-e / zmq runs (cProfile, tottime):\n")
+            print(text)
+            res["profile"] = text
+        out.write_text(json.dumps(res, indent=2))
+        print(f"\nwrote {out}")
+        return 0
+    payloads = runner(run_all(args.quick, repeat))
+    res = {"loop": loop_name, "machine": platform.platform(), "payloads": payloads}
+    print(format_tables(res))
     out = OUT.with_name("transport_uvloop.json") if args.uvloop else OUT
     out.write_text(json.dumps(res, indent=2))
     print(f"\nwrote {out}")

@@ -14,9 +14,10 @@ traffic). It never calls ``asyncio.run``.
 The receive path is built so that no peer can take the event loop or another
 peer's turn:
 
-* **Intake** reads the socket into one bounded queue per peer and lets the loop
-  run other tasks every :data:`INTAKE_BURST` messages (a ready socket answers
-  ``recv`` without ever yielding, so a flood would otherwise hold the loop). A
+* **Intake** takes every message the socket has ready in one call (up to
+  :data:`INTAKE_BURST`: one wake-up per burst, not per message) into one bounded
+  queue per peer, and lets the loop run other tasks after a full burst (a ready
+  socket answers without ever yielding, so a flood would otherwise hold it). A
   message past its peer's bound (``max_peer_queue`` messages or
   ``4 * max_message_bytes`` bytes) is dropped unread and counted
   (``dropped_flood``), or, for a draft, refused ``busy`` (``refused_flood``),
@@ -27,7 +28,9 @@ peer's turn:
   message) runs in the scheduler's worker thread; its peer's other messages wait
   until it is done, so each connection's state is only ever touched by one thread
   and in arrival order (verdicts for that peer wait too).
-* **Replies** go through one bounded outgoing queue per peer, written by that
+* **Replies** go to the socket at once when the peer's queue there has room and
+  nothing of it waits before them (no task, no turn of the loop: the common case).
+  Otherwise they go through one bounded outgoing queue per peer, written by that
   peer's own task with a :data:`SEND_TIMEOUT_S` deadline per message: a peer that
   does not read delays only its own replies; past the bound they are dropped and
   counted (``dropped``, ``dropped_outbox``).
@@ -89,8 +92,9 @@ log = logging.getLogger(__name__)
 
 #: a reply a peer does not take within this long is dropped (and counted)
 SEND_TIMEOUT_S = 1.0
-#: messages the intake reads before it lets the loop run other tasks
-INTAKE_BURST = 4
+#: messages the intake reads in one go (all that are ready, up to this many) before
+#: it lets the loop run other tasks
+INTAKE_BURST = 64
 #: messages of one peer served per turn before the next peer's
 PEER_TURN = 8
 #: messages served before the serving task lets the loop run other tasks
@@ -341,26 +345,24 @@ class CloudNode:
         """Read the socket into the peers' queues; never hold the loop for long."""
         assert self._listener is not None
         listener = self._listener
-        n = 0
         while True:
             try:
-                peer, frames = await listener.recv()
+                got = await listener.recv_many(INTAKE_BURST)
             except TransportError as e:
                 if e.code == "closed":
                     return
                 log.warning("receive failed: %s", e)
                 await asyncio.sleep(0.01)
                 continue
-            try:
-                self._take_in(peer, frames)
-            except Exception:  # a bug must not take the cloud down
-                self.counters["internal_errors"] += 1
-                log.exception("taking in a message from %s failed", bytes(peer).hex())
-            n += 1
-            if n >= INTAKE_BURST:
-                # a ready socket answers recv at once: without this, a peer that
-                # sends faster than the cloud reads would hold the loop for good
-                n = 0
+            for peer, frames in got:
+                try:
+                    self._take_in(peer, frames)
+                except Exception:  # a bug must not take the cloud down
+                    self.counters["internal_errors"] += 1
+                    log.exception("taking in a message from %s failed", bytes(peer).hex())
+            if len(got) >= INTAKE_BURST:
+                # a ready socket answers at once: without this, a peer that sends
+                # faster than the cloud reads would hold the loop for good
                 await asyncio.sleep(0)
 
     def _take_in(self, peer: bytes, frames: list[bytes] | None) -> None:
@@ -577,11 +579,27 @@ class CloudNode:
             c["dropped"] += 1
             c["dropped_outbox"] += 1
             return
+        if p.sender is None and not p.outbox and self._send_now(p, frames):
+            return
         p.outbox.append((frames, n))
         p.outbox_bytes += n
         if p.sender is None:
             p.sender = asyncio.get_running_loop().create_task(self._sender(p),
                                                               name="xcosd-cloud-send")
+
+    def _send_now(self, p: _Peer, frames: _Frames) -> bool:
+        """Hand a reply to the socket at once when that needs no waiting (the peer's
+        queue has room): no task, no turn of the loop. Anything else (a full queue,
+        an error) is left to the peer's sender, which waits, times out and reports."""
+        assert self._listener is not None
+        try:
+            return self._listener.send_nowait(p.id, frames)
+        except TransportError:
+            return False
+        except Exception:  # a bug must not take the cloud down
+            self.counters["internal_errors"] += 1
+            log.exception("sending to %s failed", bytes(p.id).hex())
+            return False
 
     async def _sender(self, p: _Peer) -> None:
         """Write ``p``'s replies in order; a peer that does not read waits here

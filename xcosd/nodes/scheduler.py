@@ -25,6 +25,20 @@ computes, batch *k + 1* fills up).
   (:meth:`Scheduler.free`), never concurrently with a batch.
 * Other work for the worker thread (the node's expensive follow-up requests) goes
   through :meth:`Scheduler.run`, between batches, never beside one.
+* Cheap batches run on the event loop: handing a batch to the thread costs two
+  hand-offs of the interpreter lock, and while the loop is busy each can wait a
+  whole switch interval (5 ms), far more than a batch of a near-free model costs.
+  A batch runs inline only when the thread is idle (so never beside its work)
+  and the model has been measured cheap: first in the thread (its CPU time there,
+  and its wall time, both small), then on the loop, where every batch is timed. A
+  batch goes inline when the median of what the last :data:`INLINE_WINDOW` batches
+  there predict for it (a batch costs at least what a smaller one cost, and
+  proportionally more rows cost proportionally more) is at most ``inline_max_s``.
+  The median, because a busy machine preempts the odd batch; when even the median
+  is over, batches go back to the thread and the loop is not tried again for a
+  while (doubling, up to a minute), so a real model, whose batches take
+  milliseconds, keeps the loop free for the network. Freeing finished sessions'
+  model state follows the same rule.
 * Stopping is bounded: :meth:`Scheduler.close` waits at most ``timeout`` for a
   batch still computing, then leaves the thread to finish it alone.
 """
@@ -53,6 +67,20 @@ log = logging.getLogger(__name__)
 
 #: how long :meth:`Scheduler.close` waits, by default, for work still in the thread
 CLOSE_WAIT_S = 2.0
+#: a batch expected to take at most this long runs on the event loop (the module
+#: docstring says when): about what the node spends serving one burst of messages
+INLINE_MAX_S = 0.002
+#: a batch that took the worker thread longer than this (wall time, lock waits
+#: included) does not make the model a candidate for the loop
+INLINE_PROBE_WALL_S = 0.02
+#: batches on the loop whose times predict the next one's
+INLINE_WINDOW = 8
+#: after the loop's batches took too long, batches stay in the thread this long at
+#: first, doubling on each further miss up to INLINE_BACKOFF_MAX_S; the pause is
+#: back to its first value after INLINE_RESET batches on the loop in a row
+INLINE_BACKOFF_S = 1.0
+INLINE_BACKOFF_MAX_S = 60.0
+INLINE_RESET = 256
 
 
 def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[RoundOutcome]:
@@ -198,7 +226,8 @@ class Scheduler:
 
     def __init__(self, model: LanguageModel, deliver: Deliver, *, max_batch: int = 32,
                  max_wait_s: float = 0.002, max_queue: int = 1024,
-                 max_batch_tokens: int | None = None) -> None:
+                 max_batch_tokens: int | None = None,
+                 inline_max_s: float = INLINE_MAX_S) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_batch_tokens is not None and max_batch_tokens < 1:
@@ -209,7 +238,18 @@ class Scheduler:
         self.max_wait_s = max_wait_s
         self.max_queue = max_queue
         self.max_batch_tokens = max_batch_tokens
+        #: 0 keeps every batch in the worker thread
+        self.inline_max_s = inline_max_s
         self.stats = BatchStats()
+        #: (seconds, rows) of the last batches on the loop
+        self._inline_times: deque[tuple[float, int]] = deque(maxlen=INLINE_WINDOW)
+        #: the last batch in the thread looked cheap (see the module docstring)
+        self._thread_cheap = False
+        #: no batch on the loop before this (perf_counter), the next pause, and the
+        #: batches on the loop since the last pause
+        self._inline_after = 0.0
+        self._inline_backoff = INLINE_BACKOFF_S
+        self._inline_run = 0
         #: peer -> its requests, oldest first; a peer is here only while it has some
         self._queues: dict[bytes, deque[ScoreNeeded]] = {}
         #: peers with queued requests, in the order batches take from them
@@ -283,6 +323,50 @@ class Scheduler:
     def _job(self, batch: list[ScoreNeeded]) -> list[RoundOutcome]:
         self._free_pending()
         return score_batch(self.model, batch) if batch else []
+
+    def _timed_job(self, batch: list[ScoreNeeded]) -> list[RoundOutcome]:
+        """:meth:`_job` in the worker thread, noting whether the model looked cheap
+        there: little CPU time of this thread and little wall time."""
+        w0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return self._job(batch)
+        finally:
+            cpu, wall = time.thread_time() - c0, time.perf_counter() - w0
+            self._thread_cheap = cpu <= self.inline_max_s and wall <= INLINE_PROBE_WALL_S
+
+    def _predict(self, rows: int) -> float:
+        """What a batch of ``rows`` rows should take on the loop: the median of what
+        the recent batches there say (at least what each took, scaled up by rows)."""
+        guesses = sorted(t * max(1.0, rows / max(1, n)) for t, n in self._inline_times)
+        return guesses[len(guesses) // 2]
+
+    def _inline(self, rows: int) -> bool:
+        """Whether the next batch, of ``rows`` rows (0: only freeing), runs on the
+        event loop."""
+        if self.inline_max_s <= 0 or self._jobs:  # never beside the thread's work
+            return False
+        if time.perf_counter() < self._inline_after:
+            return False
+        if not self._inline_times:
+            return self._thread_cheap
+        return self._predict(rows) <= self.inline_max_s
+
+    def _run_inline(self, batch: list[ScoreNeeded], rows: int) -> list[RoundOutcome]:
+        t0 = time.perf_counter()
+        try:
+            return self._job(batch)
+        finally:
+            if batch:
+                self._inline_times.append((time.perf_counter() - t0, rows))
+                self._inline_run += 1
+                if self._predict(rows) > self.inline_max_s:  # back to the thread, a while
+                    self._inline_times.clear()
+                    self._thread_cheap = False
+                    self._inline_after = time.perf_counter() + self._inline_backoff
+                    self._inline_backoff = min(INLINE_BACKOFF_MAX_S, 2 * self._inline_backoff)
+                    self._inline_run = 0
+                elif self._inline_run >= INLINE_RESET:
+                    self._inline_backoff = INLINE_BACKOFF_S
 
     async def stop(self, timeout: float = CLOSE_WAIT_S) -> None:
         """Form no more batches; drop the queued requests (their sessions' model
@@ -410,13 +494,21 @@ class Scheduler:
                 return
             if not batch:
                 with contextlib.suppress(Exception):
-                    await self.run(self._free_pending)
+                    if self._inline(0):
+                        self._run_inline(batch, 0)
+                    else:
+                        await self.run(self._free_pending)
                 continue
             now = time.perf_counter()
             waits = [now - r.enqueued_at for r in batch]
             t0 = time.perf_counter()
+            rows = sum(request_rows(r) for r in batch)
             try:
-                outcomes = await self.run(self._job, batch)
+                if self._inline(rows):
+                    outcomes = self._run_inline(batch, rows)
+                    await asyncio.sleep(0)  # a deep queue must not hold the loop
+                else:
+                    outcomes = await self.run(self._timed_job, batch)
             except Exception as e:  # a bug, or the thread is gone: fail these rounds,
                 log.exception("a batch of %d failed", len(batch))  # never hang them
                 outcomes = [_failed(e) for _ in batch]

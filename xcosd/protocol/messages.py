@@ -53,6 +53,7 @@ from ..methods.base import (
 from .fields import (
     MAX_IDS,
     MAX_NAME,
+    SMALL,
     TOKEN_MAX,
     Buf,
     Buffers,
@@ -114,7 +115,7 @@ class Message:
 
     def to_wire(self) -> tuple[Header, Buffers]:
         """``(header, buffers)``: ``"t"``, then the fields in table order."""
-        h: Header = {"t": self.TYPE, **encode_fields(self, self.FIELDS)}
+        h = encode_fields(self, self.FIELDS, {"t": self.TYPE})
         bufs = encode_buffers(self, self.BUFFERS)
         bufs.extend(self._extra_to_wire(h))
         return h, bufs
@@ -517,9 +518,11 @@ class DraftMsg(SessionMessage):
                          kw: dict[str, Any]) -> dict[str, Any]:
         mk = "mk" in h and bool(h["mk"])
         ids = bytes_to_ids(buffers[0], t, "draft ids", max_n=MAX_DRAFT)
-        q = bytes_to_f32(buffers[1], t, "q values", ids.shape[0])
+        d = ids.shape[0]
+        q = bytes_to_f32(buffers[1], t, "q values", d)
         check_probs(q, t, "q values")
-        if ids.shape[0] and not float(q.min()) > 0.0:
+        # (checked finite above; a draft's few values are cheaper to compare in Python)
+        if d and not (min(q.tolist()) if d <= SMALL else float(q.min())) > 0.0:
             raise ProtocolError(f"{t}: a drafted token has q(x) = 0", code=ErrorCode.BAD_VECTOR)
         mask = None
         if mk:

@@ -81,6 +81,19 @@ class Listener(ABC):
     async def recv(self) -> tuple[bytes, list[bytes] | None]:
         """``(peer, frames)``, or ``(peer, None)`` when ``peer`` disconnected."""
 
+    async def recv_many(self, max_n: int) -> list[tuple[bytes, list[bytes] | None]]:
+        """What :meth:`recv` returns, for every message already waiting, up to
+        ``max_n`` (at least one: it waits for the first). A transport that can take
+        what is ready without waiting answers many in one call, so a busy reader pays
+        one wake-up per burst instead of one per message; by default, one."""
+        return [await self.recv()]
+
+    def send_nowait(self, peer: bytes, frames: Frames) -> bool:
+        """Send to ``peer`` at once if that needs no waiting: ``True`` when sent;
+        ``False`` when nothing was sent, and :meth:`send` must do it. Raises as
+        :meth:`send` does. By default nothing is sent this way."""
+        return False
+
     @abstractmethod
     async def close(self) -> None:
         """Unbind, drop every peer, release sockets and tasks; idempotent."""

@@ -16,15 +16,28 @@ Why these socket options:
 
 Sends use ``copy=False``; pyzmq copies frames under ``copy_threshold`` anyway
 (zero-copy has a fixed cost), so big probability vectors go out without a copy.
-Buffers handed to ``send`` must not be changed afterwards. Sockets use
-``zmq.asyncio`` in the caller's loop (asyncio or uvloop).
+Buffers handed to ``send`` must not be changed afterwards.
+
+Why plain sockets under the caller's loop (asyncio or uvloop) and not
+``zmq.asyncio``: a ``zmq.asyncio`` call costs a Future, flag-enum arithmetic and
+an event-loop turn per message even when the socket is ready, which is most of
+the cost of a small message. Here every send and receive is first tried without
+blocking (``NOBLOCK``) and only waits, on the socket's file descriptor, when the
+socket would block (:class:`Readiness`); a listener hands over every message
+that is ready in one call (:meth:`ZmqListener.recv_many`) and sends without a
+task when the peer's queue has room (:meth:`ZmqListener.send_nowait`), the way
+vLLM's engine core drains its sockets.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -84,8 +97,180 @@ def _as_zmq(frames: Frames) -> list[Buffer]:
     return list(frames)
 
 
+# Plain ints, not pyzmq's flag enums (whose arithmetic costs microseconds a call),
+# and the Cython socket's own send / recv / get: pyzmq's Python layer above them
+# type-checks every frame and adds a Python call per frame, several times the cost
+# of the send itself for a small message.
+_POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_RCVMORE = int(zmq.RCVMORE)
+_send = zmq.backend.Socket.send
+_recv = zmq.backend.Socket.recv
+_get = zmq.backend.Socket.get
+
+
+def _send_parts(sock: zmq.Socket[Any], parts: Sequence[Buffer]) -> None:
+    """One multipart message, without blocking (``zmq.Again`` when the queue is
+    full: then nothing was sent, ZeroMQ refuses a message at its first frame).
+    ``copy=False``: the socket's ``copy_threshold`` decides per frame."""
+    last = len(parts) - 1
+    for i, part in enumerate(parts):
+        _send(sock, part, _NOBLOCK if i == last else _MORE_NOBLOCK, False)
+
+
+def _recv_parts(sock: zmq.Socket[Any]) -> list[bytes]:
+    """One multipart message, without blocking (``zmq.Again`` when none is ready)."""
+    parts = [_recv(sock, _NOBLOCK)]
+    while _get(sock, _RCVMORE):
+        parts.append(_recv(sock, _NOBLOCK))
+    return parts
+#: the longest pause between two tries of a send that would block
+SEND_RETRY_MAX_S = 0.05
+
+
+def _socket(ctx: zmq.Context[Any], kind: int) -> zmq.Socket[Any]:
+    """A plain (blocking-API) socket in ``ctx``, which may be a ``zmq.asyncio``
+    context (a CURVE listener's, whose ZAP handler runs on the loop)."""
+    return cast("zmq.Socket[Any]", ctx.socket(kind, socket_class=zmq.Socket))
+
+
+def _events(sock: zmq.Socket[Any]) -> int:
+    return cast(int, _get(sock, _EVENTS))
+
+
+class Readiness:
+    """Wakes the tasks waiting for a ZeroMQ socket to become readable or writable.
+
+    A ZeroMQ socket's file descriptor signals *edges*: it becomes readable when the
+    socket's state may have changed, and any operation on the socket may consume
+    that signal while leaving it readable or writable. So a waiter checks
+    ``ZMQ_EVENTS`` before it sleeps, the loop's reader callback checks it for every
+    waiter, and whoever operates on the socket calls :meth:`poke` afterwards: the
+    edge its operation swallowed may be the one a waiter sleeps on. Waiters are few
+    (a receiving task, a sender whose peer's queue is full), so nothing here costs a
+    message that never has to wait.
+    """
+
+    def __init__(self, sock: zmq.Socket[Any]) -> None:
+        self._sock = sock
+        self._fd = cast(int, sock.getsockopt(zmq.FD))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    def _watch(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._unwatch()
+            loop.add_reader(self._fd, self._check)
+            self._loop = loop
+        return loop
+
+    def _unwatch(self) -> None:
+        old, self._loop = self._loop, None
+        if old is not None and not old.is_closed():
+            old.remove_reader(self._fd)
+
+    async def wait(self, mask: int) -> None:
+        """Return once the socket is ready for ``mask`` (``POLLIN``/``POLLOUT``), or
+        :meth:`close` was called."""
+        loop = self._watch()
+        if _events(self._sock) & mask:
+            return
+        fut: asyncio.Future[None] = loop.create_future()
+        item = (mask, fut)
+        self._waiters.append(item)
+        try:
+            await fut
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(item)
+
+    def poke(self) -> None:
+        """Wake the waiters the socket is now ready for (call after an operation)."""
+        if self._waiters:
+            self._check()
+
+    def _check(self) -> None:
+        try:
+            events = _events(self._sock)
+        except zmq.ZMQError:  # closed under us: wake everyone, they see why
+            events = _POLLIN | _POLLOUT
+        for mask, fut in self._waiters:
+            if events & mask and not fut.done():
+                fut.set_result(None)
+
+    def close(self) -> None:
+        """Stop watching the descriptor (before the socket closes) and wake every
+        waiter."""
+        self._unwatch()
+        for _, fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+
+async def _send_when_ready(ready: Readiness, try_send: Callable[[], bool]) -> None:
+    """Try ``try_send`` each time the socket is writable, backing off between tries
+    that fail although it is: a ROUTER is writable while *any* peer's queue has
+    room, so its writability alone cannot say when one full peer's has drained."""
+    delay = 0.0005
+    while True:
+        await ready.wait(_POLLOUT)
+        if try_send():
+            return
+        await asyncio.sleep(delay)
+        delay = min(SEND_RETRY_MAX_S, delay * 2)
+
+
+class _Flusher:
+    """One per event loop: the connections with messages queued this turn of the
+    loop, handed to ZeroMQ together at the start of the next turn.
+
+    Why: every message handed to an idle ZeroMQ I/O thread wakes it, and on a busy
+    machine the woken thread takes the CPU from the one that woke it. Many devices
+    in one process (a load generator, a gateway) each send one message a round; sent
+    as they come, each pays that wake-up, sent together, the I/O thread wakes once
+    and finds them all."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._pending: list[ZmqConnection] = []
+
+    def add(self, conn: ZmqConnection) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(conn)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for conn in pending:
+            conn._flush()
+
+
+_flushers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Flusher] = \
+    weakref.WeakKeyDictionary()
+
+
+def _flusher() -> _Flusher:
+    loop = asyncio.get_running_loop()
+    f = _flushers.get(loop)
+    if f is None:
+        f = _flushers[loop] = _Flusher(loop)
+    return f
+
+
 class ZmqConnection(Connection):
-    """A DEALER connected to one cloud ROUTER."""
+    """A DEALER connected to one cloud ROUTER.
+
+    :meth:`send` queues the message and returns; the connections of one event loop
+    hand what they queued to ZeroMQ together, once per turn of the loop (see
+    :class:`_Flusher`), in order. A message ZeroMQ cannot take yet (its queue to the
+    cloud is full) waits in this connection's queue, and :meth:`send` waits while
+    ``hwm`` messages do. :meth:`close` hands over what is queued first, as a send
+    that had gone straight to ZeroMQ would have been.
+    """
 
     def __init__(self, endpoint: str, *, hwm: int = 1000, heartbeat_ivl: float = 1.0,
                  heartbeat_timeout: float = 5.0, limits: Limits = DEFAULT_LIMITS,
@@ -95,7 +280,7 @@ class ZmqConnection(Connection):
         self.endpoint = endpoint
         self.meter = meter if meter is not None else Meter()
         self.curve = curve is not None
-        self._sock = (context or shared_context()).socket(zmq.DEALER)
+        self._sock = _socket(context or shared_context(), zmq.DEALER)
         try:
             _common_options(self._sock, hwm, heartbeat_ivl, heartbeat_timeout, limits)
             self._sock.setsockopt(zmq.RECONNECT_IVL, int(reconnect_ivl * 1000))
@@ -103,44 +288,131 @@ class ZmqConnection(Connection):
             if curve is not None:
                 apply_client(self._sock, curve)
             self._sock.connect(endpoint)
+            self._ready = Readiness(self._sock)
         except zmq.ZMQError as e:
             self._sock.close(linger=0)
             raise TransportError(f"cannot connect to {endpoint}: {e}", code="connect") from e
         self._closed = False
+        #: messages queued by send and not yet handed to ZeroMQ, oldest first
+        self._out: deque[list[Buffer]] = deque()
+        self._max_out = max(1, hwm)
+        #: set while fewer than _max_out wait (send waits on it)
+        self._room = asyncio.Event()
+        self._room.set()
+        #: the task waiting for ZeroMQ to take the queue's head, when it would not
+        self._writer: asyncio.Task[None] | None = None
+        #: what went wrong handing over a queued message: raised by the next call
+        self._error: TransportError | None = None
 
     def framing_overhead(self, frames: Frames) -> int:
         """ZMTP's frame headers, and CURVE's box per frame when encrypted."""
         return zmtp_overhead(frames, self.curve)
 
-    async def send(self, frames: Frames) -> None:
+    def _try_send(self, msg: list[Buffer]) -> bool:
+        """One non-blocking send; whether it went (``False``: the queue is full)."""
         if self._closed:
             raise TransportError("connection is closed", code="closed")
-        msg = _as_zmq(frames)
         try:
-            await self._sock.send_multipart(msg, copy=False)
+            _send_parts(self._sock, msg)
+        except zmq.Again:
+            return False
         except zmq.ZMQError as e:
             raise TransportError(f"send failed: {e}", code="closed" if self._closed
                                  else "send") from e
-        self.meter.record("up", msg, self.framing_overhead(msg))
+        finally:
+            self._ready.poke()
+        return True
 
-    async def recv(self) -> list[bytes]:
+    def _check_usable(self) -> None:
         if self._closed:
             raise TransportError("connection is closed", code="closed")
+        if self._error is not None:
+            raise self._error
+
+    async def send(self, frames: Frames) -> None:
+        """Queue one message (handed to ZeroMQ at the next turn of the loop)."""
+        msg = _as_zmq(frames)
+        while True:
+            self._check_usable()
+            if len(self._out) < self._max_out:
+                break
+            self._room.clear()
+            await self._room.wait()
+        self._out.append(msg)
+        # metered when queued, as the TCP stream meters what it buffers
+        self.meter.record("up", msg, self.framing_overhead(msg))
+        if len(self._out) == 1 and self._writer is None:
+            _flusher().add(self)
+
+    def _flush(self) -> None:
+        """Hand the queue to ZeroMQ, in order, as far as it takes it now."""
+        out = self._out
         try:
-            msg = await self._sock.recv_multipart()
-        except (zmq.ZMQError, asyncio.CancelledError) as e:
-            if self._closed:
-                raise TransportError("connection is closed", code="closed") from e
-            if isinstance(e, asyncio.CancelledError):
-                raise
-            raise TransportError(f"recv failed: {e}", code="recv") from e
-        self.meter.record("down", msg, self.framing_overhead(msg))
-        return msg
+            while out:
+                if not self._try_send(out[0]):
+                    if self._writer is None:
+                        self._writer = asyncio.get_running_loop().create_task(
+                            self._write_when_ready(), name="xcosd-zmq-send")
+                    break
+                out.popleft()
+        except TransportError as e:
+            out.clear()
+            if not self._closed:
+                self._error = e
+        if len(out) < self._max_out:
+            self._room.set()
+
+    async def _write_when_ready(self) -> None:
+        try:
+            while self._out and not self._closed:
+                await _send_when_ready(self._ready, partial(self._try_send, self._out[0]))
+                self._out.popleft()
+                self._flush_rest()
+        except TransportError as e:
+            self._out.clear()
+            if not self._closed:
+                self._error = e
+        finally:
+            self._writer = None
+            self._room.set()
+
+    def _flush_rest(self) -> None:
+        """After the head went: the rest as far as ZeroMQ takes it now, the writer
+        (the current task) waiting for the remainder."""
+        out = self._out
+        while out and self._try_send(out[0]):
+            out.popleft()
+        if len(out) < self._max_out:
+            self._room.set()
+
+    async def recv(self) -> list[bytes]:
+        while True:
+            self._check_usable()
+            try:
+                msg = _recv_parts(self._sock)
+            except zmq.Again:
+                await self._ready.wait(_POLLIN)
+                continue
+            except zmq.ZMQError as e:
+                if self._closed:
+                    raise TransportError("connection is closed", code="closed") from e
+                raise TransportError(f"recv failed: {e}", code="recv") from e
+            finally:
+                self._ready.poke()
+            self.meter.record("down", msg, self.framing_overhead(msg))
+            return msg
 
     async def close(self) -> None:
         if self._closed:
             return
+        with contextlib.suppress(TransportError):
+            self._flush_rest()  # what a direct send would already have handed over
         self._closed = True
+        self._out.clear()
+        self._room.set()
+        if self._writer is not None:
+            self._writer.cancel()
+        self._ready.close()
         self._sock.close(linger=0)
 
 
@@ -157,7 +429,8 @@ class ZmqListener(Listener):
         # a ZAP handler belongs to a context: CURVE listeners get their own
         self._ctx = zmq.asyncio.Context() if curve is not None else shared_context()
         self._own_ctx = curve is not None
-        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock = _socket(self._ctx, zmq.ROUTER)
+        self._ready: Readiness | None = None
         try:
             _common_options(self._sock, hwm, heartbeat_ivl, heartbeat_timeout, limits)
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -173,6 +446,7 @@ class ZmqListener(Listener):
             self._sock.bind(endpoint)
             last = self._sock.getsockopt(zmq.LAST_ENDPOINT)
             self.endpoint = last.decode() if isinstance(last, bytes) else str(last)
+            self._ready = Readiness(self._sock)
         except zmq.ZMQError as e:
             self._release()
             code = "address_in_use" if e.errno == zmq.EADDRINUSE else "bind"
@@ -183,38 +457,72 @@ class ZmqListener(Listener):
         """ZMTP's frame headers, and CURVE's box per frame when encrypted."""
         return zmtp_overhead(frames, self.curve)
 
-    async def send(self, peer: bytes, frames: Frames) -> None:
+    def _try_send(self, peer: bytes, msg: list[Buffer]) -> bool:
+        """One non-blocking send; whether it went (``False``: the peer's queue is full)."""
         if self._closed:
             raise TransportError("listener is closed", code="closed")
-        msg = _as_zmq(frames)
+        assert self._ready is not None
         try:
-            await self._sock.send_multipart([peer, *msg], copy=False)
+            _send_parts(self._sock, [peer, *msg])
+        except zmq.Again:
+            return False
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
                 raise TransportError(f"no peer {bytes(peer).hex()}", code="unreachable") from e
             raise TransportError(f"send failed: {e}", code="closed" if self._closed
                                  else "send") from e
+        finally:
+            self._ready.poke()
         self.meter.record("down", msg, self.framing_overhead(msg))
+        return True
+
+    def send_nowait(self, peer: bytes, frames: Frames) -> bool:
+        """Send without waiting when ``peer``'s queue has room; ``False`` (nothing
+        sent) when it is full."""
+        return self._try_send(peer, _as_zmq(frames))
+
+    async def send(self, peer: bytes, frames: Frames) -> None:
+        """Send, waiting while ``peer``'s queue is full (bound it with a timeout)."""
+        msg = _as_zmq(frames)
+        if not self._try_send(peer, msg):
+            assert self._ready is not None
+            await _send_when_ready(self._ready, lambda: self._try_send(peer, msg))
 
     async def recv(self) -> tuple[bytes, list[bytes] | None]:
+        return (await self.recv_many(1))[0]
+
+    async def recv_many(self, max_n: int) -> list[tuple[bytes, list[bytes] | None]]:
+        """Every message ready, up to ``max_n``, after waiting for the first."""
+        out: list[tuple[bytes, list[bytes] | None]] = []
+        sock, record = self._sock, self.meter.record
         while True:
             if self._closed:
                 raise TransportError("listener is closed", code="closed")
+            assert self._ready is not None
             try:
-                msg = await self._sock.recv_multipart()
-            except (zmq.ZMQError, asyncio.CancelledError) as e:
-                if self._closed:
-                    raise TransportError("listener is closed", code="closed") from e
-                if isinstance(e, asyncio.CancelledError):
-                    raise
-                raise TransportError(f"recv failed: {e}", code="recv") from e
-            if len(msg) < 2:  # a routing id and no frames: nothing to deliver
-                continue
-            frames = msg[1:]
-            self.meter.record("up", frames, self.framing_overhead(frames))
-            return msg[0], frames
+                while len(out) < max_n:
+                    msg = _recv_parts(sock)
+                    if len(msg) < 2:  # a routing id and no frames: nothing to deliver
+                        continue
+                    frames = msg[1:]
+                    record("up", frames, self.framing_overhead(frames))
+                    out.append((msg[0], frames))
+            except zmq.Again:
+                pass
+            except zmq.ZMQError as e:
+                if not out:
+                    if self._closed:
+                        raise TransportError("listener is closed", code="closed") from e
+                    raise TransportError(f"recv failed: {e}", code="recv") from e
+            finally:
+                self._ready.poke()
+            if out:
+                return out
+            await self._ready.wait(_POLLIN)
 
     def _release(self) -> None:
+        if self._ready is not None:
+            self._ready.close()
         self._sock.close(linger=0)
         if self._auth is not None:
             with contextlib.suppress(Exception):
