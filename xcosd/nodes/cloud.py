@@ -28,12 +28,13 @@ peer's turn:
   message) runs in the scheduler's worker thread; its peer's other messages wait
   until it is done, so each connection's state is only ever touched by one thread
   and in arrival order (verdicts for that peer wait too).
-* **Replies** go to the socket at once when the peer's queue there has room and
-  nothing of it waits before them (no task, no turn of the loop: the common case).
-  Otherwise they go through one bounded outgoing queue per peer, written by that
-  peer's own task with a :data:`SEND_TIMEOUT_S` deadline per message: a peer that
-  does not read delays only its own replies; past the bound they are dropped and
-  counted (``dropped``, ``dropped_outbox``).
+* **Replies** of one turn of the loop go to the socket together when it ends, each
+  at once when its peer's queue there has room and nothing of that peer waits
+  before it (no task: the common case). Otherwise they go through one bounded
+  outgoing queue per peer, written by that peer's own task with a
+  :data:`SEND_TIMEOUT_S` deadline per message: a peer that does not read delays
+  only its own replies; past the bound they are dropped and counted (``dropped``,
+  ``dropped_outbox``).
 * **Reaping**: a peer silent for ``timeout_s`` loses its sessions; a session with
   no draft or follow-up for ``session_idle_s`` is closed even when its peer keeps
   pinging (``sessions_idle_reaped``).
@@ -233,6 +234,8 @@ class CloudNode:
         self._peers: dict[bytes, _Peer] = {}
         #: peers with messages to serve, in turn order
         self._ready: deque[_Peer] = deque()
+        #: replies queued in this turn of the loop, sent when it ends (_flush_turn)
+        self._turn: list[tuple[_Peer, _Frames, int]] = []
         self._work = asyncio.Event()
         #: session key -> when it last had a draft, a follow-up or a verdict
         self._activity: dict[tuple[bytes, int], float] = {}
@@ -574,18 +577,40 @@ class CloudNode:
             c["dropped"] += 1
             return
         n = message_bytes(frames)
+        if p.sender is None and not p.outbox:
+            # nothing of this peer waits: its reply joins this turn's, handed to the
+            # socket together when the turn ends
+            if not self._turn:
+                asyncio.get_running_loop().call_soon(self._flush_turn)
+            self._turn.append((p, frames, n))
+            return
+        self._to_outbox(p, frames, n)
+
+    def _to_outbox(self, p: _Peer, frames: _Frames, n: int) -> None:
+        """Queue a reply for ``p``'s sender (started if need be); past the bound:
+        dropped."""
         if p.outbox and (len(p.outbox) >= self.max_peer_queue
                          or p.outbox_bytes + n > self.max_peer_bytes):
-            c["dropped"] += 1
-            c["dropped_outbox"] += 1
-            return
-        if p.sender is None and not p.outbox and self._send_now(p, frames):
+            self.counters["dropped"] += 1
+            self.counters["dropped_outbox"] += 1
             return
         p.outbox.append((frames, n))
         p.outbox_bytes += n
         if p.sender is None:
             p.sender = asyncio.get_running_loop().create_task(self._sender(p),
                                                               name="xcosd-cloud-send")
+
+    def _flush_turn(self) -> None:
+        """Hand the replies of the last turn to the socket, in order: each goes at
+        once if its peer's queue there has room and nothing of that peer waits
+        before it, otherwise to that peer's sender. One burst of sends wakes
+        ZeroMQ's I/O thread once, not once per reply."""
+        turn, self._turn = self._turn, []
+        for p, frames, n in turn:
+            if p.dropped or self._closed or self._listener is None:
+                self.counters["dropped"] += 1
+            elif p.sender is not None or p.outbox or not self._send_now(p, frames):
+                self._to_outbox(p, frames, n)
 
     def _send_now(self, p: _Peer, frames: _Frames) -> bool:
         """Hand a reply to the socket at once when that needs no waiting (the peer's

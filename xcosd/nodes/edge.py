@@ -253,6 +253,8 @@ class EdgeNode:
         self.draft_thread = (not isinstance(draft, ContextModel) if draft_thread is None
                              else bool(draft_thread))
         self._last_rx = 0.0
+        #: when this edge last sent the cloud anything (a ping is then not needed)
+        self._last_tx = 0.0
         self._closed = False
         self._overhead: Callable[[list[Any]], int] = lambda frames: 0
         self.meter: Any = None
@@ -442,7 +444,8 @@ class EdgeNode:
     async def _heartbeat_loop(self) -> None:
         n = 0
         while True:
-            await asyncio.sleep(self.heartbeat_s or 1.0)
+            ivl = self.heartbeat_s or 1.0
+            await asyncio.sleep(ivl)
             if not self._connected or self._conn is None:
                 continue
             if time.monotonic() - self._last_rx > self.timeout_s:
@@ -452,7 +455,13 @@ class EdgeNode:
                     with contextlib.suppress(XcosdError):
                         await self._recover(self._epoch)
                 continue
+            now = time.monotonic()
+            if now - self._last_rx < ivl and now - self._last_tx < ivl:
+                # rounds are flowing both ways: each side just heard from the other,
+                # which is all a ping and its pong would tell it
+                continue
             n += 1
+            self._last_tx = now
             with contextlib.suppress(TransportError):
                 await self._conn.send(pack(Ping(n)))
 
@@ -647,6 +656,7 @@ class EdgeNode:
         except TransportError as e:
             self._lose(epoch)
             raise _ConnectionLost(epoch) from e
+        self._last_tx = time.monotonic()
         n = size + self._overhead(frames)
         st.count("up", msg.TYPE, n)
         if trace is not None:
@@ -663,8 +673,11 @@ class EdgeNode:
                 raise TimeoutError(f"session {es.s}: no answer from the cloud within "
                                    f"{self.answer_timeout_s:g} s")
             try:
-                async with asyncio.timeout(min(self.resend_after_s, left)):
-                    item = await inbox.get()
+                if inbox.empty():
+                    async with asyncio.timeout(min(self.resend_after_s, left)):
+                        item = await inbox.get()
+                else:  # already here: no deadline to set up
+                    item = inbox.get_nowait()
             except TimeoutError:
                 again = es.resend_last()
                 if again is not None:
@@ -745,7 +758,9 @@ class EdgeNode:
         out = es.next_round()
         for ev in out.events:
             if isinstance(ev, DraftNeeded):  # the draft model runs in the worker
-                out = es.drafted(*await self._in_worker(self._drafters[es.s].run, ev))
+                drafter = self._drafters[es.s]
+                out = es.drafted(*(await self._in_worker(drafter.run, ev) if self.draft_thread
+                                   else drafter.run(ev)))
         [msg] = out.send
         st.draft_compute_s += time.perf_counter() - t
         await self._send(msg, st, trace)

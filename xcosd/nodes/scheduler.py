@@ -27,18 +27,17 @@ computes, batch *k + 1* fills up).
   through :meth:`Scheduler.run`, between batches, never beside one.
 * Cheap batches run on the event loop: handing a batch to the thread costs two
   hand-offs of the interpreter lock, and while the loop is busy each can wait a
-  whole switch interval (5 ms), far more than a batch of a near-free model costs.
-  A batch runs inline only when the thread is idle (so never beside its work)
-  and the model has been measured cheap: first in the thread (its CPU time there,
-  and its wall time, both small), then on the loop, where every batch is timed. A
-  batch goes inline when the median of what the last :data:`INLINE_WINDOW` batches
-  there predict for it (a batch costs at least what a smaller one cost, and
-  proportionally more rows cost proportionally more) is at most ``inline_max_s``.
-  The median, because a busy machine preempts the odd batch; when even the median
-  is over, batches go back to the thread and the loop is not tried again for a
-  while (doubling, up to a minute), so a real model, whose batches take
-  milliseconds, keeps the loop free for the network. Freeing finished sessions'
-  model state follows the same rule.
+  whole switch interval (5 ms), more than a batch of a near-free model costs; and
+  a batch that computes in Python holds the lock in the thread anyway. Every
+  batch is timed, where it runs; the next one runs inline when the thread is idle
+  (so never beside its work), the last :data:`INLINE_WINDOW` batches mostly
+  computed (their median share of CPU time is at least :data:`INLINE_CPU_SHARE`:
+  a model that waits, on a GPU or a sleep, overlaps with the network in the
+  thread) and, at their median cost per row, it should take at most
+  ``inline_max_s``. A real model, whose batches take milliseconds or wait on a
+  device, keeps the loop free for the network; a larger batch of a cheap one
+  goes to the thread. Freeing finished sessions' model state follows the same
+  rule.
 * Stopping is bounded: :meth:`Scheduler.close` waits at most ``timeout`` for a
   batch still computing, then leaves the thread to finish it alone.
 """
@@ -68,19 +67,15 @@ log = logging.getLogger(__name__)
 #: how long :meth:`Scheduler.close` waits, by default, for work still in the thread
 CLOSE_WAIT_S = 2.0
 #: a batch expected to take at most this long runs on the event loop (the module
-#: docstring says when): about what the node spends serving one burst of messages
-INLINE_MAX_S = 0.002
-#: a batch that took the worker thread longer than this (wall time, lock waits
-#: included) does not make the model a candidate for the loop
-INLINE_PROBE_WALL_S = 0.02
-#: batches on the loop whose times predict the next one's
+#: docstring says when): the interpreter's switch interval, what each of a thread
+#: batch's two hand-offs can cost while the loop is busy
+INLINE_MAX_S = 0.005
+#: and only while at least this share of a batch's time is CPU time of the thread
+#: running it: a batch that mostly waits (a GPU, a sleep) overlaps with the
+#: network in a thread
+INLINE_CPU_SHARE = 0.5
+#: recent batches whose costs predict the next one's
 INLINE_WINDOW = 8
-#: after the loop's batches took too long, batches stay in the thread this long at
-#: first, doubling on each further miss up to INLINE_BACKOFF_MAX_S; the pause is
-#: back to its first value after INLINE_RESET batches on the loop in a row
-INLINE_BACKOFF_S = 1.0
-INLINE_BACKOFF_MAX_S = 60.0
-INLINE_RESET = 256
 
 
 def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[RoundOutcome]:
@@ -241,15 +236,8 @@ class Scheduler:
         #: 0 keeps every batch in the worker thread
         self.inline_max_s = inline_max_s
         self.stats = BatchStats()
-        #: (seconds, rows) of the last batches on the loop
-        self._inline_times: deque[tuple[float, int]] = deque(maxlen=INLINE_WINDOW)
-        #: the last batch in the thread looked cheap (see the module docstring)
-        self._thread_cheap = False
-        #: no batch on the loop before this (perf_counter), the next pause, and the
-        #: batches on the loop since the last pause
-        self._inline_after = 0.0
-        self._inline_backoff = INLINE_BACKOFF_S
-        self._inline_run = 0
+        #: (what it would cost the loop, its share of CPU time, rows) of recent batches
+        self._costs: deque[tuple[float, float, int]] = deque(maxlen=INLINE_WINDOW)
         #: peer -> its requests, oldest first; a peer is here only while it has some
         self._queues: dict[bytes, deque[ScoreNeeded]] = {}
         #: peers with queued requests, in the order batches take from them
@@ -325,48 +313,42 @@ class Scheduler:
         return score_batch(self.model, batch) if batch else []
 
     def _timed_job(self, batch: list[ScoreNeeded]) -> list[RoundOutcome]:
-        """:meth:`_job` in the worker thread, noting whether the model looked cheap
-        there: little CPU time of this thread and little wall time."""
-        w0, c0 = time.perf_counter(), time.thread_time()
+        """:meth:`_job` in the worker thread, timed."""
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self._job(batch)
         finally:
-            cpu, wall = time.thread_time() - c0, time.perf_counter() - w0
-            self._thread_cheap = cpu <= self.inline_max_s and wall <= INLINE_PROBE_WALL_S
+            self._note(time.perf_counter() - t0, time.thread_time() - c0, batch, False)
 
-    def _predict(self, rows: int) -> float:
-        """What a batch of ``rows`` rows should take on the loop: the median of what
-        the recent batches there say (at least what each took, scaled up by rows)."""
-        guesses = sorted(t * max(1.0, rows / max(1, n)) for t, n in self._inline_times)
-        return guesses[len(guesses) // 2]
+    def _note(self, wall: float, cpu: float, batch: list[ScoreNeeded], inline: bool) -> None:
+        """Record what a batch cost. In the thread, one that computes would have cost
+        the loop its CPU time (its wall time there includes waits for the lock the
+        loop holds); one that mostly waits, its wall time."""
+        if not batch:
+            return
+        share = min(1.0, cpu / wall) if wall > 0 else 1.0
+        cost = wall if inline or share < INLINE_CPU_SHARE else cpu
+        self._costs.append((cost, share, sum(request_rows(r) for r in batch)))
 
     def _inline(self, rows: int) -> bool:
         """Whether the next batch, of ``rows`` rows (0: only freeing), runs on the
-        event loop."""
-        if self.inline_max_s <= 0 or self._jobs:  # never beside the thread's work
+        event loop: the thread is idle, the recent batches computed rather than
+        waited, and, at their cost per row, this one should take at most
+        ``inline_max_s`` (medians: a busy machine preempts the odd batch)."""
+        if self.inline_max_s <= 0 or self._jobs or not self._costs:  # never beside the thread
             return False
-        if time.perf_counter() < self._inline_after:
+        costs = tuple(self._costs)  # one C-level copy (the worker appends to the deque)
+        mid = len(costs) // 2
+        if sorted(sh for _, sh, _ in costs)[mid] < INLINE_CPU_SHARE:
             return False
-        if not self._inline_times:
-            return self._thread_cheap
-        return self._predict(rows) <= self.inline_max_s
+        return sorted(c * rows / max(1, n) for c, _, n in costs)[mid] <= self.inline_max_s
 
-    def _run_inline(self, batch: list[ScoreNeeded], rows: int) -> list[RoundOutcome]:
-        t0 = time.perf_counter()
+    def _run_inline(self, batch: list[ScoreNeeded]) -> list[RoundOutcome]:
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self._job(batch)
         finally:
-            if batch:
-                self._inline_times.append((time.perf_counter() - t0, rows))
-                self._inline_run += 1
-                if self._predict(rows) > self.inline_max_s:  # back to the thread, a while
-                    self._inline_times.clear()
-                    self._thread_cheap = False
-                    self._inline_after = time.perf_counter() + self._inline_backoff
-                    self._inline_backoff = min(INLINE_BACKOFF_MAX_S, 2 * self._inline_backoff)
-                    self._inline_run = 0
-                elif self._inline_run >= INLINE_RESET:
-                    self._inline_backoff = INLINE_BACKOFF_S
+            self._note(time.perf_counter() - t0, time.thread_time() - c0, batch, True)
 
     async def stop(self, timeout: float = CLOSE_WAIT_S) -> None:
         """Form no more batches; drop the queued requests (their sessions' model
@@ -495,7 +477,7 @@ class Scheduler:
             if not batch:
                 with contextlib.suppress(Exception):
                     if self._inline(0):
-                        self._run_inline(batch, 0)
+                        self._run_inline(batch)
                     else:
                         await self.run(self._free_pending)
                 continue
@@ -505,7 +487,7 @@ class Scheduler:
             rows = sum(request_rows(r) for r in batch)
             try:
                 if self._inline(rows):
-                    outcomes = self._run_inline(batch, rows)
+                    outcomes = self._run_inline(batch)
                     await asyncio.sleep(0)  # a deep queue must not hold the loop
                 else:
                     outcomes = await self.run(self._timed_job, batch)
