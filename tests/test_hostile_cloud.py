@@ -47,6 +47,7 @@ import zmq
 
 import xcosd
 from xcosd.methods.base import CandidatesReply, Draft, RequestKind
+from xcosd.nodes.cloud import IDLE_SLACK
 from xcosd.nodes.scheduler import Scheduler, score_batch
 from xcosd.protocol import (
     DraftMsg,
@@ -538,7 +539,7 @@ async def test_idle_sessions_are_reaped_although_their_peer_pings() -> None:
     gated = GatedModel(target, hold_score=True)
     # neither timeout is reached by the reaper task in this test: reap() is called
     async with xcosd.CloudNode(target=gated, bind="tcp://127.0.0.1:0", timeout_s=HANG_S,
-                               session_idle_s=HANG_S / 4) as cloud:
+                               session_idle_s=HANG_S / (2 * IDLE_SLACK)) as cloud:
         conn = await connect(cloud.endpoint)
         try:
             vmap = await handshake(conn, draft)
@@ -552,7 +553,10 @@ async def test_idle_sessions_are_reaped_although_their_peer_pings() -> None:
             await until(gated.in_score.is_set, "session 3's round to be computing")
             await conn.send(pack(Ping(1)))
             assert (await reply(conn)).TYPE == "pong"
-            later = time.monotonic() + cloud.session_idle_s + 1.0
+            # 3 of 1,024 sessions: the cloud is not short of them, so "idle" is
+            # IDLE_SLACK times session_idle_s (nothing is reaped at once)
+            assert await cloud.reap(time.monotonic() + cloud.session_idle_s + 1.0) == 0
+            later = time.monotonic() + IDLE_SLACK * cloud.session_idle_s + 1.0
             # the peer spoke just now: only its idle sessions go, not the one whose
             # round the cloud is verifying
             assert await cloud.reap(later) == 2
@@ -563,7 +567,7 @@ async def test_idle_sessions_are_reaped_although_their_peer_pings() -> None:
             assert (await reply(conn)).TYPE == "verdict"
             # its verdict made session 3 busy again as of now, idle only later
             assert await cloud.reap(time.monotonic()) == 0
-            assert await cloud.reap(later + cloud.session_idle_s) == 1
+            assert await cloud.reap(later + IDLE_SLACK * cloud.session_idle_s) == 1
             assert cloud.stats()["sessions_active"] == 0
         finally:
             gated.gate.set()

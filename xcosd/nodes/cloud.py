@@ -37,7 +37,10 @@ peer's turn:
   ``dropped_outbox``).
 * **Reaping**: a peer silent for ``timeout_s`` loses its sessions; a session with
   no draft or follow-up for ``session_idle_s`` is closed even when its peer keeps
-  pinging (``sessions_idle_reaped``).
+  pinging (``sessions_idle_reaped``) while the cloud is short of sessions (at
+  :data:`IDLE_PRESSURE` of ``max_sessions``: a hoarder then keeps newcomers out),
+  else after :data:`IDLE_SLACK` times as long (an overloaded but honest edge can
+  be slow between rounds; closing its session would only make it open again).
 
 Hostile input: the size limit is checked before anything is decoded, every
 defect is answered with a typed error to that peer (or dropped and counted when
@@ -104,6 +107,10 @@ SERVE_BURST = 32
 SEND_BURST = 32
 #: :meth:`CloudNode.close` returns within about this long, whatever the traffic
 CLOSE_TIMEOUT_S = 3.0
+#: the share of ``max_sessions`` in use from which idle sessions are closed after
+#: ``session_idle_s``; below it, after ``IDLE_SLACK`` times as long
+IDLE_PRESSURE = 0.9
+IDLE_SLACK = 4.0
 #: a follow-up that took the worker thread longer than this holds its peer back
 #: afterwards for FOLLOW_UP_HOLD times as long, so one peer's follow-ups take at
 #: most 1 / (1 + FOLLOW_UP_HOLD) of the thread (and of the GIL) from everyone else
@@ -184,7 +191,8 @@ class CloudNode:
     of one peer waiting to be served, and replies waiting to be sent to it).
     Liveness: the edge pings every ``heartbeat_s``; a peer silent for ``timeout_s``
     loses its sessions, and a session without a draft or follow-up for
-    ``session_idle_s`` (default ``timeout_s``) is closed even if its peer pings.
+    ``session_idle_s`` (default ``timeout_s``) is closed even if its peer pings
+    (when sessions are short; else after ``IDLE_SLACK`` times as long).
     ``method_options``: per-method defaults (``{"xcosd-e": {"K": 8}}``) that an
     edge's own options override. ``metrics_port``: serve Prometheus text there.
     """
@@ -688,8 +696,10 @@ class CloudNode:
     async def reap(self, now: float | None = None) -> int:
         """As of ``now`` (default: ``time.monotonic()``), drop every peer silent for
         more than ``timeout_s`` and free its sessions, and close every session with
-        no draft or follow-up for more than ``session_idle_s`` (unless its round is
-        being verified: the cloud owes it a verdict) even if its peer still pings.
+        no draft or follow-up for more than ``session_idle_s`` (``IDLE_SLACK`` times
+        that unless the cloud is short of sessions) even if its peer still pings,
+        unless its round is being verified (the cloud owes it a verdict) or its
+        peer has messages waiting to be served (they may be its next draft).
         Returns how many peers and sessions were reaped.
 
         The reaper task calls this periodically. It is public so a test can make a
@@ -712,7 +722,8 @@ class CloudNode:
         return n + self._reap_idle_sessions(now)
 
     def _reap_idle_sessions(self, now: float) -> int:
-        cutoff = now - self.session_idle_s
+        short = self.config.sessions >= IDLE_PRESSURE * self.limits.max_sessions
+        cutoff = now - self.session_idle_s * (1.0 if short else IDLE_SLACK)
         n = 0
         for key in [k for k, t in self._activity.items() if t < cutoff]:
             p = self._peers.get(key[0])
@@ -720,7 +731,7 @@ class CloudNode:
             if p is None or sess is None:
                 self._activity.pop(key, None)
                 continue
-            if p.busy or sess.phase is CloudPhase.SCORING:
+            if p.busy or p.inbox or sess.phase is CloudPhase.SCORING:
                 continue
             self.counters["sessions_idle_reaped"] += 1
             self._apply_events(p.conn.end(sess, CloseReason.TIMEOUT))
