@@ -173,6 +173,10 @@ class EdgeHandshake:
             if msg.fingerprint != self.vmap.fingerprint:
                 raise VocabError("the cloud accepted another V_C map", code="vocab")
             return self._done()
+        if isinstance(msg, (Welcome, VocabTable, VocabMapAccepted)):
+            # a handshake answer out of its step: one whose predecessor was lost (the
+            # step is sent again and answered in full) or a late copy. Dropped.
+            return HandshakeOutput()
         raise ProtocolError(f"unexpected {msg.TYPE!r} during the handshake", code="state")
 
     def _repeated(self, msg: Message) -> bool:
