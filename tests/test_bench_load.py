@@ -556,3 +556,21 @@ async def test_target_object_with_a_named_draft_in_a_device_process() -> None:
     rep = await run_load(cfg, progress=False)
     check_consistent(rep)
     assert rep["errors_total"] == 0 and rep["models_given_as_objects"] == ["target"]
+
+
+async def test_rounds_bench_reports_rounds_against_the_bare_echo() -> None:
+    """``python -m xcosd.bench.transport --rounds``, shrunk: every method and
+    transport asked for has its rounds/s, the bare echo of its passes and their
+    ratio (rounds over the mean of the echo before and after each load run); the
+    text report names them. Speed is not asserted."""
+    from xcosd.bench.transport import format_rounds, run_rounds
+
+    res = await run_rounds(True, 1, ["ar"], ["zmq", "tcp"], devices=2, duration_s=0.3,
+                           warmup_s=0.1, n_echo=200)
+    assert res["devices"] == 2 and set(res["results"]) == {"ar zmq", "ar tcp"}
+    for r in res["results"].values():
+        [p] = r["passes"]
+        assert p["echo_msgs_per_s"] > 0 and p["errors"] == 0
+        assert p["ratio"] == pytest.approx(p["rounds_per_s"] / p["echo_msgs_per_s"])
+        assert r["ratio"] == p["ratio"]
+    assert "ar zmq" in format_rounds(res)

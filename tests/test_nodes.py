@@ -12,7 +12,7 @@ from xcosd.errors import VocabError
 from xcosd.methods import METHODS
 from xcosd.vocab import Vocabulary
 
-from .helpers.waits import HANG_S
+from .helpers.waits import HANG_S, until
 from .session_pairs import TARGET_EOS, closed_sessions_settle, greedy_decode, pair
 
 
@@ -160,3 +160,69 @@ async def test_curve_admits_allowlisted_devices_only() -> None:
             await intruder.start()
         await intruder.close()
         assert cloud.stats()["sessions_opened"] == 1
+
+
+class _ThreadRecordingTarget:
+    """The test pair's target, recording which thread ran each batch; ``cost`` is
+    what a batch takes besides: ``("sleep", s)`` waits (a GPU, say), ``("spin", s)``
+    computes."""
+
+    def __init__(self, inner: object, cost: tuple[str, float] | None = None) -> None:
+        self.inner, self.cost = inner, cost
+        self.threads: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def score(self, batch: object) -> object:
+        import threading
+        import time
+
+        self.threads.append(threading.current_thread().name)
+        if self.cost is not None:
+            kind, s = self.cost
+            if kind == "sleep":
+                time.sleep(s)
+            else:
+                end = time.perf_counter() + s
+                while time.perf_counter() < end:
+                    pass
+        return self.inner.score(batch)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("cost, inline", [(None, True), (("sleep", 0.003), False),
+                                          (("spin", 0.012), False)])
+async def test_cheap_batches_run_on_the_loop_real_ones_in_the_thread(
+        cost: tuple[str, float] | None, inline: bool) -> None:
+    """A near-free target's batches run on the event loop once measured; one whose
+    batches wait (a GPU) or compute for longer than a switch interval keeps the
+    worker thread. The output is the same either way."""
+    target, draft = pair()
+    rec = _ThreadRecordingTarget(target, cost)
+    async with (xcosd.CloudNode(target=rec, bind="tcp://127.0.0.1:0") as cloud,  # type: ignore[arg-type]
+                xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as edge):
+        res = await edge.generate("ab", max_new_tokens=40, temperature=0.0)
+    assert res.token_ids == greedy_decode(target, "ab", 40)
+    on_loop = sum(t == "MainThread" for t in rec.threads)
+    assert rec.threads[0] != "MainThread"  # nothing measured yet: the thread
+    if inline:
+        assert on_loop >= len(rec.threads) - 2, rec.threads
+    else:
+        assert on_loop == 0, rec.threads
+
+
+async def test_an_idle_edge_keeps_pinging() -> None:
+    """An edge skips its ping while rounds flow both ways (each side has just heard
+    from the other); an idle one still pings every heartbeat."""
+    target, draft = pair()
+    async with (xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0",
+                                heartbeat_s=0.05) as cloud,
+                xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as edge):
+        res = await edge.generate("ab", max_new_tokens=40, temperature=0.0)
+        assert res.token_ids == greedy_decode(target, "ab", 40)
+
+        def pings() -> int:
+            return int(cloud.stats()["bytes"]["up"].get("ping", {}).get("messages", 0))
+
+        before = pings()
+        await until(lambda: pings() >= before + 3, "an idle edge to ping")

@@ -257,3 +257,136 @@ async def test_zmq_closing_leaves_no_task_behind() -> None:
     gc.collect()
     after = {t for t in asyncio.all_tasks() if not t.done()}
     assert after <= before
+
+
+# --------------------------------------------------- draining and sending without waiting
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_recv_many_takes_what_is_ready_in_order(kind: str) -> None:
+    """``recv_many`` answers at least one and at most ``max_n`` messages, in the order
+    they were sent; ZeroMQ hands over every message already there in one call (the
+    other transports, by default, one)."""
+    lst = await listen(_ep(kind), transport=kind)
+    conn = await connect(lst.endpoint, transport=kind)
+    try:
+        for i in range(20):
+            await conn.send(encode_message({"t": "ping", "i": i}))
+        got: list[int] = []
+        calls = 0
+        while len(got) < 20:
+            batch = await asyncio.wait_for(lst.recv_many(8), HANG_S)
+            calls += 1
+            assert 1 <= len(batch) <= 8
+            got += [decode_message(f)[0]["i"] for _, f in batch if f is not None]
+        assert got == list(range(20))
+        if kind == "zmq":
+            assert calls < 20  # several per call once they are there
+    finally:
+        await conn.close()
+        await lst.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_send_nowait_sends_or_says_it_did_not(kind: str) -> None:
+    """ZeroMQ sends at once to a known peer (``True``) and refuses an unknown one as
+    ``send`` does; a transport without the fast path sends nothing (``False``)."""
+    lst = await listen(_ep(kind), transport=kind)
+    conn = await connect(lst.endpoint, transport=kind)
+    try:
+        await conn.send(encode_message({"t": "ping"}))
+        peer, _ = await asyncio.wait_for(lst.recv(), HANG_S)
+        went = lst.send_nowait(peer, encode_message({"t": "pong", "n": 1}))
+        assert went is (kind == "zmq")
+        if not went:
+            await lst.send(peer, encode_message({"t": "pong", "n": 1}))
+        assert decode_message(await asyncio.wait_for(conn.recv(), HANG_S))[0]["n"] == 1
+        if kind == "zmq":
+            with pytest.raises(TransportError) as e:
+                lst.send_nowait(b"\x00nobody", encode_message({"t": "pong"}))
+            assert e.value.code == "unreachable"
+    finally:
+        await conn.close()
+        await lst.close()
+
+
+async def test_zmq_send_nowait_refuses_when_the_peer_queue_is_full() -> None:
+    """A peer that does not read fills its queue: ``send_nowait`` then sends nothing
+    and says so (the node hands that reply to the peer's own sender)."""
+    lst = await listen("tcp://127.0.0.1:0", transport="zmq", hwm=2)
+    conn = await connect(lst.endpoint, transport="zmq", hwm=2)
+    try:
+        await conn.send(encode_message({"t": "ping"}))
+        peer, _ = await asyncio.wait_for(lst.recv(), HANG_S)
+        big = encode_message({"t": "big"}, [bytes(1 << 20)])
+        for _ in range(10_000):  # queues and socket buffers fill within a few hundred MB
+            if not lst.send_nowait(peer, big):
+                break
+        else:
+            raise AssertionError("a peer that never reads took every message")
+    finally:
+        await conn.close()
+        await lst.close()
+
+
+async def _pipelined_echo(kind: str, n: int, window: int) -> int:
+    """A listener echoing through ``recv_many`` and ``send_nowait`` (``send`` when
+    that does not go) while one connection keeps ``window`` messages in flight:
+    each side waits on its socket while the other operates on it, so a wake-up
+    lost to the socket's edge-triggered descriptor would hang here."""
+    lst = await listen(_ep(kind), transport=kind)
+    conn = await connect(lst.endpoint, transport=kind)
+
+    async def server() -> None:
+        while True:
+            for peer, frames in await lst.recv_many(64):
+                if frames is None:
+                    continue
+                if not lst.send_nowait(peer, frames):
+                    await lst.send(peer, frames)
+
+    task = asyncio.ensure_future(server())
+    got = sent = 0
+    try:
+        async with asyncio.timeout(HANG_S):
+            while got < n:
+                while sent < n and sent - got < window:
+                    await conn.send(encode_message({"t": "ping", "i": sent}))
+                    sent += 1
+                header, _ = decode_message(await conn.recv())
+                assert header["i"] == got
+                got += 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await conn.close()
+        await lst.close()
+    return got
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pipelined_echo_never_stalls(kind: str, loop_kind: str) -> None:
+    assert run(loop_kind, _pipelined_echo, kind, 3000, 64) == 3000
+
+
+async def test_zmq_connection_sends_queued_messages_in_order() -> None:
+    """A connection's sends are queued and handed to ZeroMQ once per turn of the
+    loop, in order, and counted when queued; a closed connection refuses more."""
+    lst = await listen("tcp://127.0.0.1:0", transport="zmq")
+    conn = await connect(lst.endpoint, transport="zmq")
+    try:
+        for i in range(50):
+            await conn.send(encode_message({"t": "ping", "i": i}))
+        assert conn.meter.up["ping"].messages == 50
+        got: list[int] = []
+        while len(got) < 50:
+            _, frames = await asyncio.wait_for(lst.recv(), HANG_S)
+            assert frames is not None
+            got.append(decode_message(frames)[0]["i"])
+        assert got == list(range(50))
+        await conn.close()
+        with pytest.raises(TransportError):
+            await conn.send(encode_message({"t": "late"}))
+    finally:
+        await conn.close()
+        await lst.close()

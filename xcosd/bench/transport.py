@@ -197,13 +197,14 @@ async def bare_echo_rate(n: int, size: int = 32) -> float:
 
 
 async def load_rounds(method: str, transport: str, duration_s: float, warmup_s: float,
-                      profile: cProfile.Profile | None = None) -> dict[str, Any]:
-    """One ``xcosd bench load`` run of :data:`DEVICES` closed-loop devices against
+                      profile: cProfile.Profile | None = None,
+                      devices: int = DEVICES) -> dict[str, Any]:
+    """One ``xcosd bench load`` run of ``devices`` closed-loop devices against
     :data:`NULL_TARGET`; its rounds/s and what the cloud saw."""
     from xcosd.bench.load import LoadConfig, run_load
     from xcosd.config import GenerationConfig
 
-    cfg = LoadConfig(devices=DEVICES, target=NULL_TARGET,
+    cfg = LoadConfig(devices=devices, target=NULL_TARGET,
                      generation=GenerationConfig(method=method), duration_s=duration_s,
                      warmup_s=warmup_s, transport=transport)
     if profile is not None:
@@ -220,11 +221,15 @@ async def load_rounds(method: str, transport: str, duration_s: float, warmup_s: 
 
 async def run_rounds(quick: bool, repeat: int, methods: Sequence[str] = METHODS,
                      transports: Sequence[str] = TRANSPORTS,
-                     profile: cProfile.Profile | None = None) -> dict[str, Any]:
+                     profile: cProfile.Profile | None = None, *, devices: int = DEVICES,
+                     duration_s: float | None = None, warmup_s: float | None = None,
+                     n_echo: int | None = None) -> dict[str, Any]:
     """The rounds benchmark (see the module docstring); ``profile`` records the
-    cloud's process during the xcosd-e / zmq runs."""
-    n_echo = 4000 if quick else 10000
+    cloud's process during the xcosd-e / zmq runs. The keywords shrink it (a test)."""
+    n_echo = n_echo or (4000 if quick else 10000)
     duration, warmup = (2.0, 1.0) if quick else (4.0, 1.5)
+    duration = duration if duration_s is None else duration_s
+    warmup = warmup if warmup_s is None else warmup_s
     await bare_echo_rate(n_echo // 4)  # warm the context and the loop
     configs = [(m, t) for t in transports for m in methods]
     passes: dict[str, list[dict[str, Any]]] = {f"{m} {t}": [] for m, t in configs}
@@ -232,7 +237,7 @@ async def run_rounds(quick: bool, repeat: int, methods: Sequence[str] = METHODS,
         for m, t in configs:
             before = await bare_echo_rate(n_echo)
             prof = profile if (m, t) == ("xcosd-e", "zmq") else None
-            r = await load_rounds(m, t, duration, warmup, prof)
+            r = await load_rounds(m, t, duration, warmup, prof, devices)
             after = await bare_echo_rate(n_echo)
             r["echo_msgs_per_s"] = (before + after) / 2
             r["ratio"] = r["rounds_per_s"] / r["echo_msgs_per_s"]
@@ -244,7 +249,7 @@ async def run_rounds(quick: bool, repeat: int, methods: Sequence[str] = METHODS,
             "echo_msgs_per_s": statistics.median(p["echo_msgs_per_s"] for p in ps),
             "ratio": statistics.median(p["ratio"] for p in ps),
             "passes": ps}
-    return {"kind": "rounds", "devices": DEVICES, "target": NULL_TARGET, "window": WINDOW,
+    return {"kind": "rounds", "devices": devices, "target": NULL_TARGET, "window": WINDOW,
             "duration_s": duration, "warmup_s": warmup, "repeats": max(1, repeat),
             "results": results}
 

@@ -97,8 +97,10 @@ log = logging.getLogger(__name__)
 #: a reply a peer does not take within this long is dropped (and counted)
 SEND_TIMEOUT_S = 1.0
 #: messages the intake reads in one go (all that are ready, up to this many) before
-#: it lets the loop run other tasks
-INTAKE_BURST = 64
+#: it lets the loop run other tasks: no more than serving takes in a turn
+#: (SERVE_BURST), so that under overload what waits stays in the transport's own
+#: bounded queues, which push back on the senders, rather than in the peers' queues
+INTAKE_BURST = 32
 #: messages of one peer served per turn before the next peer's
 PEER_TURN = 8
 #: messages served before the serving task lets the loop run other tasks

@@ -33,11 +33,12 @@ computes, batch *k + 1* fills up).
   (so never beside its work), the last :data:`INLINE_WINDOW` batches mostly
   computed (their median share of CPU time is at least :data:`INLINE_CPU_SHARE`:
   a model that waits, on a GPU or a sleep, overlaps with the network in the
-  thread) and, at their median cost per row, it should take at most
-  ``inline_max_s``. A real model, whose batches take milliseconds or wait on a
-  device, keeps the loop free for the network; a larger batch of a cheap one
-  goes to the thread. Freeing finished sessions' model state follows the same
-  rule.
+  thread) and, by the median of what they say of its cost (as much as one of
+  them, for fewer rows: a fixed cost does not shrink; proportionally more for
+  more rows), it should take at most ``inline_max_s``. A real model, whose
+  batches take milliseconds or wait on a device, keeps the loop free for the
+  network; a larger batch of a cheap one goes to the thread. Freeing finished
+  sessions' model state follows the same rule.
 * Stopping is bounded: :meth:`Scheduler.close` waits at most ``timeout`` for a
   batch still computing, then leaves the thread to finish it alone.
 """
@@ -333,7 +334,7 @@ class Scheduler:
     def _inline(self, rows: int) -> bool:
         """Whether the next batch, of ``rows`` rows (0: only freeing), runs on the
         event loop: the thread is idle, the recent batches computed rather than
-        waited, and, at their cost per row, this one should take at most
+        waited, and by what they say of its cost it should take at most
         ``inline_max_s`` (medians: a busy machine preempts the odd batch)."""
         if self.inline_max_s <= 0 or self._jobs or not self._costs:  # never beside the thread
             return False
@@ -341,7 +342,10 @@ class Scheduler:
         mid = len(costs) // 2
         if sorted(sh for _, sh, _ in costs)[mid] < INLINE_CPU_SHARE:
             return False
-        return sorted(c * rows / max(1, n) for c, _, n in costs)[mid] <= self.inline_max_s
+        # what each recent batch bounds this one's cost by: as much as it, for fewer
+        # rows (a fixed cost does not shrink), proportionally more for more rows
+        bound = sorted(c * max(1.0, rows / max(1, n)) for c, _, n in costs)[mid]
+        return bound <= self.inline_max_s
 
     def _run_inline(self, batch: list[ScoreNeeded]) -> list[RoundOutcome]:
         t0, c0 = time.perf_counter(), time.thread_time()

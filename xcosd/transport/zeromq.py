@@ -242,13 +242,13 @@ class _Flusher:
     as they come, each pays that wake-up, sent together, the I/O thread wakes once
     and finds them all."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
+        # no reference to the loop: the loop is this object's key in a weak map
         self._pending: list[ZmqConnection] = []
 
     def add(self, conn: ZmqConnection) -> None:
         if not self._pending:
-            self._loop.call_soon(self._flush)
+            asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append(conn)
 
     def _flush(self) -> None:
@@ -265,7 +265,7 @@ def _flusher() -> _Flusher:
     loop = asyncio.get_running_loop()
     f = _flushers.get(loop)
     if f is None:
-        f = _flushers[loop] = _Flusher(loop)
+        f = _flushers[loop] = _Flusher()
     return f
 
 

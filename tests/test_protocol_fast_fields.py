@@ -1,0 +1,88 @@
+"""The compiled field readers and the small-array checks accept and refuse exactly
+what the full readers do, with the same error.
+
+Every header field of every message table is read both ways from a set of values
+around its bounds and of every wrong type (and from a header without it); the
+probability and id checks are compared with their numpy forms on random arrays
+with NaN, infinities, negatives and values just past 1 thrown in."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pytest
+
+from xcosd.errors import ProtocolError
+from xcosd.protocol import messages as M
+from xcosd.protocol.fields import Field, _fast_reader, _read, bytes_to_ids, check_probs
+
+VALUES: list[Any] = [
+    0, 1, -1, 5, 2**31 - 1, 2**31, 2**63 - 1, 2**63, -(2**63), True, False, None, 0.0, 0.5,
+    1.0, 1.0 + 1e-7, 2.0, -0.1, math.nan, math.inf, -math.inf, 1e6, 1e7, "", "x", "x" * 200,
+    "x" * 5000, "more", "other", "fallback", "tok", "busy", "internal", "no_such", b"b", [1],
+    {}, {"a": 1}]
+_ABSENT = object()
+
+
+def _tables() -> list[tuple[Field, ...]]:
+    out = [c.FIELDS for c in vars(M).values() if isinstance(c, type) and hasattr(c, "FIELDS")]
+    out += [fields for _, fields, _ in M.REPLY_SPECS.values()]
+    return out
+
+
+def _outcome(fn: Any) -> tuple[Any, ...]:
+    try:
+        v = fn()
+    except ProtocolError as e:
+        return ("refused", e.code, str(e))
+    if isinstance(v, float) and math.isnan(v):
+        return ("value", float, "nan")
+    return ("value", type(v), v)
+
+
+@pytest.mark.parametrize("fields", _tables(), ids=lambda fs: ",".join(f.key for f in fs))
+def test_compiled_readers_match_the_full_readers(fields: tuple[Field, ...]) -> None:
+    for f in fields:
+        fast = _fast_reader(f)
+        for v in [*VALUES, _ABSENT]:
+            h = {} if v is _ABSENT else {f.key: v}
+            assert _outcome(partial(fast, h, "t")) == _outcome(partial(_read, h, f, "t")), \
+                (f.attr, v)
+
+
+def _numpy_probs_ok(v: np.ndarray) -> bool:
+    return not v.size or bool(np.all(np.isfinite(v)) and float(v.min()) >= 0.0
+                              and float(v.max()) <= 1.0 + 1e-6)
+
+
+def test_small_checks_match_numpy() -> None:
+    rng = np.random.default_rng(0)
+    specials = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1.0, 1.0 + 1e-6, 1.0 + 2e-6, -1e-30,
+                3.4e38, -3.4e38, 1e-45]
+    for _ in range(3000):
+        n = int(rng.integers(0, 80))
+        v = rng.random(n).astype(np.float32)
+        for _ in range(int(rng.integers(0, 3))):
+            if n:
+                v[rng.integers(0, n)] = rng.choice(specials)
+        try:
+            check_probs(v, "t", "q")
+            ok = True
+        except ProtocolError as e:
+            assert e.code == "bad_vector"
+            ok = False
+        assert ok == _numpy_probs_ok(v), v
+        a = rng.integers(-3, 2**31 - 1, n, dtype=np.int64).astype("<i4")
+        if n and rng.random() < 0.5:
+            a[rng.integers(0, n)] = rng.choice([-1, -(2**31), 2**31 - 1, 0])
+        try:
+            got = bytes_to_ids(a.tobytes(), "t")
+            assert np.array_equal(got, a.astype(np.int64))
+            ok = True
+        except ProtocolError as e:
+            assert e.code == "bad_token"
+            ok = False
+        assert ok == (not n or int(a.min()) >= 0), a
