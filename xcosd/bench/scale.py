@@ -41,6 +41,7 @@ from typing import Any
 from ..config import GenerationConfig
 from ..models.base import LanguageModel
 from ..nodes import EdgeNode, RoundObserved
+from .load.config import PROMPTS
 from .report import OUT_DIR, machine, table
 
 SCHEMA_VERSION = 1
@@ -50,17 +51,6 @@ OUT_FILE = OUT_DIR / "scale.json"
 DEFAULT_TARGET = "synthetic:256:20:0.5"
 #: the throughput ratios over one replica the design aims at
 GOALS = {2: 1.8, 4: 3.4}
-#: what the devices generate from (device i's k-th generation: prompt (i + k) % len)
-PROMPTS = (
-    "Once upon a time",
-    "The cloud server verifies a block of drafted tokens in one pass",
-    "def merge_sorted(a, b):",
-    "In the beginning the network was slow, and the edge device",
-    "Speculative decoding between two vocabularies",
-    "A short story about a lighthouse keeper:",
-    "The quick brown fox",
-    "Return a new list containing all items from the iterable",
-)
 #: seconds a cluster gets to start (processes, imports, the target) or to stop
 START_TIMEOUT_S = 120.0
 
