@@ -208,7 +208,10 @@ async def test_scrape_parses_and_prints_counters_exactly() -> None:
     async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", metrics_port=0) as cloud:
         async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as edge:
             await edge.generate("ab", max_new_tokens=12)
-        # counts no test could reach by traffic; the edge is gone, so nothing moves them
+        # the edge's close is the last message it sends; once the cloud has taken it
+        # in, nothing else moves the counters
+        await until(lambda: cloud.config.sessions == 0, "the edge's close to arrive")
+        # counts no test could reach by traffic
         cloud.counters["messages"] = 2263730
         cloud.counters["dropped"] = 2**53 + 1  # beyond a double: printed in full anyway
         status, headers, body = await get(port_of(cloud.metrics_endpoint), "/metrics")
