@@ -323,3 +323,33 @@ def test_warp_refuses_a_row_without_mass():
     for params in (SamplingParams(top_k=3), SamplingParams(top_p=0.9)):
         with pytest.raises(InvalidDistribution):
             warp(np.zeros(10, np.float32), params)
+
+
+def test_a_cut_inside_a_huge_tie_group_matches_a_full_sort():
+    """A model's floor value shared by most of a 200k row (an n-gram backoff, a
+    clipped softmax): the cut falls inside that group, which is resolved without
+    sorting it. The kept set and values must be the full sort's, lowest ids of the
+    group dropped first, for cuts at many places inside the group."""
+    rng = np.random.default_rng(11)
+    size = 200_000
+    cut_inside = 0
+    for trial in range(12):
+        head = int(rng.integers(50, 3_000))
+        logits = np.zeros(size, dtype=np.float64)
+        at = rng.choice(size, head, replace=False)
+        logits[at] = rng.uniform(2.0, 9.0, head)
+        p = np.exp(logits)
+        p /= p.sum()
+        row = p.astype(np.float32)
+        floor = row[logits == 0][0]
+        top_p = float(rng.choice([0.5, 0.8, 0.9, 0.95, 0.99]))
+        got = warp(row, SamplingParams(top_p=top_p))
+        ref = _reference_top(row[None], top_p=top_p)[0]
+        assert np.array_equal(got > 0, ref > 0), (trial, top_p)
+        assert np.allclose(got, ref, atol=1e-9, rtol=1e-5), (trial, top_p)
+        dropped = np.flatnonzero((row == floor) & (got == 0))
+        if dropped.size and dropped.size < np.count_nonzero(row == floor):
+            kept_ties = np.flatnonzero((row == floor) & (got > 0))
+            assert dropped.max() < kept_ties.min()  # lowest ids of the group go first
+            cut_inside += 1
+    assert cut_inside >= 6  # the case this is about, not only cuts above the group

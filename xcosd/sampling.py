@@ -331,7 +331,8 @@ def _top_p_sparse(n: int, size: int, rows: np.ndarray, ids: np.ndarray, w: np.nd
     return _Warped(n, size, r_k[back], i_k[back], p_k[back])
 
 
-def _at_or_below(mass: np.ndarray, total: np.ndarray | float, top_p: float) -> np.ndarray:
+def _at_or_below(mass: np.ndarray | float, total: np.ndarray | float, top_p: float
+                 ) -> np.ndarray:
     """Whether a cumulative mass is dropped by top-p, compared as transformers compares
     it: the normalised cumulative mass rounded to float32 against ``1 - top_p`` rounded
     to float32 (its float32 ``cumulative_probs <= (1 - top_p)``). Masses sitting exactly
@@ -383,6 +384,10 @@ def _top_p_band(w: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray] | 
         lo, hi = guess - half, guess + half
         v_lo = sample[lo] if lo > 0 else None
         v_hi = sample[hi] if hi < sample.shape[0] else None
+        if v_lo is not None and v_lo == v_hi:
+            tied = _top_p_tie(w, v_lo, total, top_p)
+            if tied is not None:
+                return tied
         # the mass above the band, and the band's values, with masked passes only: an
         # index list of a big side of the row (np.flatnonzero) costs more than the rest
         idx: np.ndarray | None = None
@@ -439,6 +444,43 @@ def _top_p_band(w: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray] | 
         if drop_ties:
             out[np.flatnonzero(w == last)[:drop_ties]] = 0.0
         return out
+
+
+def _top_p_tie(w: np.ndarray, v: np.floating, total: float, top_p: float
+               ) -> np.ndarray | None:
+    """Top-p of one row whose cut falls inside the group of entries equal to ``v``
+    (a model's floor value, shared by most of a row, makes such groups of 100k+).
+
+    :func:`_top_p_band`'s rule without sorting or summing the group entry by entry:
+    the cumulative mass of the group's ``i``-th token from the top is
+    ``total - (above + i * v)`` (``i * v`` is exact in float64), which falls with
+    ``i``, so the first dropped one is found by bisection. The group's highest ids
+    are the ones kept. Returns the float32 row, or None when the cut is not inside
+    the group (the caller's band search goes on)."""
+    ties = np.flatnonzero(w == v)
+    c = ties.shape[0]
+    if c == 0:
+        return None
+    above = float(np.sum(w * (w > v), dtype=np.float64))
+    vv = float(v)
+
+    def removed(i: int) -> bool:
+        return bool(_at_or_below(total - (above + i * vv), total, top_p))
+
+    if removed(0) or not removed(c - 1):
+        return None  # the cut is above the group, or below it
+    lo, hi = 0, c - 1  # removed(lo) is False, removed(hi) is True
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if removed(mid):
+            hi = mid
+        else:
+            lo = mid
+    keep_ties = hi  # tokens 0 .. hi - 1 of the group (from the top) stay
+    out = (w * (w >= v)).astype(np.float32, copy=False)
+    out *= np.float32(1.0 / (above + keep_ties * vv))
+    out[ties[: c - keep_ties]] = 0.0
+    return out
 
 
 #: rows longer than this are sampled through block sums (:func:`_block_cumulative`)
