@@ -439,11 +439,23 @@ def _top_p_band(w: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray] | 
             tie_at = np.flatnonzero(sub == last)
             keep[tie_at[drop_ties:]] = True
             return idx[keep], sub[keep].astype(np.float64) / run[j]
-        out = (w * (w >= last)).astype(np.float32, copy=False)
-        out *= np.float32(1.0 / run[j])
+        out = _scaled_from(w, last, 1.0 / run[j])
         if drop_ties:
             out[np.flatnonzero(w == last)[:drop_ties]] = 0.0
         return out
+
+
+def _scaled_from(w: np.ndarray, last: np.floating, scale: float) -> np.ndarray:
+    """float32 ``w * scale`` where ``w >= last``, 0 elsewhere. On a float32 row the
+    product comes first and the mask multiplies it in place (one temporary less
+    than masking first; the same bits, as ``x * 1`` is ``x``)."""
+    if w.dtype == np.float32:
+        out = w * np.float32(scale)
+        out *= w >= last
+        return out
+    out = (w * (w >= last)).astype(np.float32)
+    out *= np.float32(scale)
+    return out
 
 
 def _top_p_tie(w: np.ndarray, v: np.floating, total: float, top_p: float
@@ -477,8 +489,7 @@ def _top_p_tie(w: np.ndarray, v: np.floating, total: float, top_p: float
         else:
             lo = mid
     keep_ties = hi  # tokens 0 .. hi - 1 of the group (from the top) stay
-    out = (w * (w >= v)).astype(np.float32, copy=False)
-    out *= np.float32(1.0 / (above + keep_ties * vv))
+    out = _scaled_from(w, v, 1.0 / (above + keep_ties * vv))
     out[ties[: c - keep_ties]] = 0.0
     return out
 
