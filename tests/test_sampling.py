@@ -9,11 +9,11 @@ from xcosd.errors import InvalidDistribution
 from xcosd.methods import Space
 from xcosd.sampling import (
     SamplingParams,
+    WarpedRows,
     check_distribution,
     sample_index,
     sample_many,
     warp,
-    warp_batch,
     warp_kept,
 )
 from xcosd.simulate import simulate_round
@@ -290,7 +290,7 @@ def test_near_threshold_rows_fall_on_the_right_side():
 # ------------------------------------------------------- the same bits everywhere
 
 
-def test_a_row_warps_to_the_same_bits_alone_in_a_block_batched_and_sparse():
+def test_a_row_warps_to_the_same_bits_alone_in_a_block_on_demand_and_sparse():
     """The edge warps single rows, the cloud whole batches: for the same row every path
     must give bit-identical kept sets and values, whatever rows it is warped with."""
     rng = np.random.default_rng(5)
@@ -301,7 +301,7 @@ def test_a_row_warps_to_the_same_bits_alone_in_a_block_batched_and_sparse():
     block = np.stack(rows)
     for params in [*WARPERS, SamplingParams(temperature=0.5), SamplingParams(temperature=0)]:
         whole = warp(block, params)
-        batched = warp_batch([block[:2], block[2:], block[::-1]], [params] * 3)
+        lazy = WarpedRows(block[::-1], params)
         for r, row in enumerate(rows):
             alone = warp(row, params)
             assert alone.dtype == np.float32
@@ -313,10 +313,13 @@ def test_a_row_warps_to_the_same_bits_alone_in_a_block_batched_and_sparse():
                 dense[kept.ids] = kept.probs.astype(np.float32)
                 assert np.all(np.diff(kept.ids) > 0)
             assert np.array_equal(alone, dense), params.label()
-        assert np.array_equal(np.concatenate(batched[:2]), whole)
-        assert np.array_equal(batched[2], whole[::-1])
-    with pytest.raises(ValueError):
-        warp_batch([block], [])
+        # on demand, in any order, a row at a time or all at once
+        assert np.array_equal(lazy[2], whole[1]) and lazy.warped_rows == 1
+        assert lazy[0, 7] == whole[3, 7] and lazy.warped_rows == 2
+        assert np.array_equal(np.asarray(lazy), whole[::-1]) and lazy.warped_rows == 4
+        assert np.array_equal(lazy[-1], whole[0])
+    with pytest.raises(IndexError):
+        WarpedRows(block, WARPERS[0])[4]
 
 
 def test_warp_refuses_a_row_without_mass():

@@ -29,15 +29,16 @@ candidates; top-p finds its cut by a band search around a sampled guess (see
 
 A row's result depends on that row only, never on the rows warped with it, and every
 reduction is a fixed-order numpy loop (no parallel, order-dependent sums), so both
-sides of a session, and a row warped alone or in a cloud batch, get bit-identical
-kept sets and values. Sums and comparisons are done in float64 (float32 where the
-transformers rule is float32); results are float32 rows.
+sides of a session, and a row warped alone, in a block or on demand
+(:class:`WarpedRows`), get bit-identical kept sets and values. Sums and comparisons
+are done in float64 (float32 where the transformers rule is float32); results are
+float32 rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -125,20 +126,64 @@ def warp(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
     return out[0] if a.ndim == 1 else out.reshape(a.shape)
 
 
-def warp_batch(blocks: Sequence[np.ndarray], params: Sequence[SamplingParams]
-               ) -> list[np.ndarray]:
-    """:func:`warp` for every block of a cloud batch in one call: ``blocks[i]`` (one
-    session's ``d + 1`` target rows) with ``params[i]``.
+class WarpedRows:
+    """A block of target rows, each warped the first time it is read.
 
-    Each result is bit-identical to ``warp(blocks[i], params[i])``. The rows of a block
-    go through each step together (one vectorised numpy call per step, never a Python
-    loop per row, except the band search of a flat top-p row, which is O(V) anyway);
-    identity blocks cost nothing. Blocks are not stacked into one array: with
-    100k-260k ids per row the copy would cost more than the calls it saves.
+    Verification reads the rows of a block in order and stops at the first
+    rejection: with acceptance ``a`` per draft it reads about ``1 + a + ... + a^d``
+    of the ``d + 1`` rows, so warping them on demand skips the rest (at a = 0.5 and
+    d = 4, three rows in five) and changes no result: a row's warp is a pure
+    function of that row (:func:`warp`, bit for bit), and warping draws no random
+    numbers. It offers what verification uses of a row block: ``block[i]`` (a
+    float32 row), ``block[i, x]`` (one value), ``len``, ``shape``, and
+    ``np.asarray(block)`` (every row, warped).
     """
-    if len(blocks) != len(params):
-        raise ValueError(f"{len(blocks)} blocks but {len(params)} sampling settings")
-    return [warp(b, p) for b, p in zip(blocks, params, strict=True)]
+
+    __slots__ = ("_params", "_rows", "_warped", "shape")
+
+    def __init__(self, rows: np.ndarray, params: SamplingParams) -> None:
+        a = np.asarray(rows)
+        if a.ndim != 2:
+            raise InvalidDistribution(f"expected a block of rows, got shape {a.shape}")
+        self._rows = a
+        self._params = params
+        self._warped: dict[int, np.ndarray] = {}
+        self.shape: tuple[int, int] = (int(a.shape[0]), int(a.shape[1]))
+
+    def row(self, i: int) -> np.ndarray:
+        """Row ``i``, warped (once)."""
+        i = int(i)
+        if i < 0:
+            i += self.shape[0]
+        if not 0 <= i < self.shape[0]:
+            raise IndexError(f"row {i} of a block of {self.shape[0]}")
+        out = self._warped.get(i)
+        if out is None:
+            out = self._warped[i] = warp(self._rows[i], self._params)
+        return out
+
+    @property
+    def warped_rows(self) -> int:
+        """How many rows were warped so far."""
+        return len(self._warped)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: int | tuple[int, int]) -> Any:
+        if isinstance(key, tuple):
+            i, x = key
+            return self.row(i)[x]
+        return self.row(key)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = np.stack([self.row(i) for i in range(self.shape[0])])
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
+#: a block of target rows as verification reads it: warped rows, or rows warped on
+#: demand
+Rows = np.ndarray | WarpedRows
 
 
 @dataclass(frozen=True, eq=False)
@@ -439,7 +484,7 @@ def _top_p_band(w: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray] | 
             tie_at = np.flatnonzero(sub == last)
             keep[tie_at[drop_ties:]] = True
             return idx[keep], sub[keep].astype(np.float64) / run[j]
-        out = _scaled_from(w, last, 1.0 / run[j])
+        out = _scaled_from(w, last, 1.0 / float(run[j]))
         if drop_ties:
             out[np.flatnonzero(w == last)[:drop_ties]] = 0.0
         return out

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..codecs import Codec, get_codec
 from ..errors import InvalidDistribution, ProtocolError
-from ..sampling import sample_index
+from ..sampling import Rows, WarpedRows, sample_index
 
 #: bytes per token id and per float32 value as counted before framing
 ID_BYTES = 4
@@ -228,7 +228,7 @@ class DeviceState:
 # ------------------------------------------------------------------- pure helpers
 
 
-def verify(p_star: np.ndarray, ids: np.ndarray, q_values: np.ndarray, rng: np.random.Generator,
+def verify(p_star: Rows, ids: np.ndarray, q_values: np.ndarray, rng: np.random.Generator,
            mask: np.ndarray | None = None) -> int:
     """Standard speculative verification: accept ``x_i`` while ``u < p(x_i)/q(x_i)``.
 
@@ -317,14 +317,17 @@ class Method:
         """The committed row ``p*`` every decision uses (``p`` itself by default)."""
         return np.asarray(p, dtype=np.float32)
 
-    def commit_rows(self, rows: np.ndarray, space: Space) -> np.ndarray:
-        """:meth:`commit_row` for each row of a verified block (one call per block)."""
-        rows32 = np.asarray(rows, dtype=np.float32)
-        if self.codec_applies_to != "p" or self.codec.exact:
-            return rows32
-        return np.stack([self.commit_row(r, space) for r in rows32])
+    def commit_rows(self, rows: Rows, space: Space) -> Rows:
+        """:meth:`commit_row` for each row of a verified block (one call per block).
 
-    def verify(self, p_star: np.ndarray, draft: Draft, space: Space, rng: np.random.Generator) -> int:
+        Where the commit is the identity, a block warped on demand
+        (:class:`~xcosd.sampling.WarpedRows`) stays so: verification then warps only
+        the rows it reads."""
+        if self.codec_applies_to != "p" or self.codec.exact:
+            return rows if isinstance(rows, WarpedRows) else np.asarray(rows, dtype=np.float32)
+        return np.stack([self.commit_row(r, space) for r in np.asarray(rows, dtype=np.float32)])
+
+    def verify(self, p_star: Rows, draft: Draft, space: Space, rng: np.random.Generator) -> int:
         return verify(p_star, draft.ids, draft.q_values, rng)
 
     def server_q(self, draft: Draft, j: int, space: Space) -> np.ndarray | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..sampling import sample_index
+from ..sampling import Rows, sample_index
 from .base import ID_BYTES, DeviceState, Draft, Method, RejectState, Reply, Request, Space
 
 
@@ -41,11 +41,13 @@ class Verified:
     reject: RejectState | None
 
 
-def verify_block(method: Method, p: np.ndarray, draft: Draft, space: Space,
+def verify_block(method: Method, p: Rows, draft: Draft, space: Space,
                  rng: np.random.Generator) -> Verified:
     """Commit the ``d + 1`` warped target rows ``p``, verify ``draft`` against them
     and answer: a bonus token when every draft is accepted, else the method's
-    rejection payload for the first rejected position."""
+    rejection payload for the first rejected position. ``p`` may be a
+    :class:`~xcosd.sampling.WarpedRows`: the rows after the first rejection are then
+    never warped."""
     p_star = method.commit_rows(p, space)
     d = draft.length
     n = method.verify(p_star, draft, space, rng) if d else 0
@@ -55,7 +57,7 @@ def verify_block(method: Method, p: np.ndarray, draft: Draft, space: Space,
     return Verified(n, method.on_reject(state, space, rng), state)
 
 
-def _reject_state(method: Method, p: np.ndarray, p_star: np.ndarray, draft: Draft, n: int,
+def _reject_state(method: Method, p: Rows, p_star: Rows, draft: Draft, n: int,
                   space: Space) -> RejectState:
     # copies: views would keep the whole (d+1) x |V_T| block alive until the
     # device's next draft
@@ -64,7 +66,7 @@ def _reject_state(method: Method, p: np.ndarray, p_star: np.ndarray, draft: Draf
                        rejected=int(draft.ids[n]), q_common=method.server_q(draft, n, space))
 
 
-def rebuild_reject(method: Method, p: np.ndarray, draft: Draft, accepted: int, space: Space,
+def rebuild_reject(method: Method, p: Rows, draft: Draft, accepted: int, space: Space,
                    *, candidate_rounds: int = 0, fallback_sent: bool = False) -> RejectState:
     """The server's state after a rejection at ``accepted``, rebuilt from the rows
     alone, for a round whose verdict is known but whose state was lost (a cloud

@@ -61,7 +61,6 @@ from ..errors import ModelError, XcosdError
 from ..methods.base import TokenReply
 from ..models.base import LanguageModel
 from ..protocol.cloud import CloudSession, RoundOutcome, ScoreNeeded
-from ..sampling import warp_batch
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +80,7 @@ INLINE_WINDOW = 8
 
 def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[RoundOutcome]:
     """Bring each session's model context in step, score all of them in one call,
-    warp all their rows in one call, verify each round. Runs in the worker thread (or
+    verify each round (warping the rows it reads). Runs in the worker thread (or
     inline in sans-I/O tests).
 
     Isolation: only a failure of the batched model call itself is retried, session
@@ -116,39 +115,21 @@ def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[Roun
                     rows[i] = model.score([(r.session.handle, r.new_ids)])[0]
                 except Exception as e:
                     out[i] = _failed(e)
-    scored = [(i, r) for i, r in prepared if i in rows]
-    warped = _warp_all([r for _, r in scored], [rows[i] for i, _ in scored])
-    for (i, r), p in zip(scored, warped, strict=True):
-        out[i] = _verify(r.session, rows[i], p)
+    for i, r in prepared:
+        if i in rows:
+            out[i] = _verify(r.session, rows[i])
     return [out[i] for i in range(len(batch))]
 
 
-def _verify(session: CloudSession, rows: np.ndarray, warped: np.ndarray | None
-            ) -> RoundOutcome:
+def _verify(session: CloudSession, rows: np.ndarray) -> RoundOutcome:
     """One session's verification; whatever it raises fails that session only."""
     try:
-        return session.verify_rows(rows, warped)
+        return session.verify_rows(rows)
     except Exception as e:  # MemoryError, a method's bug: this session's problem
         log.exception("verifying a round of session %s failed", session.s)
         err = e if isinstance(e, XcosdError) else XcosdError(
             f"verifying this round failed: {type(e).__name__}: {e}", code="internal")
         return RoundOutcome(0, TokenReply(0), None, err)
-
-
-def _warp_all(prepared: Sequence[ScoreNeeded], rows: Sequence[np.ndarray]
-              ) -> Sequence[np.ndarray | None]:
-    """Every session's rows warped with its own sampling parameters, in one
-    :func:`~xcosd.sampling.warp_batch` call for the whole batch. Rows one session's
-    verification would refuse anyway (wrong shape, no mass) make the call fail, and
-    so may anything else (memory): then each session warps its own rows and reports
-    its own error."""
-    if not prepared:
-        return []
-    try:
-        return warp_batch([np.asarray(rr, dtype=np.float32) for rr in rows],
-                          [r.session.params for r in prepared])
-    except Exception:
-        return [None] * len(prepared)
 
 
 def _prepare(model: LanguageModel, req: ScoreNeeded) -> None:

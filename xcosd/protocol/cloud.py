@@ -54,7 +54,7 @@ from ..methods.base import (
     TokenReply,
 )
 from ..methods.round import rebuild_reject, verify_block
-from ..sampling import SamplingParams, warp
+from ..sampling import SamplingParams, WarpedRows
 from ..vocab import Vocabulary
 from .errors import error_code
 from .messages import (
@@ -353,14 +353,14 @@ class CloudSession:
 
     # -- in a worker thread -----------------------------------------------
 
-    def verify_rows(self, rows: np.ndarray, warped: np.ndarray | None = None) -> RoundOutcome:
+    def verify_rows(self, rows: np.ndarray) -> RoundOutcome:
         """Verify the pending draft against the target's rows for it.
 
         Pure math on this session's own state (the draft, the method, its RNG), so
         the scheduler may run it in its worker thread right after the batched
-        forward pass. ``warped`` is ``rows`` already warped with this session's
-        sampling parameters: the scheduler warps a whole batch in one
-        :func:`~xcosd.sampling.warp_batch` call (bit-identical to warping here).
+        forward pass. Each row is warped with this session's sampling parameters
+        when verification first reads it (:class:`~xcosd.sampling.WarpedRows`):
+        the rows after the first rejection, which nothing reads, are never warped.
         Never raises: a failure comes back as ``error``.
         """
         draft = self.draft
@@ -374,7 +374,7 @@ class CloudSession:
             if rows.shape != (d + 1, sp.target_size):
                 raise InvalidDistribution(
                     f"target returned rows {rows.shape}, expected {(d + 1, sp.target_size)}")
-            p = warped if warped is not None else warp(rows, self.params)
+            p = WarpedRows(rows, self.params)
             redo = self.redo
             if redo is not None:
                 state = rebuild_reject(m, p, draft, redo.accepted, sp,
