@@ -356,3 +356,21 @@ def test_a_cut_inside_a_huge_tie_group_matches_a_full_sort():
             assert dropped.max() < kept_ties.min()  # lowest ids of the group go first
             cut_inside += 1
     assert cut_inside >= 6  # the case this is about, not only cuts above the group
+
+
+@pytest.mark.parametrize("size", [4_100, 128_256, 200_019])
+def test_top_k_candidates_from_group_maxima_match_a_full_sort(size):
+    """Top-k looks only inside the groups whose maximum reaches a bound, plus the ids
+    past the last full stride (sizes that are no multiple of the group count): the
+    kept set must still be the full sort's, ties with the k-th included, wherever the
+    largest values sit (the tail among them)."""
+    rng = np.random.default_rng(size)
+    rows = rng.dirichlet(np.full(size, 0.05), size=3).astype(np.float32)
+    rows[1, -5:] = rows[1].max() * 2  # the largest values in the tail
+    rows[2] = np.round(rows[2], 5)  # many ties, at the k-th too
+    rows /= rows.sum(axis=-1, keepdims=True)
+    for k in (1, 50, 700):
+        got = warp(rows, SamplingParams(top_k=k))
+        ref = _reference_top(rows, k=k)
+        assert np.array_equal(got > 0, ref > 0), k
+        assert np.allclose(got, ref, atol=1e-7), k

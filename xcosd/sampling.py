@@ -305,16 +305,33 @@ def _top_candidates(block: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, 
     n, size = block.shape
     groups = max(4 * m, _MIN_GROUPS)
     per = size // groups
+    tiny = np.finfo(block.dtype).smallest_subnormal
     if per >= 4:
         # strided groups {j, j + G, j + 2G, ...}: a maximum over axis 1 is one SIMD pass
-        gmax = block[:, : per * groups].reshape(n, per, groups).max(axis=1)
-        bound = np.partition(gmax, groups - m, axis=1)[:, groups - m]
+        grid = block[:, : per * groups].reshape(n, per, groups)
+        gmax = grid.max(axis=1)
+        bound = np.maximum(np.partition(gmax, groups - m, axis=1)[:, groups - m], tiny)
+        # only groups whose maximum reaches the bound hold candidates (a few times m
+        # of them): compare those, not the whole row
+        g_rows, g_ids = np.nonzero(gmax >= bound[:, None])
+        sub = grid[g_rows, :, g_ids]  # (groups hit, per)
+        hit_g, hit_p = np.nonzero(sub >= bound[g_rows][:, None])
+        rows = g_rows[hit_g]
+        ids = hit_p * groups + g_ids[hit_g]
+        vals = sub[hit_g, hit_p]
+        rest = block[:, per * groups:]  # the < G ids past the last full stride
+        if rest.shape[1]:
+            t_rows, t_ids = np.nonzero(rest >= bound[:, None])
+            rows = np.concatenate((rows, t_rows))
+            ids = np.concatenate((ids, t_ids + per * groups))
+            vals = np.concatenate((vals, rest[t_rows, t_ids]))
+        order = np.lexsort((ids, rows))
+        rows, ids, vals = rows[order], ids[order], vals[order]
     else:
-        bound = np.partition(block, size - m, axis=1)[:, size - m]
-    tiny = np.finfo(block.dtype).smallest_subnormal
-    flat = np.flatnonzero(block >= np.maximum(bound, tiny)[:, None])
-    rows, ids = np.divmod(flat, size)
-    vals = block.ravel()[flat]
+        bound = np.maximum(np.partition(block, size - m, axis=1)[:, size - m], tiny)
+        flat = np.flatnonzero(block >= bound[:, None])
+        rows, ids = np.divmod(flat, size)
+        vals = block.ravel()[flat]
     starts, counts = _segments(rows, n)
     if np.any(counts == 0):
         raise InvalidDistribution("cannot warp a row with no mass")
