@@ -275,6 +275,12 @@ def _grid(cfg: MethodsConfig, pair: str, w: str, wi: int, draft: LanguageModel,
     for k, (m, c) in enumerate(grid):
         _say(show, f"[{pair} {w}] {k + 1}/{len(grid)} {m} {c}")
         gen = cfg.generation(m, c, w, n_tokens)
+        # one untimed generation first: the first call of each code path pays for
+        # lazily built tables and cold caches, which would be charged to whichever
+        # record ran first (T=1's, say) and skew the compute per token of short runs
+        link.generate(m, prompt=prompts[0], max_new_tokens=min(8, gen.max_new_tokens),
+                      codec=c, params=gen.sampling_params(), draft_len=gen.draft_len,
+                      seed=cfg.seed * 1000 + 999)
         gens = [link.generate(m, prompt=p, max_new_tokens=gen.max_new_tokens, codec=c,
                               params=gen.sampling_params(), draft_len=gen.draft_len,
                               seed=cfg.seed * 1000 + i)
