@@ -299,21 +299,27 @@ def _top_candidates(block: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, 
     Zeros are never candidates (they carry no mass, so keeping them changes nothing).
     No full sort and no partition of the whole row: the maxima of ``G >= m`` disjoint
     groups are ``G`` distinct entries, so their ``m``-th largest is a lower bound on the
-    row's; one compare against it leaves a few hundred candidates, and the exact
-    ``m``-th value is found among those.
+    row's. Only the groups whose maximum reaches it can hold entries that do (a few
+    times ``m`` groups, unless ties at the top are everywhere: then the whole row is
+    compared); they leave a few hundred candidates, and the exact ``m``-th value is
+    found among those.
     """
     n, size = block.shape
     groups = max(4 * m, _MIN_GROUPS)
     per = size // groups
     tiny = np.finfo(block.dtype).smallest_subnormal
+    g_rows = g_ids = None
     if per >= 4:
         # strided groups {j, j + G, j + 2G, ...}: a maximum over axis 1 is one SIMD pass
         grid = block[:, : per * groups].reshape(n, per, groups)
         gmax = grid.max(axis=1)
         bound = np.maximum(np.partition(gmax, groups - m, axis=1)[:, groups - m], tiny)
+        g_rows, g_ids = np.nonzero(gmax >= bound[:, None])
+    else:
+        bound = np.maximum(np.partition(block, size - m, axis=1)[:, size - m], tiny)
+    if g_rows is not None and g_ids is not None and g_rows.shape[0] * 4 <= n * groups:
         # only groups whose maximum reaches the bound hold candidates (a few times m
         # of them): compare those, not the whole row
-        g_rows, g_ids = np.nonzero(gmax >= bound[:, None])
         sub = grid[g_rows, :, g_ids]  # (groups hit, per)
         hit_g, hit_p = np.nonzero(sub >= bound[g_rows][:, None])
         rows = g_rows[hit_g]
@@ -327,8 +333,7 @@ def _top_candidates(block: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, 
             vals = np.concatenate((vals, rest[t_rows, t_ids]))
         order = np.lexsort((ids, rows))
         rows, ids, vals = rows[order], ids[order], vals[order]
-    else:
-        bound = np.maximum(np.partition(block, size - m, axis=1)[:, size - m], tiny)
+    else:  # small rows, or ties at the top in most groups: one compare of the rows
         flat = np.flatnonzero(block >= bound[:, None])
         rows, ids = np.divmod(flat, size)
         vals = block.ravel()[flat]
