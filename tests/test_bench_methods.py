@@ -31,9 +31,14 @@ def test_the_pump_counts_every_message() -> None:
     g = pump.generate("xcosd-e", prompt="Once upon a time", max_new_tokens=20, seed=3)
     st = g.stats
     assert st.tokens == len(g.token_ids) > 0
-    assert st.uplink_bytes == sum(n for d, n in g.trace if d == "up")
+    # the trace is what the generation waits for: every message but the close,
+    # which leaves after the output is complete (counted in the bytes only)
+    close = st.uplink_by_type["close"]
+    assert close > 0
+    assert st.uplink_bytes == sum(n for d, n in g.trace if d == "up") + close
     assert st.downlink_bytes == sum(n for d, n in g.trace if d == "down")
-    assert st.messages == len(g.trace)
+    assert st.messages == len(g.trace) + 1
+    assert g.trace[-1][0] == "down"  # the last answer ends the modeled time
     assert st.target_calls == st.rounds  # one target call per round
     assert st.accepted <= st.drafted
     assert st.rejection_downlink_bytes <= st.downlink_bytes

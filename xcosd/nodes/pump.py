@@ -216,7 +216,11 @@ class Pump:
             if st.rejections > rejections:
                 st.rejection_uplink_bytes += st.uplink_bytes - up
                 st.rejection_downlink_bytes += st.downlink_bytes - down
+        waited = len(trace)
         self.to_cloud(es.close())
+        # the close is counted in the bytes but not in the modeled time: the output
+        # is complete before it leaves, as EdgeNode.generate's trace has it
+        del trace[waited:]
         self.drafters.pop(es.s).end()
         st.tokens = len(es.token_ids)
         st.finish_reason = es.finish_reason or ""
