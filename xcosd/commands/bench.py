@@ -474,6 +474,10 @@ def _add_soak(bsub: Any) -> None:
                    help="seconds before an edge asks again for a late answer")
     p.add_argument("--generation-timeout", type=positive_float, default=d.generation_timeout_s,
                    help="seconds one generation may take")
+    p.add_argument("--warmup-fraction", type=float, default=d.warmup_fraction,
+                   help="share of the run before the memory baseline is sampled (over "
+                        "ZeroMQ, libzmq allocates each connection's queue memory only as "
+                        "that connection's messages pass: see docs/RESULTS.md)")
     add_transport_arg(p)
     p.add_argument("--seed", type=nonneg_int, default=d.seed,
                    help="seed of the prompts, the kills and the links")
@@ -502,7 +506,7 @@ def soak_config(args: argparse.Namespace) -> Any:
         kill_rate=args.kill_rate, restarts=args.restarts, heartbeat_s=args.heartbeat,
         edge_timeout_s=args.edge_timeout, cloud_timeout_s=args.cloud_timeout,
         resend_after_s=args.resend_after, generation_timeout_s=args.generation_timeout,
-        transport=args.transport, seed=args.seed)
+        transport=args.transport, seed=args.seed, warmup_fraction=args.warmup_fraction)
 
 
 def run_soak(args: argparse.Namespace) -> int:
