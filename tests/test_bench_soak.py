@@ -185,3 +185,16 @@ async def test_a_lossy_link_does_not_keep_an_edge_from_connecting() -> None:
             r = await edge.generate([1, 2], max_new_tokens=4, do_sample=False)
     assert len(r.token_ids) == 4
     assert r.stats.resends > 0
+
+
+async def test_the_bare_pyzmq_memory_control_echoes_and_samples() -> None:
+    """The soak's memory control: real sockets, every connection carrying messages,
+    one RSS sample per interval."""
+    from xcosd.bench.zmq_memory import measure
+
+    rep = await measure(4, 200.0, 0.6, sample_s=0.2)
+    assert rep["connections"] == 4
+    assert rep["messages_per_connection_per_s"] > 1
+    assert len(rep["series_mb"]) >= 2
+    assert all(mb > 0 for _, mb in rep["series_mb"])
+    assert rep["end_mb"] == rep["series_mb"][-1][1]
