@@ -196,7 +196,7 @@ def section_soak(rep: Any) -> list[str]:
     if rep is None:
         return soak.section_lines(None)
     path = soak.plot(rep, IMG / "soak.png")
-    return soak.section_lines(rep, f"img/{path.name}")
+    return soak.section_lines(rep, f"img/{path.name}", _load("zmq_memory.json"))
 
 
 def _fastest(records: list[dict[str, Any]], rate: str, lossless_only: bool) -> dict[str, Any]:
@@ -393,14 +393,15 @@ def section_models(md: Any) -> list[str]:
 
 def sizes_note(run: Any) -> list[str]:
     return ["## Sizes used", "",
-            "To fit `make bench` in about 15 minutes on 2 cores the sizes are small: the "
+            "To fit `make bench` in about 25 minutes on 2 cores the sizes are small: the "
             "load tests measure 4 s (scaling points) and 8 s (64 devices) after 2 s of "
             "warm-up; the methods grid runs 6 prompts x 48 tokens at T=1 and greedy (every "
-            "method and codec), 3 prompts x 32 tokens at top-p 0.95 and top-k 50 (5 codecs: "
-            "warping a 128k-256k row costs tens of ms), the real pair 1 prompt x 12 tokens "
+            "method and codec), 3 prompts x 32 tokens at top-p 0.95 and top-k 50 (5 "
+            "codecs), the real pair 1 prompt x 12 tokens "
             "(f32, T=1); the TV uses 2000 (1500 at top-p/top-k, 600 for the real pair) "
             "one-draft rounds per context at 3 contexts (1 for the real pair); the soak runs "
-            "at its defaults (256 devices, 60 s). Small samples "
+            "256 devices for 240 s (its memory baseline at 120 s), and its bare-pyzmq "
+            "control 240 s. Small samples "
             "make acceptance rates noisy by a few percent; the commands above take larger "
             "sizes (`--prompts`, `--tokens`, `--tv-trials`, `--duration`).", ""]
 

@@ -949,10 +949,12 @@ def format_report(rep: dict[str, Any]) -> str:
 SECTION_HEADING = "## Soak"
 
 
-def section_lines(rep: dict[str, Any] | None, image: str | None = None) -> list[str]:
+def section_lines(rep: dict[str, Any] | None, image: str | None = None,
+                  control: dict[str, Any] | None = None) -> list[str]:
     """The docs/RESULTS.md section for a report (``None``: the file is missing).
-    ``image``: the plot's path relative to docs/. Every number and every verdict is
-    computed from the report."""
+    ``image``: the plot's path relative to docs/; ``control``: the report of
+    ``python -m xcosd.bench.zmq_memory`` (bare pyzmq), quoted for a run over ZeroMQ.
+    Every number and every verdict is computed from the reports."""
     if rep is None:
         return [SECTION_HEADING, "", f"{OUT_FILE} is missing: run `xcosd bench soak`.", ""]
     c, p, g, m = rep["config"], rep["pair"], rep["generations"], rep["memory"]
@@ -1009,6 +1011,20 @@ def section_lines(rep: dict[str, Any] | None, image: str | None = None) -> list[
                 f"{cpu_cores(rep):.2f} cores on average over the window (cloud, its worker "
                 "thread and every device share one interpreter). The event loop woke up "
                 f"at most {rep['loop_lag_max_s']:.2f} s late.")
+    if control is not None and c["transport"] == "zmq":
+        cs = control["series_mb"]
+        text.append(
+            f"The memory baseline is sampled at {100 * c['warmup_fraction']:g} % of the run "
+            "because of libzmq: it allocates each connection's queue memory (chunks of 256 "
+            "messages, one freed chunk kept as a spare) only as that connection's first few "
+            "hundred messages pass, so a process with many connections that each carry a "
+            "few messages a second grows for minutes before it is flat. The control, "
+            f"`python -m xcosd.bench.zmq_memory` (bare pyzmq {control['pyzmq']}, libzmq "
+            f"{control['zmq']}, no xcosd code: {control['connections']} connections at "
+            f"{control['messages_per_connection_per_s']:.1f} messages/s each), went from "
+            f"{control['first_mb']:g} to {control['end_mb']:g} MiB over "
+            f"{cs[-1][0]:g} s and was within 1 MiB of its end from "
+            f"{control['flat_from_s']} s on.")
     return [*lines, " ".join(text), ""]
 
 
