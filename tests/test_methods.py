@@ -120,3 +120,25 @@ def test_uhlm_skips_confident_positions():
                        threshold=0.3)
     # one q vector (3 floats) for the one uncertain position, plus a 1-byte mask
     assert r.uplink_bytes == 2 * 8 + 3 * 4 + 1
+
+
+def test_a_draft_drawn_over_its_support_is_the_dense_draw() -> None:
+    """After top-k the TLI row has a few dozen non-zeros among 100k+; the device draws
+    over those only. Same inverse CDF, same single uniform: for every seed the same
+    token as the draw over the whole row, so the same law; and a method that drafts
+    from a committed row (sd-uplink) ignores the support."""
+    from xcosd.methods.round import draft_token
+
+    n = 120_000
+    space = Space.from_mask(np.ones(n, dtype=bool))
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        support = np.sort(rng.choice(n, int(rng.integers(1, 80)), replace=False))
+        q = np.zeros(n, dtype=np.float32)
+        q[support] = rng.dirichlet(np.full(support.shape[0], 0.3)).astype(np.float32)
+        for m in (get_method("xcosd-e"), get_method("sd-uplink", codec="q8")):
+            for seed in range(50):
+                dense, _ = draft_token(m, q, space, np.random.default_rng(seed))
+                sparse, _ = draft_token(m, q, space, np.random.default_rng(seed), support)
+                assert dense == sparse, (trial, m.name, seed)
+                assert q[space.to_common[sparse]] > 0

@@ -22,12 +22,21 @@ from ..sampling import Rows, sample_index
 from .base import ID_BYTES, DeviceState, Draft, Method, RejectState, Reply, Request, Space
 
 
-def draft_token(method: Method, q: np.ndarray, space: Space,
-                rng: np.random.Generator) -> tuple[int, np.ndarray]:
+def draft_token(method: Method, q: np.ndarray, space: Space, rng: np.random.Generator,
+                support: np.ndarray | None = None) -> tuple[int, np.ndarray]:
     """Sample one draft from the TLI row ``q`` (V_C order): ``(target id, the row it
-    was sampled from)`` (``method.draft_row(q)``: sd-uplink commits it)."""
+    was sampled from)`` (``method.draft_row(q)``: sd-uplink commits it).
+
+    ``support``: ascending V_C positions outside which ``q`` is zero (after top-k or
+    a peaked top-p, a few dozen of 100k+). The draw is then made over those entries
+    only, by the same inverse CDF with the same one uniform: the same law, without a
+    pass over the whole row. Used only when the method drafts from ``q`` itself."""
     qr = method.draft_row(q)
-    return int(space.common_ids[sample_index(qr, rng)]), qr
+    if support is not None and qr is q:
+        j = int(support[sample_index(q[support], rng)])
+    else:
+        j = sample_index(qr, rng)
+    return int(space.common_ids[j]), qr
 
 
 @dataclass

@@ -31,6 +31,12 @@ def restrict_to_common(q_draft: np.ndarray, common_draft_ids: np.ndarray) -> np.
 
 def restrict_kept(kept: Kept, common_draft_ids: np.ndarray,
                   draft_to_common: np.ndarray) -> np.ndarray:
+    """:func:`restrict_kept_support` without the support."""
+    return restrict_kept_support(kept, common_draft_ids, draft_to_common)[0]
+
+
+def restrict_kept_support(kept: Kept, common_draft_ids: np.ndarray,
+                          draft_to_common: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """:func:`restrict_to_common` of a warped draft row given as
     :func:`~xcosd.sampling.warp_kept` returns it.
 
@@ -39,9 +45,13 @@ def restrict_kept(kept: Kept, common_draft_ids: np.ndarray,
     warped V_D row nor gathers V_C out of it. The result is the same TLI vector as
     ``restrict_to_common(warp(row))``: the kept values as float32, renormalised on V_C
     in float64 (only the summation order of that float64 total differs).
+
+    Returns ``(q, support)``: ``support`` holds, ascending, the V_C positions where
+    ``q`` may be non-zero when the kept set was small (``None`` otherwise), so a draft
+    can be drawn from those few entries (:func:`~xcosd.methods.round.draft_token`).
     """
     if kept.ids is None:
-        return restrict_to_common(kept.probs, common_draft_ids)
+        return restrict_to_common(kept.probs, common_draft_ids), None
     pos = draft_to_common[kept.ids]
     inside = pos >= 0
     sub = kept.probs[inside].astype(np.float32).astype(np.float64)
@@ -49,6 +59,7 @@ def restrict_kept(kept: Kept, common_draft_ids: np.ndarray,
     if not z > 0:
         raise InvalidDistribution("the draft distribution has no mass on V_C")
     q = np.zeros(common_draft_ids.shape[0], dtype=np.float32)
-    q[pos[inside]] = (sub / z).astype(np.float32)
-    return q
+    support = pos[inside]
+    q[support] = (sub / z).astype(np.float32)
+    return q, np.sort(support)
 

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import InvalidDistribution, VocabError
 from ..methods.base import Method, Space
 from ..methods.round import draft_token
-from ..methods.tli import restrict_kept, restrict_to_common
+from ..methods.tli import restrict_kept_support, restrict_to_common
 from ..models.base import LanguageModel, Session
 from ..protocol.edge import DraftNeeded
 from ..sampling import SamplingParams, warp, warp_kept
@@ -85,16 +85,17 @@ class Drafter:
             row = self.model.score([(self.session, [])])[0][-1]
             try:
                 # the TLI vector restrict_to_common(warp(row)), from the kept set only
-                q = restrict_kept(warp_kept(row, self.params), cd, to_common)
+                q, support = restrict_kept_support(warp_kept(row, self.params), cd,
+                                                   to_common)
             except InvalidDistribution:
                 # The warped draft has no mass on V_C (greedy picked a draft-only
                 # token, say): warp the draft's V_C part instead. Any proposal on V_C
                 # keeps the output exact; this one keeps drafting.
                 try:
-                    q = warp(restrict_to_common(row, cd), self.params)
+                    q, support = warp(restrict_to_common(row, cd), self.params), None
                 except InvalidDistribution:
                     break
-            tid, qr = draft_token(method, q, space, rng)
+            tid, qr = draft_token(method, q, space, rng, support)
             ids.append(tid)
             q_raw.append(q)
             q_rows.append(qr)
