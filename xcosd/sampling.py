@@ -357,14 +357,18 @@ def _temper_sparse(w: np.ndarray, rows: np.ndarray, n: int, temp: float) -> np.n
 
 
 def _temper_dense(block: np.ndarray, temp: float) -> np.ndarray:
-    """``softmax(log p / T)`` of whole rows, float64 (as transformers' temperature
-    divides the logits)."""
+    """``softmax(log p / T)`` of whole rows. A float32 row is tempered in float32, as
+    transformers divides its float32 logits by the temperature (a float64 log and exp
+    of a 262k row cost several times more); only the normalising sum is float64.
+    float64 input stays float64."""
+    dtype = np.float64 if block.dtype == np.float64 else np.float32
     with np.errstate(divide="ignore"):
-        logp = np.log(block.astype(np.float64)) / temp
-    logp -= logp.max(axis=-1, keepdims=True)
-    p = np.exp(logp)
-    p /= p.sum(axis=-1, keepdims=True)
-    return p
+        x = np.log(block.astype(dtype, copy=False))
+    x /= dtype(temp)
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, dtype=np.float64, keepdims=True).astype(dtype)
+    return x
 
 
 def _top_p_sparse(n: int, size: int, rows: np.ndarray, ids: np.ndarray, w: np.ndarray,
