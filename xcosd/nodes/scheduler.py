@@ -294,13 +294,13 @@ class Scheduler:
         self._free_pending()
         return score_batch(self.model, batch) if batch else []
 
-    def _timed_job(self, batch: list[ScoreNeeded]) -> list[RoundOutcome]:
-        """:meth:`_job` in the worker thread, timed."""
+    def _timed_job(self, batch: list[ScoreNeeded], inline: bool = False) -> list[RoundOutcome]:
+        """:meth:`_job`, timed, in the worker thread or (``inline``) on the loop."""
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self._job(batch)
         finally:
-            self._note(time.perf_counter() - t0, time.thread_time() - c0, batch, False)
+            self._note(time.perf_counter() - t0, time.thread_time() - c0, batch, inline)
 
     def _note(self, wall: float, cpu: float, batch: list[ScoreNeeded], inline: bool) -> None:
         """Record what a batch cost. In the thread, one that computes would have cost
@@ -327,13 +327,6 @@ class Scheduler:
         # rows (a fixed cost does not shrink), proportionally more for more rows
         bound = sorted(c * max(1.0, rows / max(1, n)) for c, _, n in costs)[mid]
         return bound <= self.inline_max_s
-
-    def _run_inline(self, batch: list[ScoreNeeded]) -> list[RoundOutcome]:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        try:
-            return self._job(batch)
-        finally:
-            self._note(time.perf_counter() - t0, time.thread_time() - c0, batch, True)
 
     async def stop(self, timeout: float = CLOSE_WAIT_S) -> None:
         """Form no more batches; drop the queued requests (their sessions' model
@@ -462,7 +455,7 @@ class Scheduler:
             if not batch:
                 with contextlib.suppress(Exception):
                     if self._inline(0):
-                        self._run_inline(batch)
+                        self._timed_job(batch, inline=True)
                     else:
                         await self.run(self._free_pending)
                 continue
@@ -472,7 +465,7 @@ class Scheduler:
             rows = sum(request_rows(r) for r in batch)
             try:
                 if self._inline(rows):
-                    outcomes = self._run_inline(batch)
+                    outcomes = self._timed_job(batch, inline=True)
                     await asyncio.sleep(0)  # a deep queue must not hold the loop
                 else:
                     outcomes = await self.run(self._timed_job, batch)
