@@ -29,12 +29,6 @@ def restrict_to_common(q_draft: np.ndarray, common_draft_ids: np.ndarray) -> np.
     return sub
 
 
-def restrict_kept(kept: Kept, common_draft_ids: np.ndarray,
-                  draft_to_common: np.ndarray) -> np.ndarray:
-    """:func:`restrict_kept_support` without the support."""
-    return restrict_kept_support(kept, common_draft_ids, draft_to_common)[0]
-
-
 def restrict_kept_support(kept: Kept, common_draft_ids: np.ndarray,
                           draft_to_common: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """:func:`restrict_to_common` of a warped draft row given as

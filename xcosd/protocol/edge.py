@@ -13,7 +13,7 @@ through :meth:`EdgeSession.drafted`.
 A round on the device, as in ``xcosd/simulate.py``: draft ``d`` tokens from the
 TLI distribution (the draft's warped row restricted to V_C,
 :func:`~xcosd.methods.tli.restrict_to_common`, computed from the warpers' kept set
-by :func:`~xcosd.methods.tli.restrict_kept`), sampling each from
+by :func:`~xcosd.methods.tli.restrict_kept_support`), sampling each from
 ``method.draft_row(q)``; uplink ``method.draft_message``; on a rejection keep
 ``DeviceState(q_common=draft_row(q_j))`` and call ``method.resolve`` on each reply
 until it yields a token. The token travels to the cloud with the next draft.
