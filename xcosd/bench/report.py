@@ -27,6 +27,16 @@ OUT_DIR = Path("bench") / "out"
 PERCENTILES = (50, 90, 99)
 
 
+def rss_mb() -> float:
+    """This process's resident set size in MiB (``/proc/self/statm``; 0 where there
+    is no /proc)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
 def summary(values: Iterable[float], scale: float = 1.0) -> dict[str, float | int]:
     """``count``, ``mean``, ``p50``, ``p90``, ``p99``, ``max`` (and ``min``) of ``values``
     times ``scale``. Percentiles use linear interpolation (numpy's default), so they

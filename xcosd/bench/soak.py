@@ -55,7 +55,6 @@ import contextlib
 import dataclasses
 import itertools
 import math
-import os
 import random
 import threading
 import time
@@ -70,7 +69,7 @@ import numpy as np
 from ..config import GenerationConfig
 from ..errors import TransportError
 from .progress import Progress
-from .report import OUT_DIR, machine, summary, table
+from .report import OUT_DIR, machine, rss_mb, summary, table
 
 if TYPE_CHECKING:  # the nodes load the transports: imported when a soak runs, so that
     # building the CLI's parser (which reads SoakConfig's defaults) stays cheap
@@ -320,16 +319,6 @@ def mismatch_kind(got: Sequence[int], want: Sequence[int]) -> str | None:
     if got[i + 1:] == want[i:i + len(got) - i - 1]:
         return "repeated"
     return "wrong"
-
-
-def rss_mb() -> float:
-    """This process's resident set size in MiB (``/proc/self/statm``; 0 where there
-    is no /proc)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0.0
-    return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 
 
 # --------------------------------------------------------------------- the run

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import time
 from pathlib import Path
@@ -32,16 +31,10 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from .report import OUT_DIR
+from .report import OUT_DIR, rss_mb
 
 OUT = OUT_DIR / "zmq_memory.json"
 SAMPLE_S = 5.0
-
-
-def rss_mb() -> float:
-    """This process's resident set size, in MiB (Linux)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 async def measure(connections: int, rate: float, duration_s: float, *, seed: int = 0,
