@@ -540,8 +540,8 @@ def _top_p_tie(w: np.ndarray, v: np.floating, total: float, top_p: float
     ``i``, so the first dropped one is found by bisection. The group's highest ids
     are the ones kept. Returns the float32 row, or None when the cut is not inside
     the group (the caller's band search goes on)."""
-    ties = np.flatnonzero(w == v)
-    c = ties.shape[0]
+    tied = w == v
+    c = int(np.count_nonzero(tied))
     if c == 0:
         return None
     above = float(np.sum(w * (w > v), dtype=np.float64))
@@ -561,7 +561,7 @@ def _top_p_tie(w: np.ndarray, v: np.floating, total: float, top_p: float
             lo = mid
     keep_ties = hi  # tokens 0 .. hi - 1 of the group (from the top) stay
     out = _scaled_from(w, v, 1.0 / (above + keep_ties * vv))
-    out[ties[: c - keep_ties]] = 0.0
+    out[np.flatnonzero(tied)[: c - keep_ties]] = 0.0  # the group's lowest ids
     return out
 
 
