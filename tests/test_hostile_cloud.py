@@ -535,7 +535,10 @@ async def test_hoarded_sessions_are_reaped_for_a_newcomer(tmp_path: Path) -> Non
         st, res = await _served_through(
             cloud, "hoard", tmp_path / "attacker.err", 8,
             started=lambda st, st0: st["sessions_active"] >= 16)
-    assert st["sessions_idle_reaped"] >= 16
+    # reaping at the short-idle cutoff stops once the cloud is no longer short of
+    # sessions, and a session whose peer has a ping waiting is left for the next pass,
+    # so how many go depends on timing; the newcomer needs one
+    assert st["sessions_idle_reaped"] >= 1
     assert res.stats.busy_retries > 0  # the newcomer was refused until a session was free
 
 
