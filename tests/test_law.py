@@ -26,11 +26,14 @@ lower N (each test says which deviation it is built to catch: power scales with
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 from xcosd.methods import Space
+from xcosd.nodes.drafter import Drafter
 from xcosd.nodes.pump import Pump
 from xcosd.protocol import EdgeSession, Open, RoundVerified
 from xcosd.protocol.edge import EdgePhase
@@ -86,7 +89,8 @@ def generate(link: Pump, variant: str, codec: str, params: SamplingParams, n: in
     for i in range(n):
         link.events.clear()
         es = link.generate(name, codec=codec, prompt=PROMPT, max_new_tokens=TOKENS,
-                           params=params, seed=seed + i, draft_len=DRAFT_LEN, **opts)
+                           params=params, seed=seed + i, draft_len=DRAFT_LEN,
+                           adaptive_draft=False, **opts)
         seqs[i] = es.token_ids
         for ev in link.events:
             if isinstance(ev, RoundVerified) and ev.accepted < ev.drafted:
@@ -119,21 +123,31 @@ def assert_law(link: Pump, variant: str, codec: str, params: SamplingParams, n: 
 
 
 def generate_faulty(link: Pump, variant: str, n: int, seed: int,
-                    session_cls: type[EdgeSession] = EdgeSession
+                    session_cls: type[EdgeSession] = EdgeSession,
+                    drafting: Callable[[int], dict[str, Any]] | None = None,
+                    rounds: list[list[int]] | None = None,
                     ) -> tuple[np.ndarray, np.ndarray, FaultyLink]:
-    """:func:`generate` with faults injected (T = 1, f32)."""
+    """:func:`generate` with faults injected (T = 1, f32). ``drafting(i)``: generation
+    ``i``'s draft-length settings (default: :data:`DRAFT_LEN` every round);
+    ``rounds``: if given, each generation's drafted lengths are appended to it."""
     name, opts = LOSSLESS.get(variant, (variant, {}))
     faulty = FaultyLink(link, Faults(), seed=seed)
     seqs = np.empty((n, TOKENS), dtype=np.int64)
     rejected_at = np.zeros(DRAFT_LEN + 1, dtype=np.int64)
     for i in range(n):
         faulty.events.clear()
+        how = drafting(i) if drafting else {"draft_len": DRAFT_LEN, "adaptive_draft": False}
         es = faulty.generate(name, seed=seed + i, session_cls=session_cls, prompt=PROMPT,
-                             max_new_tokens=TOKENS, params=T1, draft_len=DRAFT_LEN, **opts)
+                             max_new_tokens=TOKENS, params=T1, **how, **opts)
         seqs[i] = es.token_ids
+        lengths = []
         for ev in faulty.events:
-            if isinstance(ev, RoundVerified) and ev.accepted < ev.drafted:
-                rejected_at[ev.accepted] += 1
+            if isinstance(ev, RoundVerified):
+                lengths.append(ev.drafted)
+                if ev.accepted < ev.drafted:
+                    rejected_at[ev.accepted] += 1
+        if rounds is not None:
+            rounds.append(lengths)
     return seqs, rejected_at, faulty
 
 
@@ -188,6 +202,76 @@ def test_wrong_recovery_fails_the_same_check(link: Pump, variant: str,
     seqs, _, _ = generate_faulty(link, variant, N_LOSSY, seed=1_000_000, session_cls=control)
     report = check_law(seqs, exact_law(link, variant, "f32", T1))
     assert not report.ok, f"{control.__name__} passed: {report}"
+
+
+# -- the adaptive draft length (on by default) ---------------------------------------
+
+#: the stop threshold the adaptive tests use: of the first rounds asked for three
+#: drafts, about half stop after one, a quarter after two
+CONFIDENCE = 0.3
+
+
+def adaptive(i: int) -> dict[str, Any]:
+    """Generation ``i``'s policy: a first-round ceiling of 1, 2 or 3 (so over five
+    tokens the next rounds' lengths follow the first verdicts), the stop threshold,
+    a cap the ceiling reaches."""
+    return {"draft_len": 1 + i % 3, "adaptive_draft": True,
+            "draft_confidence": CONFIDENCE, "max_draft_len": 4}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["xcosd-e", "xcosd-nopresample"])
+def test_adaptive_draft_length_through_faults(link: Pump, variant: str) -> None:
+    """The default policy keeps the law (built to catch TV 0.02 at one step), through
+    the same faults: each round's length comes from earlier verdicts and its
+    drafting stops after an unsure token, both only from what was known before the
+    next token was drawn. The test checks the policy really acted: first rounds cut
+    short by the stop, and second rounds whose length the first verdict set."""
+    rounds: list[list[int]] = []
+    seqs, _, faulty = generate_faulty(link, variant, N_HIGH, seed=8_000_000,
+                                      drafting=adaptive, rounds=rounds)
+    report = check_law(seqs, exact_law(link, variant, "f32", T1))
+    assert report.ok, f"{variant}, adaptive, through faults ({faulty.counts}): {report}"
+    first = [(i % 3 + 1, r[0]) for i, r in enumerate(rounds) if r and i % 3]
+    stopped = sum(1 for asked, got in first if got < asked)
+    assert stopped > 0.3 * len(first), (stopped, len(first))
+    # start 1: a first draft accepted raises the ceiling to 3, so the second round
+    # drafts 2 (one token is the last, drafted by nobody); rejected, it stays at 1
+    second = {r[1] for i, r in enumerate(rounds) if i % 3 == 0 and len(r) > 1}
+    assert {1, 2} <= second, second
+
+
+class CutBeforeUnsure(Drafter):
+    """Stops the wrong way: a drawn token the draft is unsure of is dropped, not
+    kept. It looks only at the draft, and yet position ``i`` then leans towards the
+    tokens the draft is sure of: kept, they are accepted at the verification's
+    rate; dropped, the target draws the position afresh."""
+
+    def draft(self, d: int, method: Any, space: Space, rng: np.random.Generator,
+              stop_below: float = 0.0) -> tuple[np.ndarray, list[np.ndarray],
+                                                list[np.ndarray]]:
+        ids, q_raw, q_rows = super().draft(d, method, space, rng, stop_below)
+        if len(ids) and q_rows[-1][space.to_common[ids[-1]]] < stop_below:
+            ids, q_raw, q_rows = ids[:-1], q_raw[:-1], q_rows[:-1]
+            self.length -= 1
+            assert self.session is not None
+            self.model.rollback(self.session, self.length)
+        return ids, q_raw, q_rows
+
+
+@pytest.mark.slow
+def test_dropping_the_unsure_token_fails_the_same_check(link: Pump) -> None:
+    """The adaptive test has teeth: the stop that drops the token it stopped at
+    fails the same check (N = 5,000, no faults)."""
+    name, opts = LOSSLESS["xcosd-e"]
+    seqs = np.empty((N_LOSSY, TOKENS), dtype=np.int64)
+    for i in range(N_LOSSY):
+        es = link.session(name, prompt=PROMPT, max_new_tokens=TOKENS, params=T1,
+                          seed=9_000_000 + i, **adaptive(i), **opts)
+        link.drafters[es.s].__class__ = CutBeforeUnsure
+        seqs[i] = link.drive(es).token_ids
+    report = check_law(seqs, exact_law(link, "xcosd-e", "f32", T1))
+    assert not report.ok, f"dropping the unsure token passed: {report}"
 
 
 # -- every warper and every codec on the default method -----------------------------

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .protocol.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE
 from .sampling import SamplingParams
 
 #: the method options a GenerationConfig carries, as fields (None: the method's default)
@@ -48,7 +49,12 @@ class GenerationConfig:
 
     * ``method``: one of :data:`xcosd.methods.METHODS` (``xcosd-e``, ``xcosd`` ...);
       ``codec``: a codec name (``f32``, ``q8``, ``topk:64+zstd`` ...).
-    * ``draft_len``: tokens drafted per round (``d``).
+    * ``draft_len``: tokens the first round drafts (``d``); with ``adaptive_draft``
+      (the default) later rounds draft more after full acceptance and fewer after a
+      rejection, up to ``max_draft_len``, and a round stops drafting after a token
+      the draft gave probability below ``draft_confidence``
+      (:class:`~xcosd.protocol.draft_length.DraftLength`; exact either way);
+      ``adaptive_draft=False`` drafts ``draft_len`` tokens every round.
     * ``do_sample=False`` is greedy decoding (temperature, top-k and top-p are then
       ignored); ``temperature`` (0: greedy too), ``top_k`` (0: off), ``top_p`` (1: off).
     * ``max_new_tokens``: target tokens to generate at most.
@@ -66,6 +72,9 @@ class GenerationConfig:
     method: str = "xcosd-e"
     codec: str = "f32"
     draft_len: int = 4
+    adaptive_draft: bool = True
+    draft_confidence: float = DEFAULT_CONFIDENCE
+    max_draft_len: int = DEFAULT_CAP
     do_sample: bool = True
     temperature: float = 1.0
     top_k: int = 0
@@ -108,6 +117,13 @@ class GenerationConfig:
         except CodecError as e:
             raise ValueError(e.message) from None
         _check_int("draft_len", self.draft_len, 0)
+        _check_int("max_draft_len", self.max_draft_len, 1)
+        if not isinstance(self.adaptive_draft, bool):
+            raise ValueError(f"adaptive_draft must be True or False, got {self.adaptive_draft!r}")
+        if (isinstance(self.draft_confidence, bool)
+                or not isinstance(self.draft_confidence, int | float)
+                or not 0.0 <= self.draft_confidence < 1.0):
+            raise ValueError(f"draft_confidence must be in [0, 1), got {self.draft_confidence!r}")
         _check_int("max_new_tokens", self.max_new_tokens, 0)
         _check_int("top_k", self.top_k, 0)
         if not isinstance(self.do_sample, bool):

@@ -185,7 +185,16 @@ def add_generation_args(p: argparse.ArgumentParser, *, method: bool = True,
                    help="probability codec: f32, f16, bf16, q8, sparse, topk:K, each "
                         "optionally +zstd")
     p.add_argument("--draft-len", type=nonneg_int, default=d.draft_len,
-                   help="tokens drafted per round")
+                   help="tokens the first round drafts (every round's with "
+                        "--fixed-draft-len)")
+    p.add_argument("--fixed-draft-len", action="store_true",
+                   help="draft --draft-len tokens every round (default: adapt the length "
+                        "to acceptance and stop when the draft is unsure)")
+    p.add_argument("--draft-confidence", type=unit_interval, default=d.draft_confidence,
+                   help="stop a round's drafting after a token the draft gave a probability "
+                        "below this (0: never)")
+    p.add_argument("--max-draft-len", type=positive_int, default=d.max_draft_len,
+                   help="the adaptive draft length's upper bound")
     p.add_argument("--max-new-tokens", type=nonneg_int, default=max_new_tokens,
                    help="target tokens per generation")
     p.add_argument("--temperature", type=nonneg_float, default=d.temperature,
@@ -230,8 +239,10 @@ def generation_config(args: argparse.Namespace, method: str | None = None) -> An
     try:
         return GenerationConfig(
             method=method or args.method, codec=args.codec, draft_len=args.draft_len,
-            do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
-            top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+            adaptive_draft=not args.fixed_draft_len, draft_confidence=args.draft_confidence,
+            max_draft_len=args.max_draft_len, do_sample=not args.greedy,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens,
             stop_strings=tuple(getattr(args, "stop", None) or ()), seed=args.seed, **kw)
     except ValueError as e:
         raise UsageError(_option_names(str(e))) from None

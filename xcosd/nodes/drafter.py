@@ -70,10 +70,14 @@ class Drafter:
                 self.model.append(self.session, need.append)
                 self.length += len(need.append)
         es = need.session
-        return self.draft(need.length, es.method, es.space, es.rng)
+        return self.draft(need.length, es.method, es.space, es.rng, need.stop_below)
 
-    def draft(self, d: int, method: Method, space: Space, rng: np.random.Generator) -> Drafts:
-        """Draft up to ``d`` tokens at the model's current context (see :meth:`run`)."""
+    def draft(self, d: int, method: Method, space: Space, rng: np.random.Generator,
+              stop_below: float = 0.0) -> Drafts:
+        """Draft up to ``d`` tokens at the model's current context (see :meth:`run`),
+        ending after a token drawn with probability below ``stop_below``: it is kept
+        (dropping a drawn token for its value would bias the output), only the next
+        ones are not drafted."""
         if self.session is None:
             self.session = self.model.start(self.prompt_ids)
         ids: list[int] = []
@@ -100,6 +104,8 @@ class Drafter:
             q_raw.append(q)
             q_rows.append(qr)
             self.model.append(self.session, [int(self.vmap.target_to_draft[tid])])
+            if stop_below > 0.0 and qr[space.to_common[tid]] < stop_below:
+                break
         self.length += len(ids)
         return np.array(ids, dtype=np.int64), q_raw, q_rows
 

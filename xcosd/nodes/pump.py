@@ -39,6 +39,7 @@ from ..protocol import (
     pack,
     unpack,
 )
+from ..protocol.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE
 from ..sampling import SamplingParams
 from ..transport import LinkSpec, sequence_latency
 from ..transport.zeromq import zmtp_overhead
@@ -160,8 +161,11 @@ class Pump:
 
     def session(self, method: str = "xcosd-e", *, codec: str = "f32", prompt: str = "ab",
                 max_new_tokens: int = 8, params: SamplingParams | None = None,
-                seed: int | None = 0, draft_len: int = 4, **options: Any) -> EdgeSession:
-        """A new generation's state machine (not opened yet) and its drafter."""
+                seed: int | None = 0, draft_len: int = 4, adaptive_draft: bool = True,
+                draft_confidence: float = DEFAULT_CONFIDENCE, max_draft_len: int = DEFAULT_CAP,
+                **options: Any) -> EdgeSession:
+        """A new generation's state machine (not opened yet) and its drafter (the
+        draft-length policy as :class:`~xcosd.config.GenerationConfig` has it)."""
         params = params or SamplingParams()
         welcome = self.handshake.welcome
         assert welcome is not None
@@ -170,7 +174,9 @@ class Pump:
         es = EdgeSession(self._next, method=m, vmap=self.vmap, space=self.space,
                          prompt=prompt, max_new_tokens=max_new_tokens, params=params,
                          stop_ids=welcome.stop_ids, draft_len=draft_len,
-                         max_draft=welcome.limits.max_draft, seed=seed)
+                         max_draft=welcome.limits.max_draft, seed=seed,
+                         adaptive_draft=adaptive_draft, draft_confidence=draft_confidence,
+                         max_draft_len=max_draft_len)
         self.drafters[es.s] = Drafter(self.draft, self.vmap, params, prompt)
         return es
 

@@ -63,6 +63,7 @@ from ..methods.base import (
 )
 from ..sampling import SamplingParams
 from ..vocab import VocabMap, Vocabulary
+from .draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DraftLength
 from .errors import exception_for
 from .messages import (
     PROTOCOL_VERSION,
@@ -269,6 +270,9 @@ class DraftNeeded:
     length: int
     drop: int
     append: list[int]
+    #: stop after a drafted token whose probability was below this
+    #: (:class:`~xcosd.protocol.draft_length.DraftLength`; 0: draft ``length``)
+    stop_below: float = 0.0
 
 
 EdgeEvent = TokensEmitted | RoundSettled | Finished | SessionReady | Retry | DraftNeeded
@@ -341,7 +345,9 @@ class EdgeSession:
                  params: SamplingParams, stop_ids: Sequence[int], draft_len: int = 4,
                  max_draft: int = 64, seed: int | None = None,
                  options: dict[str, Any] | None = None,
-                 prompt_ids: np.ndarray | None = None) -> None:
+                 prompt_ids: np.ndarray | None = None, adaptive_draft: bool = True,
+                 draft_confidence: float = DEFAULT_CONFIDENCE,
+                 max_draft_len: int = DEFAULT_CAP) -> None:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if draft_len < 0:
@@ -358,6 +364,9 @@ class EdgeSession:
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self.draft_len = draft_len
         self.max_draft = max_draft
+        #: the draft-length policy (``draft_len`` is its first round's ceiling)
+        self.drafting = DraftLength(draft_len, max_draft_len, draft_confidence,
+                                    adaptive_draft)
         self.options = dict(options if options is not None else method.options())
         ss = np.random.SeedSequence(seed)
         dev, srv = ss.spawn(2)
@@ -460,7 +469,7 @@ class EdgeSession:
         """How many tokens to draft this round (0: the cloud samples the next token)."""
         if not self.method.drafts:
             return 0
-        return max(0, min(self.draft_len, self.remaining - 1, self.max_draft))
+        return max(0, min(self.drafting.ceiling, self.remaining - 1, self.max_draft))
 
     def next_round(self) -> EdgeOutput:
         """Start the next round: a :class:`DraftNeeded` event when the round drafts,
@@ -472,7 +481,7 @@ class EdgeSession:
         if d == 0:
             return self._send_draft(np.zeros(0, dtype=np.int64), [], [])
         self._advance(EdgeStep.DRAFT_NEEDED)
-        need = DraftNeeded(self, d, self._drop, self._append)
+        need = DraftNeeded(self, d, self._drop, self._append, self.drafting.stop_below)
         self._drop, self._append = 0, []
         return EdgeOutput([], [need])
 
@@ -632,6 +641,7 @@ class EdgeSession:
         n = self._accepted
         dev = self._dev
         new = [*draft.ids[:n].tolist(), token]
+        self.drafting.settled(draft.length, n)
         # the draft model keeps the accepted drafts and the token's draft spelling
         self._edit(self._drafted - n, self._draft_ids(token, other))
         settled = RoundSettled(draft.length, n, self._trips,
