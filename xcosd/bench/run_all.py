@@ -69,6 +69,9 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
                                    "--real-tokens", "12", "--tv-trials", "600",
                                    "--tv-contexts", "1", "--live", "none",
                                    "--json", f"{out}/methods_real.json", "--no-progress"]))
+        # the pair end to end against transformers' generate and its assisted generation
+        s.append(("real-pair", [PY, "-m", "xcosd.bench.real_pair", "--prompts", "3",
+                                "--tokens", "32", "--json", f"{out}/real_pair.json"]))
     s.append(("results", [PY, "-m", "xcosd.bench.results"]))
     return s
 

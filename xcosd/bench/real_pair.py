@@ -1,0 +1,197 @@
+"""The real pair end to end: SmolLM2-135M-Instruct drafting for Gemma-3-270m, against
+what a user would otherwise run.
+
+    .venv/bin/python -m xcosd.bench.real_pair [--prompts 3] [--tokens 32] [--json PATH]
+
+Every row generates the same prompts at T = 1 (no top-k, no top-p) with the same
+weights and one torch thread per side, in one run (the machine is noisy: compare the
+ratios, not the rates):
+
+* ``target-generate``: Gemma-3 alone, transformers' ``generate``.
+* ``usd``: transformers' own cross-tokenizer assisted generation (universal
+  speculative decoding: ``assistant_model`` with both tokenizers), its defaults
+  (up to 20 drafts, stop below confidence 0.4) with the assistant's head left
+  whole: ``generate`` would prune it to the tokens both vocabularies share, which
+  is not lossless (the bench makes the unpruned translator first, and ``generate``
+  finds it in its cache).
+* ``ar``, ``xcosd``, ``xcosd-e``: xcosd over ZeroMQ loopback with default settings
+  (the adaptive draft length included). The cloud runs in its own process
+  (``xcosd serve``), as it would on its own machine; the draft runs in this one.
+
+Reported per row: tokens/s (wall), its ratio to ``usd`` and to ``target-generate``,
+target calls per token, acceptance (accepted / drafted) and, for xcosd, bytes per
+token and a modeled tokens/s for the deployment the method is for: the measured
+edge compute, the link at 100 Mbit/s each way with a 20 ms RTT, and a GPU-like
+cloud whose every target call costs :data:`GPU_CALL_S` whatever its rows (a small
+model's decode step on a datacenter GPU is bound by launches and weight reads, not
+by the handful of rows a round verifies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from xcosd.bench.report import OUT_DIR, machine, table
+
+DRAFT = "smollm2-135m"
+TARGET = "gemma3-270m"
+PROMPTS = [
+    "The history of the printing press begins",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Here is a short recipe for a simple tomato soup:",
+    "The three laws of thermodynamics state that",
+    "Once upon a time, in a village by the sea,",
+    "To install the package, run the following command:",
+]
+#: the modeled cloud's cost of one target call (see the module docstring)
+GPU_CALL_S = 0.004
+MODEL_LINK: dict[str, Any] = {"up_bps": 100e6, "down_bps": 100e6, "rtt_s": 0.020}
+XCOSD_METHODS = ("ar", "xcosd", "xcosd-e")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _hf_rows(draft: Any, target: Any, prompts: list[str], tokens: int) -> list[dict[str, Any]]:
+    """``target-generate`` and ``usd``: each prompt once untimed (warm-up), then timed."""
+    import torch
+
+    tt, dt = target.tokenizer, draft.tokenizer
+    sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                "max_new_tokens": tokens, "pad_token_id": tt.eos_token_id}
+    usd = {"assistant_model": draft.model, "tokenizer": tt, "assistant_tokenizer": dt}
+    # generate() asks for a translator that prunes the assistant's head (in place) to
+    # the tokens both vocabularies share; one made first, unpruned, is the one it finds
+    from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
+
+    AssistantVocabTranslatorCache.get_translator(
+        tt, dt, target.model.config.get_text_config().vocab_size,
+        assistant_model=draft.model, assistant_prune_lm_head=False)
+    rows = []
+    for name, extra in (("target-generate", {}), ("usd", usd)):
+        out_tokens, wall = 0, 0.0
+        for i, prompt in enumerate(prompts):
+            enc = tt(prompt, return_tensors="pt")
+            torch.manual_seed(i)
+            with torch.inference_mode():
+                if i == 0:  # warm-up, untimed
+                    target.model.generate(**enc, **{**sampling, "max_new_tokens": 4}, **extra)
+                t0 = time.perf_counter()
+                out = target.model.generate(**enc, **sampling, **extra)
+                wall += time.perf_counter() - t0
+            out_tokens += int(out.shape[1] - enc["input_ids"].shape[1])
+        rows.append({"row": name, "tokens": out_tokens, "wall_s": wall,
+                     "tok_s": out_tokens / wall})
+        print(f"  {name}: {out_tokens} tokens, {out_tokens / wall:.2f} tok/s", flush=True)
+    return rows
+
+
+async def _xcosd_rows(draft: Any, endpoint: str, prompts: list[str],
+                      tokens: int) -> list[dict[str, Any]]:
+    import xcosd
+    from xcosd.nodes.stats import merge
+    from xcosd.transport import LinkSpec
+
+    link = LinkSpec.of(**MODEL_LINK)
+    rows = []
+    async with xcosd.EdgeNode(draft, endpoint, connect_timeout_s=600.0, timeout_s=120.0,
+                              model_link=link) as edge:
+        for method in XCOSD_METHODS:
+            stats, wall = [], 0.0
+            await edge.generate(prompts[0], max_new_tokens=4, method=method, seed=99)
+            for i, prompt in enumerate(prompts):
+                t0 = time.perf_counter()
+                r = await edge.generate(prompt, max_new_tokens=tokens, method=method, seed=i)
+                wall += time.perf_counter() - t0
+                stats.append(r.stats)
+            st = merge(stats)
+            link_s = st.modeled_s - st.draft_compute_s - st.cloud_compute_s
+            gpu_s = st.draft_compute_s + st.target_calls * GPU_CALL_S + link_s
+            row = {"row": method, "tokens": st.tokens, "wall_s": wall,
+                   "tok_s": st.tokens / wall, "rounds": st.rounds,
+                   "target_calls": st.target_calls, "drafted": st.drafted,
+                   "accepted": st.accepted, "bytes": st.uplink_bytes + st.downlink_bytes,
+                   "edge_compute_s": st.draft_compute_s, "cloud_compute_s": st.cloud_compute_s,
+                   "modeled_gpu_tok_s": st.tokens / gpu_s if gpu_s > 0 else None}
+            rows.append(row)
+            print(f"  {method}: {st.tokens} tokens, {row['tok_s']:.2f} tok/s, "
+                  f"{st.target_calls / max(st.tokens, 1):.2f} calls/token, "
+                  f"accepted {st.accepted}/{st.drafted}", flush=True)
+    return rows
+
+
+def run(prompts: int, tokens: int) -> dict[str, Any]:
+    import torch
+
+    from xcosd.models import load_model
+
+    torch.set_num_threads(1)
+    chosen = (PROMPTS * (prompts // len(PROMPTS) + 1))[:prompts]
+    t0 = time.perf_counter()
+    draft, target = load_model(DRAFT), load_model(TARGET)
+    print(f"models loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+    rows = _hf_rows(draft, target, chosen, tokens)
+    del target
+    port = _free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cloud = subprocess.Popen([sys.executable, "-m", "xcosd", "serve", "--target", TARGET,
+                              "--bind", endpoint], env=env, stdout=subprocess.DEVNULL)
+    try:
+        rows += asyncio.run(_xcosd_rows(draft, endpoint, chosen, tokens))
+    finally:
+        cloud.terminate()
+        cloud.wait(30)
+    base = {r["row"]: r["tok_s"] for r in rows}
+    for r in rows:
+        r["vs_usd"] = r["tok_s"] / base["usd"]
+        r["vs_target"] = r["tok_s"] / base["target-generate"]
+    return {"schema_version": 1, "draft": DRAFT, "target": TARGET, "prompts": prompts,
+            "tokens_per_prompt": tokens, "torch_threads_per_side": 1,
+            "gpu_call_s": GPU_CALL_S, "model_link": MODEL_LINK, "rows": rows,
+            "machine": machine()}
+
+
+def format_report(rep: dict[str, Any], markdown: bool = False) -> str:
+    out = []
+    for r in rep["rows"]:
+        t = max(r["tokens"], 1)
+        out.append([r["row"], f"{r['tok_s']:.2f}", f"{r['vs_usd']:.2f}x",
+                    f"{r['vs_target']:.2f}x",
+                    f"{r['target_calls'] / t:.2f}" if "target_calls" in r else "",
+                    f"{r['accepted'] / r['drafted']:.2f}" if r.get("drafted") else "",
+                    f"{r['bytes'] / t:.0f}" if "bytes" in r else "",
+                    f"{r['modeled_gpu_tok_s']:.1f}" if r.get("modeled_gpu_tok_s") else ""])
+    return table(out, ["row", "tok/s", "vs usd", "vs target", "target calls/token",
+                       "acceptance", "bytes/token", "modeled tok/s (GPU cloud)"],
+                 markdown=markdown)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="xcosd.bench.real_pair",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--json", type=Path, default=OUT_DIR / "real_pair.json")
+    a = ap.parse_args(argv)
+    rep = run(a.prompts, a.tokens)
+    print(format_report(rep))
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(json.dumps(rep, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
