@@ -14,25 +14,54 @@ from xcosd.commands.options import generation_config
 from xcosd.config import GenerationConfig
 from xcosd.nodes.pump import Pump
 from xcosd.protocol import RoundVerified
-from xcosd.protocol.draft_length import DraftLength
+from xcosd.protocol.draft_length import STEP, DraftLength, best_length
 from xcosd.sampling import SamplingParams
 
 from .session_pairs import pair
 
 
+def test_best_length_is_the_throughput_optimum() -> None:
+    def brute(rate: float, cost: float, cap: int) -> int:
+        def value(k: int) -> float:
+            return sum(rate ** i for i in range(k + 1)) / (1 + k * cost)
+        return max(range(1, cap + 1), key=lambda k: (value(k), -k))
+
+    for rate in (0.0, 0.2, 0.5, 0.7, 0.9, 0.99):
+        for cost in (0.0, 0.02, 0.1, 0.5, 2.0):
+            assert best_length(rate, cost, 16) == brute(rate, cost, 16), (rate, cost)
+    assert best_length(0.9, 0.1, 16) == 10 and best_length(0.3, 0.1, 16) == 1
+    assert best_length(1.0, 0.0, 5) == 5  # free drafts that are always accepted: the cap
+
+
 def test_the_ceiling_follows_acceptance_within_its_bounds() -> None:
     dl = DraftLength(start=4, cap=7)
-    dl.settled(4, 4)
-    assert dl.ceiling == 6
-    dl.settled(6, 6)
-    assert dl.ceiling == 7  # capped
-    dl.settled(3, 3)  # a round cut short by the stop, all of it accepted: still up
-    assert dl.ceiling == 7
-    for _ in range(10):
+    assert dl.ceiling == 4 and dl.rate == 0.5  # the first round: start, and the prior
+    for _ in range(5):
+        dl.settled(dl.ceiling, dl.ceiling)
+    assert dl.rate > 0.9 and dl.ceiling == 7  # capped
+    for _ in range(20):
         dl.settled(dl.ceiling, 0)
-    assert dl.ceiling == 1  # never below one
+    assert dl.rate < 0.1 and dl.ceiling == 1  # never below one
+    before = (dl.ceiling, dl.rate)
     dl.settled(0, 0)  # a round that drafted nothing says nothing
-    assert dl.ceiling == 1
+    assert (dl.ceiling, dl.rate) == before
+    # drafts after the first rejection were never tested: 2 accepted of 5 is two
+    # ones and one zero, not three zeros
+    fresh, want = DraftLength(start=5), 0.5
+    fresh.settled(5, 2)
+    for x in (1.0, 1.0, 0.0):
+        want += STEP * (x - want)
+    assert fresh.rate == want
+
+
+def test_a_costlier_draft_drafts_less() -> None:
+    lengths = []
+    for cost in (0.02, 0.1, 0.5):
+        dl = DraftLength(start=4, cost=cost)
+        for _ in range(20):
+            dl.settled(4, 3)  # three of four accepted, every round
+        lengths.append(dl.ceiling)
+    assert lengths[0] > lengths[1] > lengths[2] >= 1, lengths
 
 
 def test_fixed_length_never_moves_nor_stops() -> None:
@@ -47,7 +76,8 @@ def test_fixed_length_never_moves_nor_stops() -> None:
 @pytest.mark.parametrize(("kw", "says"), [({"start": -1}, "draft length"),
                                           ({"cap": 0}, "cap"),
                                           ({"confidence": 1.0}, "confidence"),
-                                          ({"confidence": -0.1}, "confidence")])
+                                          ({"confidence": -0.1}, "confidence"),
+                                          ({"cost": -1.0}, "cost")])
 def test_bad_settings_are_refused(kw: dict[str, Any], says: str) -> None:
     with pytest.raises(ValueError, match=says):
         DraftLength(**kw)
@@ -73,7 +103,7 @@ def test_an_unsure_draft_ends_the_round_after_itself(link: Pump) -> None:
     target, _ = pair()
     greedy = _lengths(Pump(target, target), draft_len=2, max_draft_len=6,
                       params=SamplingParams(temperature=0.0))
-    assert greedy[:4] == [2, 4, 6, 6], greedy
+    assert greedy[0] == 2 and greedy[1:4] == sorted(greedy[1:4]) and greedy[3] == 6, greedy
 
 
 def test_fixed_length_drafts_the_same_every_round(link: Pump) -> None:
@@ -83,15 +113,20 @@ def test_fixed_length_drafts_the_same_every_round(link: Pump) -> None:
 
 
 def test_the_settings_reach_the_session_from_config_and_cli() -> None:
-    cfg = GenerationConfig(adaptive_draft=False, draft_confidence=0.2, max_draft_len=9)
+    cfg = GenerationConfig(adaptive_draft=False, draft_confidence=0.2, max_draft_len=9,
+                           draft_cost=0.3)
     assert GenerationConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="draft_confidence"):
         GenerationConfig(draft_confidence=1.0)
     with pytest.raises(ValueError, match="max_draft_len"):
         GenerationConfig(max_draft_len=0)
+    with pytest.raises(ValueError, match="draft_cost"):
+        GenerationConfig(draft_cost=-0.5)
     args = build_parser().parse_args(["edge", "--fixed-draft-len", "--draft-confidence", "0.25",
-                                      "--max-draft-len", "8"])
+                                      "--max-draft-len", "8", "--draft-cost", "0.5"])
     got = generation_config(args)
-    assert (got.adaptive_draft, got.draft_confidence, got.max_draft_len) == (False, 0.25, 8)
+    assert (got.adaptive_draft, got.draft_confidence, got.max_draft_len, got.draft_cost) == (
+        False, 0.25, 8, 0.5)
     default = generation_config(build_parser().parse_args(["edge"]))
-    assert default.adaptive_draft and default.draft_confidence == 0.4
+    assert default.adaptive_draft and default.draft_confidence == 0.0
+    assert default.draft_cost == 0.05

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .protocol.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE
+from .protocol.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST
 from .sampling import SamplingParams
 
 #: the method options a GenerationConfig carries, as fields (None: the method's default)
@@ -50,10 +50,12 @@ class GenerationConfig:
     * ``method``: one of :data:`xcosd.methods.METHODS` (``xcosd-e``, ``xcosd`` ...);
       ``codec``: a codec name (``f32``, ``q8``, ``topk:64+zstd`` ...).
     * ``draft_len``: tokens the first round drafts (``d``); with ``adaptive_draft``
-      (the default) later rounds draft more after full acceptance and fewer after a
-      rejection, up to ``max_draft_len``, and a round stops drafting after a token
-      the draft gave probability below ``draft_confidence``
-      (:class:`~xcosd.protocol.draft_length.DraftLength`; exact either way);
+      (the default) each later round drafts the length, up to ``max_draft_len``,
+      that maximises the expected tokens per second at the acceptance seen so far,
+      ``draft_cost`` being a draft step's cost over a round's fixed cost (round trip
+      plus verification); ``draft_confidence`` > 0 also stops a round after a token
+      the draft gave a probability below it
+      (:class:`~xcosd.protocol.draft_length.DraftLength`; exact either way).
       ``adaptive_draft=False`` drafts ``draft_len`` tokens every round.
     * ``do_sample=False`` is greedy decoding (temperature, top-k and top-p are then
       ignored); ``temperature`` (0: greedy too), ``top_k`` (0: off), ``top_p`` (1: off).
@@ -75,6 +77,7 @@ class GenerationConfig:
     adaptive_draft: bool = True
     draft_confidence: float = DEFAULT_CONFIDENCE
     max_draft_len: int = DEFAULT_CAP
+    draft_cost: float = DEFAULT_COST
     do_sample: bool = True
     temperature: float = 1.0
     top_k: int = 0
@@ -124,6 +127,9 @@ class GenerationConfig:
                 or not isinstance(self.draft_confidence, int | float)
                 or not 0.0 <= self.draft_confidence < 1.0):
             raise ValueError(f"draft_confidence must be in [0, 1), got {self.draft_confidence!r}")
+        if (isinstance(self.draft_cost, bool) or not isinstance(self.draft_cost, int | float)
+                or not 0.0 <= self.draft_cost < 1e6):
+            raise ValueError(f"draft_cost must be a number >= 0, got {self.draft_cost!r}")
         _check_int("max_new_tokens", self.max_new_tokens, 0)
         _check_int("top_k", self.top_k, 0)
         if not isinstance(self.do_sample, bool):

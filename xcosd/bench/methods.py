@@ -29,6 +29,7 @@ from ..methods import METHODS
 from ..models.base import LanguageModel
 from ..nodes.pump import Generation, Pump
 from ..nodes.stats import merge
+from ..protocol.draft_length import DEFAULT_CONFIDENCE, DEFAULT_COST
 from ..transport import LinkSpec
 from ..vocab import VocabMap, Vocabulary
 from .grid import CODECS, RATES_MBPS, RTT_MS, WARPERS, all_methods, codecs_for
@@ -66,6 +67,10 @@ class MethodsConfig:
     tokens: int = 48
     real_tokens: int = 16
     draft_len: int = 4
+    #: the default draft-length policy (False: ``draft_len`` every round)
+    adaptive_draft: bool = True
+    draft_cost: float = DEFAULT_COST
+    draft_confidence: float = DEFAULT_CONFIDENCE
     rates_mbps: list[float] = field(default_factory=lambda: list(RATES_MBPS))
     rtt_ms: float = RTT_MS
     tv_trials: int = 2000
@@ -102,6 +107,8 @@ class MethodsConfig:
         same settings."""
         params = WARPERS[warper]
         return GenerationConfig(method=method, codec=codec, draft_len=self.draft_len,
+                                adaptive_draft=self.adaptive_draft, draft_cost=self.draft_cost,
+                                draft_confidence=self.draft_confidence,
                                 temperature=params.temperature, top_k=params.top_k,
                                 top_p=params.top_p, max_new_tokens=tokens)
 
@@ -280,10 +287,12 @@ def _grid(cfg: MethodsConfig, pair: str, w: str, wi: int, draft: LanguageModel,
         # record ran first (T=1's, say) and skew the compute per token of short runs
         link.generate(m, prompt=prompts[0], max_new_tokens=min(8, gen.max_new_tokens),
                       codec=c, params=gen.sampling_params(), draft_len=gen.draft_len,
-                      seed=cfg.seed * 1000 + 999)
+                      adaptive_draft=gen.adaptive_draft, draft_cost=gen.draft_cost,
+                      draft_confidence=gen.draft_confidence, seed=cfg.seed * 1000 + 999)
         gens = [link.generate(m, prompt=p, max_new_tokens=gen.max_new_tokens, codec=c,
                               params=gen.sampling_params(), draft_len=gen.draft_len,
-                              seed=cfg.seed * 1000 + i)
+                              adaptive_draft=gen.adaptive_draft, draft_cost=gen.draft_cost,
+                      draft_confidence=gen.draft_confidence, seed=cfg.seed * 1000 + i)
                 for i, p in enumerate(prompts)]
         rec = _record(pair, m, c, w, gens, cfg)
         if contexts:

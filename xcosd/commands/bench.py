@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..protocol.draft_length import DEFAULT_CONFIDENCE, DEFAULT_COST
 from .options import (
     UsageError,
     add_generation_args,
@@ -284,7 +285,15 @@ def _add_methods(bsub: Any) -> None:
                    + ", ".join(mb.WARPERS))
     p.add_argument("--prompts", type=positive_int, default=4, help="prompts per record")
     p.add_argument("--tokens", type=positive_int, default=48, help="new tokens per prompt")
-    p.add_argument("--draft-len", type=nonneg_int, default=4, help="tokens drafted per round")
+    p.add_argument("--draft-len", type=nonneg_int, default=4,
+                   help="tokens the first round drafts (every round's with --fixed-draft-len)")
+    p.add_argument("--fixed-draft-len", action="store_true",
+                   help="draft --draft-len tokens every round (default: the adaptive length)")
+    p.add_argument("--draft-cost", type=nonneg_float, default=DEFAULT_COST,
+                   help="the adaptive length's draft step cost over a round's fixed cost")
+    p.add_argument("--draft-confidence", type=unit_interval, default=DEFAULT_CONFIDENCE,
+                   help="stop a round's drafting after a token below this probability "
+                        "(0: never)")
     p.add_argument("--rates", default="100,200,300", help="downlink Mbps for the link model")
     p.add_argument("--link-rtt-ms", type=nonneg_float, default=20.0,
                    help="round-trip time of the link model")
@@ -333,6 +342,8 @@ def run_methods(args: argparse.Namespace) -> int:
         pairs=split(args.pairs), methods=args.methods or all_methods(), codecs=split(args.codecs),
         warpers=split(args.warpers), prompts=args.prompts, tokens=args.tokens,
         real_tokens=args.real_tokens, draft_len=args.draft_len,
+        adaptive_draft=not args.fixed_draft_len, draft_cost=args.draft_cost,
+        draft_confidence=args.draft_confidence,
         rates_mbps=[float(x) for x in split(args.rates)], rtt_ms=args.link_rtt_ms,
         tv_trials=args.tv_trials, tv_contexts=args.tv_contexts, live_rate_mbps=args.live_rate,
         live=args.live, seed=args.seed)

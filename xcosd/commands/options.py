@@ -188,8 +188,11 @@ def add_generation_args(p: argparse.ArgumentParser, *, method: bool = True,
                    help="tokens the first round drafts (every round's with "
                         "--fixed-draft-len)")
     p.add_argument("--fixed-draft-len", action="store_true",
-                   help="draft --draft-len tokens every round (default: adapt the length "
-                        "to acceptance and stop when the draft is unsure)")
+                   help="draft --draft-len tokens every round (default: the length that "
+                        "maximises tokens per second at the acceptance seen so far)")
+    p.add_argument("--draft-cost", type=nonneg_float, default=d.draft_cost,
+                   help="a draft step's time over a round's fixed time (round trip and "
+                        "verification), for the adaptive length")
     p.add_argument("--draft-confidence", type=unit_interval, default=d.draft_confidence,
                    help="stop a round's drafting after a token the draft gave a probability "
                         "below this (0: never)")
@@ -240,7 +243,7 @@ def generation_config(args: argparse.Namespace, method: str | None = None) -> An
         return GenerationConfig(
             method=method or args.method, codec=args.codec, draft_len=args.draft_len,
             adaptive_draft=not args.fixed_draft_len, draft_confidence=args.draft_confidence,
-            max_draft_len=args.max_draft_len, do_sample=not args.greedy,
+            max_draft_len=args.max_draft_len, draft_cost=args.draft_cost, do_sample=not args.greedy,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens,
             stop_strings=tuple(getattr(args, "stop", None) or ()), seed=args.seed, **kw)

@@ -172,7 +172,8 @@ class EdgeNode:
     endpoint. ``config``: a :class:`~xcosd.config.GenerationConfig`, the defaults of
     every generation on this node; the keyword settings (``method``, ``codec``,
     ``draft_len``, ``temperature``, ``top_k``, ``top_p``, the draft-length policy
-    ``adaptive_draft``, ``draft_confidence``, ``max_draft_len`` and the method's own options
+    ``adaptive_draft``, ``draft_cost``, ``draft_confidence``, ``max_draft_len`` and the
+    method's own options
     ``K``, ``M``, ``hr_presample``, ``threshold``) update it, and every call may
     override them again. ``target_vocab``: the target's
     vocabulary if the device has it (else it is fetched from the cloud once per
@@ -579,7 +580,8 @@ class EdgeNode:
             max_new_tokens=cfg.max_new_tokens, params=params, stop_ids=welcome.stop_ids,
             draft_len=cfg.draft_len, max_draft=welcome.limits.max_draft, seed=cfg.seed,
             prompt_ids=ids, adaptive_draft=cfg.adaptive_draft,
-            draft_confidence=cfg.draft_confidence, max_draft_len=cfg.max_draft_len)
+            draft_confidence=cfg.draft_confidence, max_draft_len=cfg.max_draft_len,
+            draft_cost=cfg.draft_cost)
 
     async def _in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
         if not self.draft_thread:

@@ -39,7 +39,7 @@ from ..protocol import (
     pack,
     unpack,
 )
-from ..protocol.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE
+from ..protocol.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST
 from ..sampling import SamplingParams
 from ..transport import LinkSpec, sequence_latency
 from ..transport.zeromq import zmtp_overhead
@@ -163,7 +163,7 @@ class Pump:
                 max_new_tokens: int = 8, params: SamplingParams | None = None,
                 seed: int | None = 0, draft_len: int = 4, adaptive_draft: bool = True,
                 draft_confidence: float = DEFAULT_CONFIDENCE, max_draft_len: int = DEFAULT_CAP,
-                **options: Any) -> EdgeSession:
+                draft_cost: float = DEFAULT_COST, **options: Any) -> EdgeSession:
         """A new generation's state machine (not opened yet) and its drafter (the
         draft-length policy as :class:`~xcosd.config.GenerationConfig` has it)."""
         params = params or SamplingParams()
@@ -176,7 +176,7 @@ class Pump:
                          stop_ids=welcome.stop_ids, draft_len=draft_len,
                          max_draft=welcome.limits.max_draft, seed=seed,
                          adaptive_draft=adaptive_draft, draft_confidence=draft_confidence,
-                         max_draft_len=max_draft_len)
+                         max_draft_len=max_draft_len, draft_cost=draft_cost)
         self.drafters[es.s] = Drafter(self.draft, self.vmap, params, prompt)
         return es
 

@@ -1,18 +1,26 @@
-"""How many tokens a round drafts: a ceiling adapted from recent acceptance, and a
-stop when the draft is unsure.
+"""How many tokens a round drafts: the length that maximises the expected tokens per
+second at the acceptance seen so far, and an optional stop when the draft is unsure.
 
 A fixed draft length wastes the draft model's work when acceptance is low (most
-drafted tokens are rejected and their forwards thrown away) and leaves speed unused
-when it is high. :class:`DraftLength` does what transformers' assisted generation
-does, on by default:
+drafted tokens are rejected) and leaves speed unused when it is high (a round trip
+that could have carried more accepted tokens). :class:`DraftLength`, on by default:
 
-* **The ceiling follows acceptance** (transformers' ``"heuristic"`` schedule): +2
-  after a round whose every draft was accepted, -1 after a rejection, between 1 and
-  ``cap``.
-* **The draft stops when it is unsure** (transformers'
-  ``assistant_confidence_threshold``): once a drafted token had probability below
-  ``confidence`` under the row it was drawn from, that token is kept and no more
-  are drafted this round.
+* **The ceiling follows acceptance.** Each drafted token is accepted with some
+  probability ``a``; the number of tokens a round of ``k`` drafts yields is then
+  ``E(k) = 1 + a + ... + a^k``, and the round costs a fixed part (the link's round
+  trip and the cloud's verification) plus ``k`` draft steps. With ``cost`` the
+  ratio of a draft step to that fixed part, the ceiling is the ``k`` in 1..``cap``
+  maximising ``E(k) / (1 + k * cost)``. ``a`` is estimated from the verdicts: a
+  moving average over the drafts tested, each accepted draft a 1 and the first
+  rejected one a 0 (the drafts after it were never tested, so they say nothing),
+  each test weighing :data:`STEP`, so the estimate follows the last several tokens.
+* **The stop when unsure** (transformers' ``assistant_confidence_threshold``): once
+  a drafted token had probability below ``confidence`` under the row it was drawn
+  from, that token is kept and no more are drafted this round. Off by default
+  here: on a link whose round trip dominates (this project's setting) a round cut
+  short pays a whole round trip for fewer tokens (``bench methods
+  --draft-confidence``), whereas transformers runs both models on one machine,
+  where a stop costs nothing but a forward.
 
 Why the output law stays exact. Verification makes position *i* follow the target
 whatever was drafted there, provided the drafted token itself is a draw from the
@@ -22,17 +30,37 @@ verdicts, which set the ceiling) and the tokens drawn so far (the confidence sto
 looks at a token already kept). What it must never do is draw a token and then
 drop it because of its value; "cut the block before the unsure token" looks
 harmless but skews position *i* towards the tokens the draft is sure of (the law
-tests carry it as a control that fails).
+tests carry it as a control that fails). The policy is pure (no clock): a seeded
+generation drafts the same lengths on every run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: transformers' ``assistant_confidence_threshold`` default
-DEFAULT_CONFIDENCE = 0.4
+#: the stop threshold by default (0: off; see the module docstring)
+DEFAULT_CONFIDENCE = 0.0
 #: the adaptive ceiling's upper bound by default
 DEFAULT_CAP = 16
+#: a draft step's cost over a round's fixed cost, by default: a small model on the
+#: device against a round trip of tens of milliseconds plus the cloud's forward
+DEFAULT_COST = 0.05
+#: each tested draft's weight in the acceptance estimate (a memory of ~1/STEP drafts)
+STEP = 0.15
+#: the acceptance estimate before any verdict
+PRIOR_RATE = 0.5
+
+
+def best_length(rate: float, cost: float, cap: int) -> int:
+    """The ``k`` in 1..``cap`` maximising ``(1 + rate + ... + rate^k) / (1 + k * cost)``."""
+    best, best_k, gain, term = -1.0, 1, 1.0, 1.0
+    for k in range(1, cap + 1):
+        term *= rate
+        gain += term
+        value = gain / (1.0 + k * cost)
+        if value > best:
+            best, best_k = value, k
+    return best_k
 
 
 @dataclass
@@ -40,16 +68,19 @@ class DraftLength:
     """One generation's draft-length policy (pure: fed verdicts, asked lengths).
 
     ``start``: the first round's ceiling (the fixed length when ``adaptive`` is off);
-    ``cap``: the ceiling's upper bound; ``confidence``: the stop threshold (0: never
-    stop early).
+    ``cap``: the ceiling's upper bound; ``cost``: a draft step's cost over a round's
+    fixed cost; ``confidence``: the stop threshold (0: never stop early).
     """
 
     start: int = 4
     cap: int = DEFAULT_CAP
     confidence: float = DEFAULT_CONFIDENCE
     adaptive: bool = True
+    cost: float = DEFAULT_COST
     #: this round's ceiling
     ceiling: int = field(init=False)
+    #: the estimated chance that a drafted token is accepted
+    rate: float = field(init=False, default=PRIOR_RATE)
 
     def __post_init__(self) -> None:
         if self.start < 0:
@@ -58,9 +89,9 @@ class DraftLength:
             raise ValueError(f"the draft-length cap must be >= 1, got {self.cap}")
         if not 0.0 <= self.confidence < 1.0:
             raise ValueError(f"draft confidence must be in [0, 1), got {self.confidence}")
-        self.ceiling = self.start if not self.adaptive else min(max(self.start, 1), self.cap)
-        if self.start == 0:
-            self.ceiling = 0  # 0 means "never draft" in either mode
+        if not 0.0 <= self.cost < 1e6:
+            raise ValueError(f"draft cost must be >= 0, got {self.cost}")
+        self.ceiling = self.start if not self.adaptive else min(self.start, self.cap)
 
     @property
     def stop_below(self) -> float:
@@ -71,7 +102,6 @@ class DraftLength:
         """A round drafted ``drafted`` tokens and ``accepted`` of them were kept."""
         if not self.adaptive or drafted == 0 or self.ceiling == 0:
             return
-        if accepted >= drafted:
-            self.ceiling = min(self.ceiling + 2, self.cap)
-        else:
-            self.ceiling = max(self.ceiling - 1, 1)
+        for x in [1.0] * accepted + ([0.0] if accepted < drafted else []):
+            self.rate += STEP * (x - self.rate)
+        self.ceiling = best_length(self.rate, self.cost, self.cap)

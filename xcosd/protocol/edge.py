@@ -63,7 +63,7 @@ from ..methods.base import (
 )
 from ..sampling import SamplingParams
 from ..vocab import VocabMap, Vocabulary
-from .draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DraftLength
+from .draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST, DraftLength
 from .errors import exception_for
 from .messages import (
     PROTOCOL_VERSION,
@@ -347,7 +347,7 @@ class EdgeSession:
                  options: dict[str, Any] | None = None,
                  prompt_ids: np.ndarray | None = None, adaptive_draft: bool = True,
                  draft_confidence: float = DEFAULT_CONFIDENCE,
-                 max_draft_len: int = DEFAULT_CAP) -> None:
+                 max_draft_len: int = DEFAULT_CAP, draft_cost: float = DEFAULT_COST) -> None:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if draft_len < 0:
@@ -366,7 +366,7 @@ class EdgeSession:
         self.max_draft = max_draft
         #: the draft-length policy (``draft_len`` is its first round's ceiling)
         self.drafting = DraftLength(draft_len, max_draft_len, draft_confidence,
-                                    adaptive_draft)
+                                    adaptive_draft, draft_cost)
         self.options = dict(options if options is not None else method.options())
         ss = np.random.SeedSequence(seed)
         dev, srv = ss.spawn(2)
