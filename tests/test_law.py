@@ -214,8 +214,9 @@ CONFIDENCE = 0.3
 def adaptive(i: int) -> dict[str, Any]:
     """Generation ``i``'s policy: a first-round ceiling of 1, 2 or 3 (so over five
     tokens the next rounds' lengths follow the first verdicts), the stop threshold,
-    a cap the ceiling reaches."""
-    return {"draft_len": 1 + i % 3, "adaptive_draft": True,
+    a cap the ceiling reaches, and a draft cost at which one verdict moves the
+    ceiling (from the prior 0.5, an accepted draft makes it 2, a rejected one 1)."""
+    return {"draft_len": 1 + i % 3, "adaptive_draft": True, "draft_cost": 0.15,
             "draft_confidence": CONFIDENCE, "max_draft_len": 4}
 
 
@@ -235,8 +236,8 @@ def test_adaptive_draft_length_through_faults(link: Pump, variant: str) -> None:
     first = [(i % 3 + 1, r[0]) for i, r in enumerate(rounds) if r and i % 3]
     stopped = sum(1 for asked, got in first if got < asked)
     assert stopped > 0.3 * len(first), (stopped, len(first))
-    # start 1: a first draft accepted raises the ceiling to 3, so the second round
-    # drafts 2 (one token is the last, drafted by nobody); rejected, it stays at 1
+    # start 1: a first draft accepted raises the ceiling to 2, so the second round
+    # drafts 2; rejected, the ceiling is 1
     second = {r[1] for i, r in enumerate(rounds) if i % 3 == 0 and len(r) > 1}
     assert {1, 2} <= second, second
 

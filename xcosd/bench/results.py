@@ -431,7 +431,7 @@ def section_models(md: Any) -> list[str]:
 
 def sizes_note(run: Any) -> list[str]:
     return ["## Sizes used", "",
-            "To fit `make bench` in about 25 minutes on 2 cores the sizes are small: the "
+            "To fit `make bench` in about 28 minutes on 2 cores the sizes are small: the "
             "load tests measure 4 s (scaling points) and 8 s (64 devices) after 2 s of "
             "warm-up; the methods grid runs 6 prompts x 48 tokens at T=1 and greedy (every "
             "method and codec), 3 prompts x 32 tokens at top-p 0.95 and top-k 50 (5 "

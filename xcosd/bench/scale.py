@@ -86,8 +86,10 @@ class ScaleConfig:
             raise ValueError("the killed run needs at least 2 replicas (one survives)")
 
     def generation(self) -> GenerationConfig:
+        # a fixed length: the cost model (ideal_tokens_per_s) counts draft_len + 1 rows
         return GenerationConfig(method=self.method, draft_len=self.draft_len,
-                                do_sample=False, max_new_tokens=self.max_new_tokens)
+                                adaptive_draft=False, do_sample=False,
+                                max_new_tokens=self.max_new_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
