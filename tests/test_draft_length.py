@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
+import xcosd
 from xcosd.cli import build_parser
 from xcosd.commands.options import generation_config
 from xcosd.config import GenerationConfig
+from xcosd.models import SyntheticModel
 from xcosd.nodes.pump import Pump
 from xcosd.protocol import RoundVerified
-from xcosd.protocol.draft_length import STEP, DraftLength, best_length
+from xcosd.protocol.draft_length import PROBE, STEP, DraftLength, best_length
 from xcosd.sampling import SamplingParams
 
 from .session_pairs import pair
@@ -33,18 +35,46 @@ def test_best_length_is_the_throughput_optimum() -> None:
     assert best_length(1.0, 0.0, 5) == 5  # free drafts that are always accepted: the cap
 
 
+def test_drafting_stops_where_it_does_not_pay_and_probes() -> None:
+    assert best_length(0.3, 0.5, 16, lo=0) == 0  # (1 + 0.3) / 1.5 < 1: draft nothing
+    assert best_length(0.6, 0.5, 16, lo=0) == 1
+    assert best_length(0.0, 0.0, 16, lo=0) == 0  # a tie goes to the shorter
+    dl = DraftLength(start=2, cost=2.0)
+    dl.settled(2, 0)
+    assert dl.ceiling == 0
+    for _ in range(PROBE - 1):
+        dl.settled(0, 0)
+    assert dl.ceiling == 0
+    dl.settled(0, 0)
+    assert dl.ceiling == 1  # one round in PROBE drafts a token
+    dl.settled(1, 1)  # accepted, but a step still costs twice a round: back to none
+    assert dl.ceiling == 0
+
+
+def test_a_measured_cost_follows_the_node_and_a_set_one_does_not() -> None:
+    set_, measured = DraftLength(start=4, cost=0.05), DraftLength(start=4, measure=True)
+    for dl in (set_, measured):
+        dl.observe(0.030, 0.060)  # a draft step half a round
+        dl.observe(None, 0.060)  # a round that drafted nothing: the round time only
+    assert set_.cost == 0.05
+    assert measured.cost == pytest.approx(0.5)
+    for dl in (set_, measured):
+        dl.settled(4, 1)
+    assert set_.ceiling > 0 and measured.ceiling == 0
+
+
 def test_the_ceiling_follows_acceptance_within_its_bounds() -> None:
     dl = DraftLength(start=4, cap=7)
     assert dl.ceiling == 4 and dl.rate == 0.5  # the first round: start, and the prior
     for _ in range(5):
         dl.settled(dl.ceiling, dl.ceiling)
     assert dl.rate > 0.9 and dl.ceiling == 7  # capped
-    for _ in range(20):
+    for _ in range(10):  # every first draft rejected: down, one step at a time
         dl.settled(dl.ceiling, 0)
-    assert dl.rate < 0.1 and dl.ceiling == 1  # never below one
-    before = (dl.ceiling, dl.rate)
-    dl.settled(0, 0)  # a round that drafted nothing says nothing
-    assert (dl.ceiling, dl.rate) == before
+    assert dl.rate < 0.25 and dl.ceiling == 1
+    before = dl.rate
+    dl.settled(0, 0)  # a round that drafted nothing says nothing of acceptance
+    assert (dl.ceiling, dl.rate) == (1, before)
     # drafts after the first rejection were never tested: 2 accepted of 5 is two
     # ones and one zero, not three zeros
     fresh, want = DraftLength(start=5), 0.5
@@ -122,6 +152,11 @@ def test_the_settings_reach_the_session_from_config_and_cli() -> None:
         GenerationConfig(max_draft_len=0)
     with pytest.raises(ValueError, match="draft_cost"):
         GenerationConfig(draft_cost=-0.5)
+    with pytest.raises(ValueError, match="draft_cost"):
+        GenerationConfig(draft_cost="measure")  # type: ignore[arg-type]
+    assert GenerationConfig(draft_cost="auto").draft_cost == "auto"
+    auto = generation_config(build_parser().parse_args(["edge", "--draft-cost", "auto"]))
+    assert auto.draft_cost == "auto"
     args = build_parser().parse_args(["edge", "--fixed-draft-len", "--draft-confidence", "0.25",
                                       "--max-draft-len", "8", "--draft-cost", "0.5"])
     got = generation_config(args)
@@ -130,3 +165,20 @@ def test_the_settings_reach_the_session_from_config_and_cli() -> None:
     default = generation_config(build_parser().parse_args(["edge"]))
     assert default.adaptive_draft and default.draft_confidence == 0.0
     assert default.draft_cost == 0.05
+
+
+async def test_a_measured_cost_drafts_only_where_drafting_pays() -> None:
+    """Over ZeroMQ: a draft step that costs 20 ms against a near-free target is not
+    worth it (the rounds draft nothing but the probes); against a target call of
+    40 ms it is (most rounds draft)."""
+    drafted = {}
+    for name, target_s in (("slow draft", 0.0), ("slow target", 0.040)):
+        target = SyntheticModel(64, a=target_s)
+        draft = SyntheticModel(target.vocab, a=0.020, skew=1.5, name="d")
+        async with (xcosd.CloudNode(target, bind="tcp://127.0.0.1:0") as cloud,
+                    xcosd.EdgeNode(draft, cloud.endpoint, draft_cost="auto") as edge):
+            r = await edge.generate([1, 2], max_new_tokens=40, seed=1)
+        drafted[name] = (r.stats.drafted, r.stats.rounds)
+    slow_draft, slow_target = drafted["slow draft"], drafted["slow target"]
+    assert slow_draft[0] <= 4 + slow_draft[1] // PROBE, drafted  # the first round, probes
+    assert slow_target[0] >= slow_target[1], drafted

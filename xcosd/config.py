@@ -51,9 +51,11 @@ class GenerationConfig:
       ``codec``: a codec name (``f32``, ``q8``, ``topk:64+zstd`` ...).
     * ``draft_len``: tokens the first round drafts (``d``); with ``adaptive_draft``
       (the default) each later round drafts the length, up to ``max_draft_len``,
-      that maximises the expected tokens per second at the acceptance seen so far,
-      ``draft_cost`` being a draft step's cost over a round's fixed cost (round trip
-      plus verification); ``draft_confidence`` > 0 also stops a round after a token
+      that maximises the expected tokens per second at the acceptance seen so far
+      (0 where drafting does not pay), ``draft_cost`` being a draft step's cost over
+      a round's fixed cost (round trip plus verification), or ``"auto"``: measured
+      by the node as it goes (the lengths then depend on timing, so a seeded
+      generation is no longer reproducible); ``draft_confidence`` > 0 also stops a round after a token
       the draft gave a probability below it
       (:class:`~xcosd.protocol.draft_length.DraftLength`; exact either way).
       ``adaptive_draft=False`` drafts ``draft_len`` tokens every round.
@@ -77,7 +79,7 @@ class GenerationConfig:
     adaptive_draft: bool = True
     draft_confidence: float = DEFAULT_CONFIDENCE
     max_draft_len: int = DEFAULT_CAP
-    draft_cost: float = DEFAULT_COST
+    draft_cost: float | str = DEFAULT_COST
     do_sample: bool = True
     temperature: float = 1.0
     top_k: int = 0
@@ -127,9 +129,10 @@ class GenerationConfig:
                 or not isinstance(self.draft_confidence, int | float)
                 or not 0.0 <= self.draft_confidence < 1.0):
             raise ValueError(f"draft_confidence must be in [0, 1), got {self.draft_confidence!r}")
-        if (isinstance(self.draft_cost, bool) or not isinstance(self.draft_cost, int | float)
+        if self.draft_cost != "auto" and (
+                isinstance(self.draft_cost, bool) or not isinstance(self.draft_cost, int | float)
                 or not 0.0 <= self.draft_cost < 1e6):
-            raise ValueError(f"draft_cost must be a number >= 0, got {self.draft_cost!r}")
+            raise ValueError(f"draft_cost must be a number >= 0 or 'auto', got {self.draft_cost!r}")
         _check_int("max_new_tokens", self.max_new_tokens, 0)
         _check_int("top_k", self.top_k, 0)
         if not isinstance(self.do_sample, bool):

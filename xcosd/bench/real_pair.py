@@ -15,8 +15,10 @@ ratios, not the rates):
   is not lossless (the bench makes the unpruned translator first, and ``generate``
   finds it in its cache).
 * ``ar``, ``xcosd``, ``xcosd-e``: xcosd over ZeroMQ loopback with default settings
-  (the adaptive draft length included). The cloud runs in its own process
-  (``xcosd serve``), as it would on its own machine; the draft runs in this one.
+  (the adaptive draft length included), and ``xcosd-e auto``: with
+  ``draft_cost="auto"``, the draft length fitted to the measured draft-step and
+  round times. The cloud runs in its own process (``xcosd serve``), as it would on
+  its own machine; the draft runs in this one.
 
 Reported per row: tokens/s (wall), its ratio to ``usd`` and to ``target-generate``,
 target calls per token, acceptance (accepted / drafted) and, for xcosd, bytes per
@@ -55,7 +57,10 @@ PROMPTS = [
 #: the modeled cloud's cost of one target call (see the module docstring)
 GPU_CALL_S = 0.004
 MODEL_LINK: dict[str, Any] = {"up_bps": 100e6, "down_bps": 100e6, "rtt_s": 0.020}
-XCOSD_METHODS = ("ar", "xcosd", "xcosd-e")
+#: (row, method, settings): the defaults, and xcosd-e measuring its draft cost
+XCOSD_ROWS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("ar", "ar", {}), ("xcosd", "xcosd", {}), ("xcosd-e", "xcosd-e", {}),
+    ("xcosd-e auto", "xcosd-e", {"draft_cost": "auto"}))
 
 
 def _free_port() -> int:
@@ -108,25 +113,27 @@ async def _xcosd_rows(draft: Any, endpoint: str, prompts: list[str],
     rows = []
     async with xcosd.EdgeNode(draft, endpoint, connect_timeout_s=600.0, timeout_s=120.0,
                               model_link=link) as edge:
-        for method in XCOSD_METHODS:
+        for name, method, settings in XCOSD_ROWS:
             stats, wall = [], 0.0
-            await edge.generate(prompts[0], max_new_tokens=4, method=method, seed=99)
+            await edge.generate(prompts[0], max_new_tokens=4, method=method, seed=99,
+                                **settings)
             for i, prompt in enumerate(prompts):
                 t0 = time.perf_counter()
-                r = await edge.generate(prompt, max_new_tokens=tokens, method=method, seed=i)
+                r = await edge.generate(prompt, max_new_tokens=tokens, method=method, seed=i,
+                                        **settings)
                 wall += time.perf_counter() - t0
                 stats.append(r.stats)
             st = merge(stats)
             link_s = st.modeled_s - st.draft_compute_s - st.cloud_compute_s
             gpu_s = st.draft_compute_s + st.target_calls * GPU_CALL_S + link_s
-            row = {"row": method, "tokens": st.tokens, "wall_s": wall,
+            row = {"row": name, "tokens": st.tokens, "wall_s": wall,
                    "tok_s": st.tokens / wall, "rounds": st.rounds,
                    "target_calls": st.target_calls, "drafted": st.drafted,
                    "accepted": st.accepted, "bytes": st.uplink_bytes + st.downlink_bytes,
                    "edge_compute_s": st.draft_compute_s, "cloud_compute_s": st.cloud_compute_s,
                    "modeled_gpu_tok_s": st.tokens / gpu_s if gpu_s > 0 else None}
             rows.append(row)
-            print(f"  {method}: {st.tokens} tokens, {row['tok_s']:.2f} tok/s, "
+            print(f"  {name}: {st.tokens} tokens, {row['tok_s']:.2f} tok/s, "
                   f"{st.target_calls / max(st.tokens, 1):.2f} calls/token, "
                   f"accepted {st.accepted}/{st.drafted}", flush=True)
     return rows

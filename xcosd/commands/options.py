@@ -89,6 +89,11 @@ positive_int = _number(int, "an integer >= 1", lambda v: v >= 1)
 nonneg_int = _number(int, "an integer >= 0", lambda v: v >= 0)
 positive_float = _number(float, "a number > 0", lambda v: v > 0)
 nonneg_float = _number(float, "a number >= 0", lambda v: v >= 0)
+
+
+def draft_cost(s: str) -> float | str:
+    """``--draft-cost``: a number >= 0, or ``auto``."""
+    return "auto" if s == "auto" else nonneg_float(s)
 probability = _number(float, "a number in (0, 1]", lambda v: 0 < v <= 1)
 unit_interval = _number(float, "a number in [0, 1]", lambda v: 0 <= v <= 1)
 
@@ -190,9 +195,9 @@ def add_generation_args(p: argparse.ArgumentParser, *, method: bool = True,
     p.add_argument("--fixed-draft-len", action="store_true",
                    help="draft --draft-len tokens every round (default: the length that "
                         "maximises tokens per second at the acceptance seen so far)")
-    p.add_argument("--draft-cost", type=nonneg_float, default=d.draft_cost,
+    p.add_argument("--draft-cost", type=draft_cost, default=d.draft_cost,
                    help="a draft step's time over a round's fixed time (round trip and "
-                        "verification), for the adaptive length")
+                        "verification), for the adaptive length; auto: measure it")
     p.add_argument("--draft-confidence", type=unit_interval, default=d.draft_confidence,
                    help="stop a round's drafting after a token the draft gave a probability "
                         "below this (0: never)")

@@ -54,6 +54,7 @@ from ..protocol.edge import (
 )
 from ..protocol.errors import exception_for
 from ..protocol.messages import (
+    DraftMsg,
     Error,
     Message,
     Ping,
@@ -766,20 +767,31 @@ class EdgeNode:
                 out = es.drafted(*(await self._in_worker(drafter.run, ev) if self.draft_thread
                                    else drafter.run(ev)))
         [msg] = out.send
-        st.draft_compute_s += time.perf_counter() - t
+        drafting_s = time.perf_counter() - t
+        st.draft_compute_s += drafting_s
         await self._send(msg, st, trace)
-        await self._finish_round(es, inbox, st, trace, on_text, before)
+        drafted = msg.draft.length if isinstance(msg, DraftMsg) else 0
+        # what the draft-length policy may measure (draft_cost="auto"): a draft
+        # step's seconds, and when the draft left (its verdict closes the round)
+        timing = (drafting_s / drafted if drafted else None, time.perf_counter())
+        await self._finish_round(es, inbox, st, trace, on_text, before, timing)
 
     async def _finish_round(self, es: EdgeSession, inbox: asyncio.Queue[Any],
                             st: GenerationStats, trace: list[tuple[str, int]],
                             on_text: Callable[[str], None] | None,
-                            before: tuple[float, int, int, int, int, int] | None) -> None:
-        """Feed the round's answers to ``es`` (sending its follow-ups) until it settles."""
+                            before: tuple[float, int, int, int, int, int] | None,
+                            timing: tuple[float | None, float] | None = None) -> None:
+        """Feed the round's answers to ``es`` (sending its follow-ups) until it settles;
+        ``timing`` (a draft step's seconds, when the draft was sent) goes to the
+        draft-length policy when the verdict arrives."""
         delay, since = self.busy_retry_s, time.monotonic()
         while True:
             reply = await self._next(es, inbox, st, trace)
             if isinstance(reply, VerdictMsg):
                 st.cloud_compute_s += reply.compute_us / 1e6
+                if timing is not None:
+                    es.drafting.observe(timing[0], time.perf_counter() - timing[1])
+                    timing = None
             if isinstance(reply, Error) and reply.code not in ("busy", "replay"):
                 raise exception_for(reply.code, reply.message)
             if isinstance(getattr(reply, "reply", None), FullVectorReply | HybridReply):

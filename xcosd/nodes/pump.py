@@ -163,9 +163,10 @@ class Pump:
                 max_new_tokens: int = 8, params: SamplingParams | None = None,
                 seed: int | None = 0, draft_len: int = 4, adaptive_draft: bool = True,
                 draft_confidence: float = DEFAULT_CONFIDENCE, max_draft_len: int = DEFAULT_CAP,
-                draft_cost: float = DEFAULT_COST, **options: Any) -> EdgeSession:
+                draft_cost: float | str = DEFAULT_COST, **options: Any) -> EdgeSession:
         """A new generation's state machine (not opened yet) and its drafter (the
-        draft-length policy as :class:`~xcosd.config.GenerationConfig` has it)."""
+        draft-length policy as :class:`~xcosd.config.GenerationConfig` has it; the
+        pump measures no times, so ``draft_cost="auto"`` keeps the default cost)."""
         params = params or SamplingParams()
         welcome = self.handshake.welcome
         assert welcome is not None

@@ -14,6 +14,16 @@ that could have carried more accepted tokens). :class:`DraftLength`, on by defau
   moving average over the drafts tested, each accepted draft a 1 and the first
   rejected one a 0 (the drafts after it were never tested, so they say nothing),
   each test weighing :data:`STEP`, so the estimate follows the last several tokens.
+* **Drafting only when it pays.** The ``k`` may be 0: where a draft step costs
+  more than the tokens it is expected to add (a slow device, a low acceptance) a
+  round drafts nothing and the cloud samples the token, as ``ar`` would; one round
+  in :data:`PROBE` then drafts one token, so the acceptance estimate stays current.
+* **The cost, set or measured.** ``cost`` is a setting (``draft_cost``, default
+  :data:`DEFAULT_COST`), so a seeded generation drafts the same lengths on every
+  run. With ``measure`` (``draft_cost="auto"``) the node feeds each round's
+  measured draft-step and round times to :meth:`DraftLength.observe` instead: the
+  lengths then fit the hardware and the link, at the price of reproducibility
+  (the law is exact either way).
 * **The stop when unsure** (transformers' ``assistant_confidence_threshold``): once
   a drafted token had probability below ``confidence`` under the row it was drawn
   from, that token is kept and no more are drafted this round. Off by default
@@ -30,8 +40,8 @@ verdicts, which set the ceiling) and the tokens drawn so far (the confidence sto
 looks at a token already kept). What it must never do is draw a token and then
 drop it because of its value; "cut the block before the unsure token" looks
 harmless but skews position *i* towards the tokens the draft is sure of (the law
-tests carry it as a control that fails). The policy is pure (no clock): a seeded
-generation drafts the same lengths on every run.
+tests carry it as a control that fails). The policy is pure: it reads no clock,
+the node hands it what it measured.
 """
 
 from __future__ import annotations
@@ -49,11 +59,16 @@ DEFAULT_COST = 0.05
 STEP = 0.15
 #: the acceptance estimate before any verdict
 PRIOR_RATE = 0.5
+#: while drafting does not pay, one round in this many drafts one token
+PROBE = 8
+#: each measured round's weight in the measured step and round times
+COST_STEP = 0.2
 
 
-def best_length(rate: float, cost: float, cap: int) -> int:
-    """The ``k`` in 1..``cap`` maximising ``(1 + rate + ... + rate^k) / (1 + k * cost)``."""
-    best, best_k, gain, term = -1.0, 1, 1.0, 1.0
+def best_length(rate: float, cost: float, cap: int, lo: int = 1) -> int:
+    """The ``k`` in ``lo``..``cap`` maximising ``(1 + rate + ... + rate^k) / (1 + k * cost)``
+    (the smallest on a tie)."""
+    best, best_k, gain, term = 1.0 if lo == 0 else -1.0, 0 if lo == 0 else 1, 1.0, 1.0
     for k in range(1, cap + 1):
         term *= rate
         gain += term
@@ -69,7 +84,8 @@ class DraftLength:
 
     ``start``: the first round's ceiling (the fixed length when ``adaptive`` is off);
     ``cap``: the ceiling's upper bound; ``cost``: a draft step's cost over a round's
-    fixed cost; ``confidence``: the stop threshold (0: never stop early).
+    fixed cost (the prior, with ``measure``); ``measure``: take the cost from
+    :meth:`observe`; ``confidence``: the stop threshold (0: never stop early).
     """
 
     start: int = 4
@@ -77,10 +93,16 @@ class DraftLength:
     confidence: float = DEFAULT_CONFIDENCE
     adaptive: bool = True
     cost: float = DEFAULT_COST
+    measure: bool = False
     #: this round's ceiling
     ceiling: int = field(init=False)
     #: the estimated chance that a drafted token is accepted
     rate: float = field(init=False, default=PRIOR_RATE)
+    #: measured seconds of one draft step and of a round's fixed part (``measure``)
+    step_s: float | None = field(init=False, default=None)
+    fixed_s: float | None = field(init=False, default=None)
+    #: rounds drafted nothing since drafting stopped paying
+    _idle: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         if self.start < 0:
@@ -98,10 +120,32 @@ class DraftLength:
         """The probability under which a drafted token ends the round's drafting."""
         return self.confidence if self.adaptive else 0.0
 
+    def observe(self, step_s: float | None, fixed_s: float) -> None:
+        """What the node measured of a round: one draft step's seconds (``None`` when
+        it drafted nothing) and the seconds from sending the draft to its verdict
+        (the link and the cloud). Used only with ``measure``."""
+        if not (self.adaptive and self.measure) or fixed_s <= 0:
+            return
+
+        def ema(old: float | None, new: float) -> float:
+            return new if old is None else old + COST_STEP * (new - old)
+
+        self.fixed_s = ema(self.fixed_s, fixed_s)
+        if step_s is not None and step_s > 0:
+            self.step_s = ema(self.step_s, step_s)
+        if self.step_s is not None:
+            self.cost = self.step_s / self.fixed_s
+
     def settled(self, drafted: int, accepted: int) -> None:
         """A round drafted ``drafted`` tokens and ``accepted`` of them were kept."""
-        if not self.adaptive or drafted == 0 or self.ceiling == 0:
+        if not self.adaptive or self.start == 0:
+            return
+        if drafted == 0:
+            if self.ceiling == 0:  # drafting does not pay: probe now and then
+                self._idle += 1
+                if self._idle >= PROBE:
+                    self.ceiling, self._idle = 1, 0
             return
         for x in [1.0] * accepted + ([0.0] if accepted < drafted else []):
             self.rate += STEP * (x - self.rate)
-        self.ceiling = best_length(self.rate, self.cost, self.cap)
+        self.ceiling = best_length(self.rate, self.cost, self.cap, lo=0)

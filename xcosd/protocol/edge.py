@@ -347,7 +347,8 @@ class EdgeSession:
                  options: dict[str, Any] | None = None,
                  prompt_ids: np.ndarray | None = None, adaptive_draft: bool = True,
                  draft_confidence: float = DEFAULT_CONFIDENCE,
-                 max_draft_len: int = DEFAULT_CAP, draft_cost: float = DEFAULT_COST) -> None:
+                 max_draft_len: int = DEFAULT_CAP,
+                 draft_cost: float | str = DEFAULT_COST) -> None:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if draft_len < 0:
@@ -365,8 +366,9 @@ class EdgeSession:
         self.draft_len = draft_len
         self.max_draft = max_draft
         #: the draft-length policy (``draft_len`` is its first round's ceiling)
-        self.drafting = DraftLength(draft_len, max_draft_len, draft_confidence,
-                                    adaptive_draft, draft_cost)
+        auto = draft_cost == "auto"
+        self.drafting = DraftLength(draft_len, max_draft_len, draft_confidence, adaptive_draft,
+                                    DEFAULT_COST if auto else float(draft_cost), auto)
         self.options = dict(options if options is not None else method.options())
         ss = np.random.SeedSequence(seed)
         dev, srv = ss.spawn(2)
