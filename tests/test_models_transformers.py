@@ -97,7 +97,7 @@ def test_empty_prompt_starts_from_bos(model: TransformersModel) -> None:
     assert s.ids == []
 
 
-def test_batched_equals_one_by_one(model: TransformersModel) -> None:
+def _batched_equals_one_by_one(model: TransformersModel) -> None:
     ids = model.tokenize(TEXT)
     specs = [(ids[:3], ids[3:7]), (ids[:11], ids[11:12]), ([], []), (ids[:7], [])]
     batched = [model.start(p) for p, _ in specs]
@@ -113,6 +113,47 @@ def test_batched_equals_one_by_one(model: TransformersModel) -> None:
         model.rollback(single[0], len(single[0].ids) - 1)
     for s in batched:
         model.end(s)
+
+
+@pytest.mark.parametrize("per_session", [True, False])
+def test_batched_equals_one_by_one(model: TransformersModel, per_session: bool) -> None:
+    """Both batched paths: attention session by session over the sessions' own
+    buffers (Llama's default), and the gathered batch cache (any other
+    architecture)."""
+    assert model.per_session
+    model.per_session = per_session
+    try:
+        _batched_equals_one_by_one(model)
+    finally:
+        model.per_session = True
+
+
+def test_batched_sliding_window_equals_one_by_one_and_the_reference(tmp_path) -> None:
+    """A sliding window (Mistral's, 4 positions) shorter than the contexts: the
+    per-session attention applies it as the model's own masks do."""
+    import transformers
+
+    tok = byte_level_tokenizer()
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=4,
+        max_position_embeddings=256, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id)
+    net = transformers.MistralForCausalLM(cfg)
+    with torch.no_grad():
+        net.lm_head.weight.mul_(20.0)
+    net.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    m = TransformersModel.from_pretrained(tmp_path)
+    assert m.per_session
+    _batched_equals_one_by_one(m)
+    ids = m.tokenize(TEXT)[:16]
+    a, b = m.start(ids[:9]), m.start(ids[:4])
+    m.score([(a, []), (b, [])])
+    rows = m.score([(a, ids[9:12]), (b, ids[4:6])])
+    np.testing.assert_allclose(rows[0], reference(m, ids[:12])[-4:], atol=TOL)
+    np.testing.assert_allclose(rows[1], reference(m, ids[:6])[-3:], atol=TOL)
 
 
 def test_sentencepiece_model_and_unused_ids(tmp_path) -> None:

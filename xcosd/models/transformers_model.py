@@ -5,22 +5,30 @@ directory or a GGUF file (``gguf_file=``, dequantised by transformers), on CPU b
 default. It keeps a KV cache per session and verifies many sessions in **one**
 forward pass.
 
-Cache layout. Each session keeps, per layer, its own key and value tensors
-``(1, heads, n, head_dim)`` for every context token fed so far, so each position
-is computed once: a call feeds only the tokens appended since (a draft step, one
-token; a round, the resolved or bonus token plus the drafts). Only when nothing
-was appended (a rollback into the cached part, then a score) is the last cached
+Cache layout. Each session keeps, per layer, preallocated key and value buffers
+``(1, heads, capacity, head_dim)`` whose first ``length`` positions hold every
+context token fed so far, so each position is computed once: a call feeds only
+the tokens appended since (a draft step, one token; a round, the resolved or
+bonus token plus the drafts). The model's cache update writes the new states
+into the buffers in place (:class:`_Slab`, a transformers cache layer) and
+attends over views of them, so a step copies nothing already cached; a buffer
+that fills is doubled (amortised, one copy per doubling). Only when nothing was
+appended (a rollback into the cached part, then a score) is the last cached
 token fed again, because the first row a call returns is the distribution after
-the context as it is. Rolling back after a rejection is a slice of each tensor.
-Keeping the full history (never a sliding-window ring) makes the slice exact for
+the context as it is. Rolling back after a rejection only lowers ``length``.
+Keeping the full history (never a sliding-window ring) makes that exact for
 every architecture; sliding-window layers still see only their window through
 the attention mask.
 
-Batching. Sessions' caches are left-padded to a common length and stacked; their
-new tokens are right-padded; a 2-D attention mask hides both paddings and
-explicit position ids keep every session's positions its own. Each session's
-rows and cache are cut back out of the batch afterwards. Batched and one-by-one
-scoring agree to float32 rounding (the tests check 1e-4).
+Batching. One batch buffer per layer holds every session's cache left-padded to
+a common length, with room after it for the new tokens: gathering the caches
+into it is the one copy of the history a batched call makes (the model writes
+the new states in place after it, and only those are copied back to each
+session's buffers). New tokens are right-padded; a 2-D attention mask hides
+both paddings and explicit position ids keep every session's positions its own.
+:attr:`TransformersModel.copy_s` counts the seconds spent gathering and copying
+back, for the benchmark's copy share. Batched and one-by-one scoring agree to
+float32 rounding (the tests check 1e-4).
 
 Start state. A model whose tokenizer adds a BOS gets it in front of every
 context; a session with an empty prompt starts from BOS (or EOS when there is
@@ -33,16 +41,21 @@ light.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from transformers import AttentionInterface, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from ..errors import ModelError
 from ..vocab import Vocabulary, vocabulary_from_hf
@@ -55,21 +68,158 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.flo
            "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
+#: a session buffer's first capacity, in positions (then doubled as needed)
+MIN_CAPACITY = 64
+
+
 @dataclass(eq=False)
 class _KV:
-    """A session's cache: per-layer (key, value) for ``prefix + ids[:n]``, where
-    ``n = session.cached``."""
+    """A session's cache: per layer, (key, value) buffers whose first ``length``
+    positions hold ``prefix + ids[:n]``, where ``n = session.cached``."""
 
     prefix: list[int]
-    layers: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-
-    @property
-    def length(self) -> int:
-        return int(self.layers[0][0].shape[-2]) if self.layers else 0
+    bufs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    length: int = 0
 
     def crop(self, n: int) -> None:
-        if n < self.length:
-            self.layers = [(k[:, :, :n], v[:, :, :n]) for k, v in self.layers]
+        self.length = min(self.length, n)
+
+    def reserve(self, n: int, like: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Room for ``n`` positions in every layer (buffers shaped as ``like``'s
+        layers, ``(batch, heads, positions, head_dim)``, when there are none yet)."""
+        if not self.bufs:
+            cap = max(MIN_CAPACITY, n)
+            self.bufs = [(k.new_empty((1, k.shape[1], cap, k.shape[3])),
+                          v.new_empty((1, v.shape[1], cap, v.shape[3]))) for k, v in like]
+            return
+        cap = int(self.bufs[0][0].shape[-2])
+        if n <= cap:
+            return
+        while cap < n:
+            cap *= 2
+        grown = []
+        for k, v in self.bufs:
+            k2 = k.new_empty((1, k.shape[1], cap, k.shape[3]))
+            v2 = v.new_empty((1, v.shape[1], cap, v.shape[3]))
+            k2[:, :, : self.length] = k[:, :, : self.length]
+            v2[:, :, : self.length] = v[:, :, : self.length]
+            grown.append((k2, v2))
+        self.bufs = grown
+
+    def write(self, at: int, layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+              row: int = 0, lo: int = 0, hi: int | None = None) -> None:
+        """Copy positions ``lo:hi`` of batch row ``row`` of ``layers`` into the
+        buffers at ``at`` (room reserved first); ``length`` becomes their end."""
+        hi = int(layers[0][0].shape[-2]) if hi is None else hi
+        self.reserve(at + hi - lo, layers)
+        for (kb, vb), (k, v) in zip(self.bufs, layers, strict=True):
+            kb[:, :, at: at + hi - lo] = k[row: row + 1, :, lo:hi]
+            vb[:, :, at: at + hi - lo] = v[row: row + 1, :, lo:hi]
+        self.length = at + hi - lo
+
+
+#: the attention implementation a batched call switches to (:func:`_session_attention`)
+SESSIONS_ATTENTION = "xcosd-sessions"
+#: model types whose attention layers update the cache and then call the attention
+#: interface with (query, key, value, mask, scaling=, sliding_window=) and nothing
+#: else in between: for them a batched call attends session by session (no gather)
+SESSION_ATTENTION_TYPES = frozenset({"llama", "gemma3_text", "gemma2", "mistral", "qwen2",
+                                     "qwen3"})
+
+
+@dataclass
+class _Batch:
+    """A batched call's sessions, as the attention reads them."""
+
+    kvs: list[_KV]
+    past: list[int]
+    lens: list[int]
+    #: seconds spent writing the new states into the sessions' buffers
+    copy_s: float = 0.0
+
+
+_current = threading.local()
+
+
+def _session_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                       value: torch.Tensor, attention_mask: torch.Tensor | None,
+                       scaling: float | None = None, sliding_window: int | None = None,
+                       **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention for a batched call without a batch cache: each session's queries
+    attend over views of its own buffers (which :class:`_Sessions` has just written
+    the new states into), with its own causal (and sliding-window) mask. The batch
+    still shares every projection and MLP; only this step runs per session."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch: _Batch = _current.batch
+    li = int(module.layer_idx)  # type: ignore[arg-type]
+    b, heads, f, _ = query.shape
+    out = query.new_zeros((b, f, heads, value.shape[-1]))
+    for i, kv in enumerate(batch.kvs):
+        m, past = batch.lens[i], batch.past[i]
+        n = past + m
+        kb, vb = kv.bufs[li]
+        at = torch.arange(past, n, device=query.device).unsqueeze(1)  # query positions
+        keys = torch.arange(n, device=query.device).unsqueeze(0)
+        allowed = keys <= at
+        if sliding_window is not None:
+            allowed &= keys > at - int(sliding_window)
+        o, _ = sdpa_attention_forward(module, query[i: i + 1, :, :m], kb[:, :, :n], vb[:, :, :n],
+                                      allowed[None, None], scaling=scaling, is_causal=False,
+                                      **kwargs)
+        out[i, :m] = o[0]
+    return out, None
+
+
+AttentionInterface.register(SESSIONS_ATTENTION, _session_attention)
+
+
+class _Sessions(DynamicLayer):
+    """One layer of a batched call's cache that is no tensor: ``update`` writes each
+    session's new states into that session's buffers (room reserved before the
+    call) and :func:`_session_attention` attends over them. ``keys`` is a
+    zero-size stand-in with the batch's shape, for the mask sizes."""
+
+    def __init__(self, batch: _Batch, li: int, like: torch.Tensor, p_max: int) -> None:
+        super().__init__()
+        self.batch, self.li = batch, li
+        shape = (len(batch.kvs), like.shape[1], p_max, like.shape[3])
+        self.keys = self.values = like.new_zeros(()).expand(shape)
+        self.device = like.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        b = self.batch
+        t0 = time.perf_counter()
+        for i, kv in enumerate(b.kvs):
+            kb, vb = kv.bufs[self.li]
+            kb[:, :, b.past[i]: b.past[i] + b.lens[i]] = key_states[i: i + 1, :, : b.lens[i]]
+            vb[:, :, b.past[i]: b.past[i] + b.lens[i]] = value_states[i: i + 1, :, : b.lens[i]]
+        b.copy_s += time.perf_counter() - t0
+        return key_states, value_states
+
+
+class _Slab(DynamicLayer):
+    """One layer's cache in a preallocated buffer whose first ``n`` positions are
+    cached: the model's ``update`` writes the new states after them in place and
+    attends over a view, instead of concatenating (a copy of the whole history)."""
+
+    def __init__(self, kb: torch.Tensor, vb: torch.Tensor, n: int) -> None:
+        super().__init__()
+        self.kb, self.vb, self.n = kb, vb, n
+        self.keys, self.values = kb[:, :, :n], vb[:, :, :n]
+        self.device = kb.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        m = int(key_states.shape[-2])
+        self.kb[:, :, self.n: self.n + m] = key_states
+        self.vb[:, :, self.n: self.n + m] = value_states
+        self.n += m
+        self.keys, self.values = self.kb[:, :, : self.n], self.vb[:, :, : self.n]
+        return self.keys, self.values
 
 
 class TransformersModel:
@@ -109,6 +259,14 @@ class TransformersModel:
         # transformers renamed ``past_key_values`` to ``cache``; pass whichever this one takes
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        #: seconds batched calls spent copying caches (gathering them into the batch,
+        #: copying the new states back): the benchmark's copy share
+        self.copy_s = 0.0
+        #: batched calls attend session by session over the sessions' own buffers
+        #: (no gather) where the architecture is known to allow it
+        self.per_session = getattr(model.config, "model_type", None) in SESSION_ATTENTION_TYPES
+        self._configs = list({id(m.config): m.config for m in model.modules()
+                              if hasattr(m, "layer_idx") and hasattr(m, "config")}.values())
 
     def __repr__(self) -> str:
         return f"TransformersModel({self.name!r}, vocab={self.vocab.size}, device={self.device})"
@@ -232,12 +390,11 @@ class TransformersModel:
             n_out = len(new) + 1
             plan.append((session, kv, new, feed, n_out))
         if len(plan) == 1:
-            logits, caches = self._forward_one(plan[0][1], plan[0][3])
+            logits = self._forward_one(plan[0][1], plan[0][3])
         else:
-            logits, caches = self._forward_batch([(p[1], p[3]) for p in plan])
+            logits = self._forward_batch([(p[1], p[3]) for p in plan])
         out: list[np.ndarray] = []
-        for (session, kv, new, _feed, n_out), lg, layers in zip(plan, logits, caches, strict=True):
-            kv.layers = layers
+        for (session, kv, new, _feed, n_out), lg in zip(plan, logits, strict=True):
             session.ids.extend(new)
             session.cached = kv.length - len(kv.prefix)
             out.append(self._probs(lg[-n_out:]))
@@ -257,23 +414,45 @@ class TransformersModel:
             raise ModelError("session does not belong to a transformers model (or has ended)")
         return session.cache
 
-    def _cache_obj(self, layers: list[tuple[torch.Tensor, torch.Tensor]] | None) -> Any:
-        from transformers import DynamicCache
+    @staticmethod
+    def _cache_obj(layers: Sequence[DynamicLayer] | None = None) -> Any:
+        """A transformers cache over ``layers`` (none: a fresh one that grows as
+        usual, for a session with nothing cached yet). No config: every layer is a
+        plain full-history one, as the cropping and the batching above need."""
+        cache = DynamicCache()
+        if layers:
+            cache.layers = list(layers)
+        return cache
 
-        # no config: every layer is a plain full-history DynamicLayer we can slice
-        return DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
-
-    def _forward_one(self, kv: _KV, feed: list[int]) -> tuple[list[torch.Tensor], list[Any]]:
+    def _forward_one(self, kv: _KV, feed: list[int]) -> list[torch.Tensor]:
         past = kv.length
         ids = torch.tensor([feed], dtype=torch.long, device=self.device)
         pos = torch.arange(past, past + len(feed), device=self.device).unsqueeze(0)
-        cache = self._cache_obj(kv.layers)
+        slabs = None
+        if kv.bufs and past > 0:
+            kv.reserve(past + len(feed), [])
+            slabs = [_Slab(k, v, past) for k, v in kv.bufs]
+        cache = self._cache_obj(slabs)
         res = self.model(input_ids=ids, position_ids=pos, use_cache=True, **{self._cache_kw: cache})
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
-        return [res.logits[0]], [layers]
+        if slabs is not None:  # the new states are already in the session's buffers
+            kv.length = past + len(feed)
+        else:
+            kv.write(0, [(layer.keys, layer.values) for layer in cache.layers])
+        return [res.logits[0]]
 
-    def _forward_batch(self, items: list[tuple[_KV, list[int]]]
-                       ) -> tuple[list[torch.Tensor], list[Any]]:
+    @contextlib.contextmanager
+    def _attention(self, name: str) -> Iterator[None]:
+        """The model's attention layers use implementation ``name`` meanwhile."""
+        old = [c._attn_implementation for c in self._configs]
+        try:
+            for c in self._configs:
+                c._attn_implementation = name
+            yield
+        finally:
+            for c, o in zip(self._configs, old, strict=True):
+                c._attn_implementation = o
+
+    def _forward_batch(self, items: list[tuple[_KV, list[int]]]) -> list[torch.Tensor]:
         b = len(items)
         past = [kv.length for kv, _ in items]
         lens = [len(f) for _, f in items]
@@ -285,41 +464,63 @@ class TransformersModel:
             ids[i, : lens[i]] = torch.tensor(feed, dtype=torch.long)
             mask[i, p_max - past[i]: p_max + lens[i]] = 1
             pos[i] = torch.arange(past[i], past[i] + f_max)
-        layers_in = None
+        if p_max > 0 and self.per_session:
+            return self._forward_sessions(items, ids, mask, pos, past, lens, p_max)
+        slabs = None
+        t0 = time.perf_counter()
         if p_max > 0:
-            n_layers = max(len(kv.layers) for kv, _ in items)
-            layers_in = []
-            for li in range(n_layers):
-                ks, vs = [], []
-                for kv, _ in items:
-                    k, v = kv.layers[li] if kv.layers else self._empty_like(items, li)
-                    pad = p_max - k.shape[-2]
-                    if pad:
-                        k = torch.nn.functional.pad(k, (0, 0, pad, 0))
-                        v = torch.nn.functional.pad(v, (0, 0, pad, 0))
-                    ks.append(k)
-                    vs.append(v)
-                layers_in.append((torch.cat(ks, 0), torch.cat(vs, 0)))
-        cache = self._cache_obj(layers_in)
+            # the one copy of the history: every session's cache into one batch buffer
+            # per layer, left-padded, with room for the new states after it
+            shapes = next(kv.bufs for kv, _ in items if kv.bufs and kv.length)
+            slabs = []
+            for li, (k0, v0) in enumerate(shapes):
+                kb = k0.new_empty((b, k0.shape[1], p_max + f_max, k0.shape[3]))
+                vb = v0.new_empty((b, v0.shape[1], p_max + f_max, v0.shape[3]))
+                for i, (kv, _) in enumerate(items):
+                    lo = p_max - past[i]
+                    if lo:  # padding: masked, but kept finite (0 x NaN would be NaN)
+                        kb[i, :, :lo].zero_()
+                        vb[i, :, :lo].zero_()
+                    if past[i]:
+                        k, v = kv.bufs[li]
+                        kb[i, :, lo:p_max] = k[0, :, : past[i]]
+                        vb[i, :, lo:p_max] = v[0, :, : past[i]]
+                slabs.append(_Slab(kb, vb, p_max))
+        self.copy_s += time.perf_counter() - t0
+        cache = self._cache_obj(slabs)
         res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                          **{self._cache_kw: cache})
+        t0 = time.perf_counter()
         out_layers = [(layer.keys, layer.values) for layer in cache.layers]
-        logits, caches = [], []
-        for i in range(b):
-            lo, hi = p_max - past[i], p_max + lens[i]
-            caches.append([(k[i: i + 1, :, lo:hi].clone(), v[i: i + 1, :, lo:hi].clone())
-                           for k, v in out_layers])
-            logits.append(res.logits[i, : lens[i]])
-        return logits, caches
+        for i, (kv, _) in enumerate(items):
+            # only the new states go back (the history is already in the session)
+            kv.write(past[i], out_layers, row=i, lo=p_max, hi=p_max + lens[i])
+        self.copy_s += time.perf_counter() - t0
+        return [res.logits[i, : lens[i]] for i in range(b)]
 
-    @staticmethod
-    def _empty_like(items: list[tuple[_KV, list[int]]], li: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A zero-length cache entry shaped like another session's layer ``li``."""
-        for kv, _ in items:
-            if kv.layers:
-                k, v = kv.layers[li]
-                return k[:1, :, :0], v[:1, :, :0]
-        raise ModelError("no session has a cache to take shapes from")
+    def _forward_sessions(self, items: list[tuple[_KV, list[int]]], ids: torch.Tensor,
+                          mask: torch.Tensor, pos: torch.Tensor, past: list[int],
+                          lens: list[int], p_max: int) -> list[torch.Tensor]:
+        """A batched call with no batch cache: the new states go straight into each
+        session's buffers and each session attends over its own
+        (:func:`_session_attention`), so no history is copied."""
+        donor = next(kv.bufs for kv, _ in items if kv.bufs and kv.length)
+        for (kv, _), p, m in zip(items, past, lens, strict=True):
+            kv.reserve(p + m, donor)
+        batch = _Batch([kv for kv, _ in items], past, lens)
+        cache = self._cache_obj([_Sessions(batch, li, k, p_max)
+                                 for li, (k, _) in enumerate(donor)])
+        _current.batch = batch
+        try:
+            with self._attention(SESSIONS_ATTENTION):
+                res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                 use_cache=True, **{self._cache_kw: cache})
+        finally:
+            _current.batch = None
+        for (kv, _), p, m in zip(items, past, lens, strict=True):
+            kv.length = p + m
+        self.copy_s += batch.copy_s
+        return [res.logits[i, : lens[i]] for i in range(len(items))]
 
     def _probs(self, logits: torch.Tensor) -> np.ndarray:
         x = logits.float()
