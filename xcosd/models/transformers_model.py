@@ -123,8 +123,7 @@ SESSIONS_ATTENTION = "xcosd-sessions"
 #: model types whose attention layers update the cache and then call the attention
 #: interface with (query, key, value, mask, scaling=, sliding_window=) and nothing
 #: else in between: for them a batched call attends session by session (no gather)
-SESSION_ATTENTION_TYPES = frozenset({"llama", "gemma3_text", "gemma2", "mistral", "qwen2",
-                                     "qwen3"})
+SESSION_ATTENTION_TYPES = frozenset({"llama", "gemma3_text", "mistral", "qwen2", "qwen3"})
 
 
 @dataclass
@@ -267,6 +266,10 @@ class TransformersModel:
         self.per_session = getattr(model.config, "model_type", None) in SESSION_ATTENTION_TYPES
         self._configs = list({id(m.config): m.config for m in model.modules()
                               if hasattr(m, "layer_idx") and hasattr(m, "config")}.values())
+        # a batched call switches the model's attention implementation for its
+        # duration: one forward at a time on this instance (an instance used as both
+        # draft and target, by two threads, must not see the other's switch)
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"TransformersModel({self.name!r}, vocab={self.vocab.size}, device={self.device})"
@@ -389,10 +392,11 @@ class TransformersModel:
             feed = full[kv.length:] + new
             n_out = len(new) + 1
             plan.append((session, kv, new, feed, n_out))
-        if len(plan) == 1:
-            logits = self._forward_one(plan[0][1], plan[0][3])
-        else:
-            logits = self._forward_batch([(p[1], p[3]) for p in plan])
+        with self._lock:
+            if len(plan) == 1:
+                logits = self._forward_one(plan[0][1], plan[0][3])
+            else:
+                logits = self._forward_batch([(p[1], p[3]) for p in plan])
         out: list[np.ndarray] = []
         for (session, kv, new, _feed, n_out), lg in zip(plan, logits, strict=True):
             session.ids.extend(new)
