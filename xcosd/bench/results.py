@@ -333,6 +333,29 @@ def plots_methods(rep: dict[str, Any]) -> list[Path]:
 
 
 REAL_PAIR_HEADING = "## The real pair end to end"
+KV_HEADING = "## Batched verification on a real target"
+
+
+def section_kv(kv: Any) -> list[str]:
+    if kv is None:
+        return []
+    from xcosd.bench.kv_batch import format_report as kv_table
+
+    pts = {(p["sessions"], p["context"]): p for p in kv["points"]}
+    big = pts.get((64, 1024))
+    lines = [KV_HEADING, "",
+             f"From `python -m xcosd.bench.kv_batch` (bench/out/kv_batch.json): {kv['model']}, "
+             f"one `score` call verifying {kv['rows']} new tokens for each of N sessions whose "
+             f"caches hold the given context (random states: the cost depends on shapes, not "
+             f"values), {kv['threads']} torch thread, the faster of two calls. The copy share "
+             "is the time spent copying caches over the call's time.", "",
+             kv_table(kv, markdown=True), ""]
+    if big:
+        lines += [f"At 64 sessions x 1,024 positions copying is {100 * big['copy_share']:.1f} % "
+                  "of the call (goal: at most 10 %): the new states are written into each "
+                  "session's own buffers and each session attends over them, so no history is "
+                  "gathered into a batch.", ""]
+    return lines
 
 
 def section_real_pair(rp: Any) -> list[str]:
@@ -350,7 +373,9 @@ def section_real_pair(rp: Any) -> list[str]:
              "`target-generate` is the target alone through transformers' `generate`; `usd` "
              "is transformers' own cross-tokenizer assisted generation with the assistant's "
              "head unpruned (its pruned default is not lossless); `ar`, `xcosd` and `xcosd-e` "
-             "run over ZeroMQ loopback with default settings, the cloud in its own process. "
+             "run over ZeroMQ loopback with default settings, the cloud in its own process; "
+             "`xcosd-e auto` sets `draft_cost=\"auto\"`, the draft length fitted to the "
+             "measured draft-step and round times. "
              f"The modeled column: the measured edge compute, 100 Mbit/s each way with a 20 ms "
              f"RTT, and a GPU-like cloud at {rp['gpu_call_s'] * 1000:g} ms per target call.", "",
              real_pair_table(rp, markdown=True), ""]
@@ -367,6 +392,15 @@ def section_real_pair(rp: Any) -> list[str]:
                   "drafting pays only well above 50 % acceptance. The modeled column keeps this "
                   "CPU's edge cost, so `ar` leads there too; drafting pays on a device whose "
                   "draft step is cheap next to the link's round trip.", ""]
+        auto = rows.get("xcosd-e auto")
+        if auto and auto.get("rounds"):
+            lines += [f"With the measured cost, xcosd-e drafts "
+                      f"{auto['drafted'] / auto['rounds']:.2f} tokens per round (against "
+                      f"{e['drafted'] / max(e['rounds'], 1):.2f} at the default cost) and runs "
+                      f"at {auto['vs_usd']:.2f}x USD and {auto['vs_target']:.2f}x the target "
+                      "alone: where a draft step costs half a target call, the policy finds "
+                      "that drafting does not pay and mostly lets the cloud sample (an `ar` "
+                      "round), probing now and then.", ""]
     return lines
 
 
@@ -487,6 +521,9 @@ def replace_section(text: str, heading: str, section: list[str], before: tuple[s
 SECTIONS = {"soak": ("## Soak", lambda: section_soak(_load("soak.json")),
                      ("## Methods", REAL_PAIR_HEADING, "## Framework overhead", "## Sizes used",
                       MUTATION_HEADING)),
+            "kv-batch": (KV_HEADING, lambda: section_kv(_load("kv_batch.json")),
+                         ("## Framework overhead", "## Codecs", "## Sizes used",
+                          MUTATION_HEADING)),
             "real-pair": (REAL_PAIR_HEADING, lambda: section_real_pair(_load("real_pair.json")),
                           ("## Framework overhead", "## Codecs", "## Sizes used",
                            MUTATION_HEADING))}
@@ -520,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_soak(_load("soak.json"))
     doc += section_methods(methods)
     doc += section_real_pair(_load("real_pair.json"))
+    doc += section_kv(_load("kv_batch.json"))
     doc += section_transport(_load("transport.json"))
     doc += section_codecs(_load("codecs.json"))
     doc += section_models(_load("models.json"))

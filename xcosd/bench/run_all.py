@@ -69,6 +69,9 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
                                    "--real-tokens", "12", "--tv-trials", "600",
                                    "--tv-contexts", "1", "--live", "none",
                                    "--json", f"{out}/methods_real.json", "--no-progress"]))
+        # batched verification on the real target: cost and copy share per batch
+        s.append(("kv-batch", [PY, "-m", "xcosd.bench.kv_batch", "--sessions", "1,8,64",
+                               "--contexts", "64,1024,2048", "--json", f"{out}/kv_batch.json"]))
         # the pair end to end against transformers' generate and its assisted generation
         s.append(("real-pair", [PY, "-m", "xcosd.bench.real_pair", "--prompts", "3",
                                 "--tokens", "32", "--json", f"{out}/real_pair.json"]))
