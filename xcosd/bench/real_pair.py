@@ -105,13 +105,13 @@ def _hf_rows(draft: Any, target: Any, prompts: list[str], tokens: int) -> list[d
 
 async def _xcosd_rows(draft: Any, endpoint: str, prompts: list[str],
                       tokens: int) -> list[dict[str, Any]]:
-    import xcosd
+    from xcosd.nodes import EdgeNode
     from xcosd.nodes.stats import merge
     from xcosd.transport import LinkSpec
 
     link = LinkSpec.of(**MODEL_LINK)
     rows = []
-    async with xcosd.EdgeNode(draft, endpoint, connect_timeout_s=600.0, timeout_s=120.0,
+    async with EdgeNode(draft, endpoint, connect_timeout_s=600.0, timeout_s=120.0,
                               model_link=link) as edge:
         for name, method, settings in XCOSD_ROWS:
             stats, wall = [], 0.0
