@@ -16,7 +16,7 @@ from xcosd.config import GenerationConfig
 from xcosd.models import SyntheticModel
 from xcosd.nodes.pump import Pump
 from xcosd.protocol import RoundVerified
-from xcosd.protocol.draft_length import PROBE, STEP, DraftLength, best_length
+from xcosd.protocol.draft_length import MAX_PROBE, PROBE, STEP, DraftLength, best_length
 from xcosd.sampling import SamplingParams
 
 from .session_pairs import pair
@@ -49,6 +49,28 @@ def test_drafting_stops_where_it_does_not_pay_and_probes() -> None:
     assert dl.ceiling == 1  # one round in PROBE drafts a token
     dl.settled(1, 1)  # accepted, but a step still costs twice a round: back to none
     assert dl.ceiling == 0
+    # and the next probe waits twice as long, up to MAX_PROBE rounds
+    gaps = []
+    for _ in range(5):
+        n = 0
+        while dl.ceiling == 0:
+            dl.settled(0, 0)
+            n += 1
+        gaps.append(n)
+        dl.settled(1, 0)
+    assert gaps == [2 * PROBE, 4 * PROBE, MAX_PROBE, MAX_PROBE, MAX_PROBE]
+
+
+def test_a_measuring_policy_starts_from_the_last_ones_costs() -> None:
+    old = DraftLength(start=4, measure=True)
+    old.observe(0.030, 0.060)
+    old.settled(4, 1)
+    new = DraftLength(start=4, measure=True)
+    new.adopt(old)
+    assert (new.cost, new.rate, new.ceiling) == (old.cost, old.rate, 0)
+    fixed = DraftLength(start=4)
+    fixed.adopt(old)  # a set cost learns nothing from other generations
+    assert (fixed.cost, fixed.rate, fixed.ceiling) == (0.05, 0.5, 4)
 
 
 def test_a_measured_cost_follows_the_node_and_a_set_one_does_not() -> None:
@@ -178,7 +200,10 @@ async def test_a_measured_cost_drafts_only_where_drafting_pays() -> None:
         async with (xcosd.CloudNode(target, bind="tcp://127.0.0.1:0") as cloud,
                     xcosd.EdgeNode(draft, cloud.endpoint, draft_cost="auto") as edge):
             r = await edge.generate([1, 2], max_new_tokens=40, seed=1)
-        drafted[name] = (r.stats.drafted, r.stats.rounds)
+            again = await edge.generate([1, 2], max_new_tokens=40, seed=2)
+        drafted[name] = (r.stats.drafted, r.stats.rounds, again.stats.drafted)
     slow_draft, slow_target = drafted["slow draft"], drafted["slow target"]
     assert slow_draft[0] <= 4 + slow_draft[1] // PROBE, drafted  # the first round, probes
-    assert slow_target[0] >= slow_target[1], drafted
+    # the next generation starts from the measured costs: no first round of 4
+    assert slow_draft[2] <= 40 // (2 * PROBE) + 1, drafted
+    assert slow_target[0] >= slow_target[1] and slow_target[2] >= slow_target[1], drafted

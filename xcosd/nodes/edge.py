@@ -42,6 +42,7 @@ from ..errors import ProtocolError, TransportError, XcosdError
 from ..methods import FullVectorReply, HybridReply, Method, Space, get_method
 from ..models.base import ContextModel, LanguageModel
 from ..protocol import pack
+from ..protocol.draft_length import DraftLength
 from ..protocol.edge import (
     DraftNeeded,
     EdgeHandshake,
@@ -248,6 +249,9 @@ class EdgeNode:
         self._inboxes: dict[int, asyncio.Queue[Any]] = {}
         #: each live generation's draft model session, by session id
         self._drafters: dict[int, Drafter] = {}
+        #: the draft-length policy of the last generation that measured its costs
+        #: (draft_cost="auto"): the next such generation starts from it
+        self._learned: DraftLength | None = None
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-draft")
         self._jobs: set[Future[Any]] = set()
@@ -575,7 +579,7 @@ class EdgeNode:
         text = (vmap.target.decode(ids.tolist()).decode("utf-8", errors="replace")
                 if ids is not None else str(prompt))
         self._drafters[s] = Drafter(self.draft, vmap, params, text)
-        return EdgeSession(
+        es = EdgeSession(
             s, method=m, vmap=vmap, space=self._space,
             prompt="" if ids is not None else text,
             max_new_tokens=cfg.max_new_tokens, params=params, stop_ids=welcome.stop_ids,
@@ -583,6 +587,9 @@ class EdgeNode:
             prompt_ids=ids, adaptive_draft=cfg.adaptive_draft,
             draft_confidence=cfg.draft_confidence, max_draft_len=cfg.max_draft_len,
             draft_cost=cfg.draft_cost)
+        if self._learned is not None:  # draft_cost="auto": what the last one measured
+            es.drafting.adopt(self._learned)
+        return es
 
     async def _in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
         if not self.draft_thread:
@@ -625,6 +632,8 @@ class EdgeNode:
                         await self._open(es, inbox, st, trace, prompt_ids)
         finally:
             self._inboxes.pop(s, None)
+            if es.drafting.measure and es.drafting.step_s is not None:
+                self._learned = es.drafting
             if opened and self._connected and self._conn is not None:
                 with contextlib.suppress(Exception):
                     await self._send(es.close(), st, None)

@@ -17,13 +17,17 @@ that could have carried more accepted tokens). :class:`DraftLength`, on by defau
 * **Drafting only when it pays.** The ``k`` may be 0: where a draft step costs
   more than the tokens it is expected to add (a slow device, a low acceptance) a
   round drafts nothing and the cloud samples the token, as ``ar`` would; one round
-  in :data:`PROBE` then drafts one token, so the acceptance estimate stays current.
+  in :data:`PROBE` then drafts one token, so the acceptance estimate stays current
+  (one in twice as many after each probe that finds drafting still does not pay,
+  up to :data:`MAX_PROBE`).
 * **The cost, set or measured.** ``cost`` is a setting (``draft_cost``, default
   :data:`DEFAULT_COST`), so a seeded generation drafts the same lengths on every
   run. With ``measure`` (``draft_cost="auto"``) the node feeds each round's
   measured draft-step and round times to :meth:`DraftLength.observe` instead: the
   lengths then fit the hardware and the link, at the price of reproducibility
-  (the law is exact either way).
+  (the law is exact either way). A node starts each new generation from what its
+  last one learned (:meth:`DraftLength.adopt`), so it does not pay for learning
+  the costs again.
 * **The stop when unsure** (transformers' ``assistant_confidence_threshold``): once
   a drafted token had probability below ``confidence`` under the row it was drawn
   from, that token is kept and no more are drafted this round. Off by default
@@ -61,6 +65,8 @@ STEP = 0.15
 PRIOR_RATE = 0.5
 #: while drafting does not pay, one round in this many drafts one token
 PROBE = 8
+#: the longest interval between probes
+MAX_PROBE = 64
 #: each measured round's weight in the measured step and round times
 COST_STEP = 0.2
 
@@ -103,6 +109,8 @@ class DraftLength:
     fixed_s: float | None = field(init=False, default=None)
     #: rounds drafted nothing since drafting stopped paying
     _idle: int = field(init=False, default=0)
+    _probe_every: int = field(init=False, default=PROBE)
+    _probing: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         if self.start < 0:
@@ -143,9 +151,26 @@ class DraftLength:
         if drafted == 0:
             if self.ceiling == 0:  # drafting does not pay: probe now and then
                 self._idle += 1
-                if self._idle >= PROBE:
-                    self.ceiling, self._idle = 1, 0
+                if self._idle >= self._probe_every:
+                    self.ceiling, self._idle, self._probing = 1, 0, True
             return
         for x in [1.0] * accepted + ([0.0] if accepted < drafted else []):
             self.rate += STEP * (x - self.rate)
+        probing, self._probing = self._probing, False
         self.ceiling = best_length(self.rate, self.cost, self.cap, lo=0)
+        if self.ceiling == 0 and probing:
+            self._probe_every = min(2 * self._probe_every, MAX_PROBE)
+        elif self.ceiling > 0:
+            self._probe_every = PROBE
+
+    def adopt(self, other: DraftLength) -> None:
+        """With ``measure``, start from what ``other`` (an earlier generation's
+        policy, measuring too) learned: its costs, acceptance estimate and probing
+        interval. A policy with a set cost adopts nothing: its lengths depend on its
+        own generation only, so a seeded generation stays reproducible."""
+        if not (self.adaptive and self.measure and other.measure) or self.start == 0:
+            return
+        self.rate = other.rate
+        self.step_s, self.fixed_s, self.cost = other.step_s, other.fixed_s, other.cost
+        self._probe_every = other._probe_every
+        self.ceiling = min(self.start, best_length(self.rate, self.cost, self.cap, lo=0))
