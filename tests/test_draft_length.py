@@ -186,7 +186,10 @@ def test_the_settings_reach_the_session_from_config_and_cli() -> None:
         False, 0.25, 8, 0.5)
     default = generation_config(build_parser().parse_args(["edge"]))
     assert default.adaptive_draft and default.draft_confidence == 0.0
-    assert default.draft_cost == 0.05
+    # unset: measured, unless seeded (a seeded output must not depend on timing)
+    assert default.draft_cost is None and default.resolved_draft_cost() == "auto"
+    assert default.replace(seed=3).resolved_draft_cost() == 0.05
+    assert default.replace(seed=3, draft_cost=0.2).resolved_draft_cost() == 0.2
 
 
 async def test_a_measured_cost_drafts_only_where_drafting_pays() -> None:

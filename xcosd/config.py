@@ -54,9 +54,11 @@ class GenerationConfig:
       that maximises the expected tokens per second at the acceptance seen so far
       (0 where drafting does not pay), ``draft_cost`` being a draft step's cost over
       a round's fixed cost (round trip plus verification), or ``"auto"``: measured
-      by the node as it goes (the lengths then depend on timing, so a seeded
-      generation is no longer reproducible); ``draft_confidence`` > 0 also stops a round after a token
-      the draft gave a probability below it
+      by the node as it goes (the lengths then depend on timing). ``None`` (the
+      default): ``"auto"`` for an unseeded generation, the fixed
+      :data:`~xcosd.protocol.draft_length.DEFAULT_COST` for a seeded one, whose
+      output must not depend on timing. ``draft_confidence`` > 0 also stops a
+      round after a token the draft gave a probability below it
       (:class:`~xcosd.protocol.draft_length.DraftLength`; exact either way).
       ``adaptive_draft=False`` drafts ``draft_len`` tokens every round.
     * ``do_sample=False`` is greedy decoding (temperature, top-k and top-p are then
@@ -79,7 +81,7 @@ class GenerationConfig:
     adaptive_draft: bool = True
     draft_confidence: float = DEFAULT_CONFIDENCE
     max_draft_len: int = DEFAULT_CAP
-    draft_cost: float | str = DEFAULT_COST
+    draft_cost: float | str | None = None
     do_sample: bool = True
     temperature: float = 1.0
     top_k: int = 0
@@ -109,6 +111,13 @@ class GenerationConfig:
         object.__setattr__(self, "stop_strings", stops)
         self._validate()
 
+    def resolved_draft_cost(self) -> float | str:
+        """``draft_cost`` as a session takes it: ``None`` is ``"auto"`` unless the
+        generation is seeded (a seeded output must not depend on timing)."""
+        if self.draft_cost is not None:
+            return self.draft_cost
+        return "auto" if self.seed is None else DEFAULT_COST
+
     def _validate(self) -> None:
         from .codecs import get_codec
         from .errors import CodecError
@@ -129,10 +138,11 @@ class GenerationConfig:
                 or not isinstance(self.draft_confidence, int | float)
                 or not 0.0 <= self.draft_confidence < 1.0):
             raise ValueError(f"draft_confidence must be in [0, 1), got {self.draft_confidence!r}")
-        if self.draft_cost != "auto" and (
+        if self.draft_cost not in (None, "auto") and (
                 isinstance(self.draft_cost, bool) or not isinstance(self.draft_cost, int | float)
                 or not 0.0 <= self.draft_cost < 1e6):
-            raise ValueError(f"draft_cost must be a number >= 0 or 'auto', got {self.draft_cost!r}")
+            raise ValueError(f"draft_cost must be a number >= 0, 'auto' or None, got "
+                             f"{self.draft_cost!r}")
         _check_int("max_new_tokens", self.max_new_tokens, 0)
         _check_int("top_k", self.top_k, 0)
         if not isinstance(self.do_sample, bool):

@@ -373,34 +373,33 @@ def section_real_pair(rp: Any) -> list[str]:
              "`target-generate` is the target alone through transformers' `generate`; `usd` "
              "is transformers' own cross-tokenizer assisted generation with the assistant's "
              "head unpruned (its pruned default is not lossless); `ar`, `xcosd` and `xcosd-e` "
-             "run over ZeroMQ loopback with default settings, the cloud in its own process; "
-             "`xcosd-e auto` sets `draft_cost=\"auto\"`, the draft length fitted to the "
-             "measured draft-step and round times. "
+             "run over ZeroMQ loopback with default settings, unseeded (the draft length "
+             "fitted to the measured draft-step and round times), the cloud in its own "
+             "process; `xcosd-e seeded` runs seeded generations, whose draft length uses the "
+             "fixed default cost. "
              f"The modeled column: the measured edge compute, 100 Mbit/s each way with a 20 ms "
              f"RTT, and a GPU-like cloud at {rp['gpu_call_s'] * 1000:g} ms per target call.", "",
              real_pair_table(rp, markdown=True), ""]
-    if e and usd and tgt and e.get("drafted"):
+    seeded = rows.get("xcosd-e seeded")
+    if e and usd and tgt and seeded and seeded.get("drafted") and e.get("rounds"):
         met = e["vs_usd"] >= 1.3 and e["vs_target"] >= 1.0
-        edge_ms = 1000 * e["edge_compute_s"] / e["drafted"]
-        cloud_ms = 1000 * e["cloud_compute_s"] / max(e["target_calls"], 1)
-        lines += [f"xcosd-e runs at {e['vs_usd']:.2f}x transformers' USD and "
-                  f"{e['vs_target']:.2f}x the target alone here (goal: 1.3x and 1.0x; "
-                  f"{'met' if met else 'not met'}). On this CPU a forward is bound by reading "
-                  f"the weights: a drafted token cost the edge {edge_ms:.0f} ms, a target call "
-                  f"the cloud {cloud_ms:.0f} ms, and {e['accepted']} of {e['drafted']} drafted "
-                  f"tokens were accepted. With a draft step at about half a target call, "
-                  "drafting pays only well above 50 % acceptance. The modeled column keeps this "
-                  "CPU's edge cost, so `ar` leads there too; drafting pays on a device whose "
-                  "draft step is cheap next to the link's round trip.", ""]
-        auto = rows.get("xcosd-e auto")
-        if auto and auto.get("rounds"):
-            lines += [f"With the measured cost, xcosd-e drafts "
-                      f"{auto['drafted'] / auto['rounds']:.2f} tokens per round (against "
-                      f"{e['drafted'] / max(e['rounds'], 1):.2f} at the default cost) and runs "
-                      f"at {auto['vs_usd']:.2f}x USD and {auto['vs_target']:.2f}x the target "
-                      "alone: where a draft step costs half a target call, the policy finds "
-                      "that drafting does not pay and mostly lets the cloud sample (an `ar` "
-                      "round), probing now and then.", ""]
+        edge_ms = 1000 * seeded["edge_compute_s"] / seeded["drafted"]
+        cloud_ms = 1000 * seeded["cloud_compute_s"] / max(seeded["target_calls"], 1)
+        lines += [f"With default settings xcosd-e runs at {e['vs_usd']:.2f}x transformers' USD "
+                  f"and {e['vs_target']:.2f}x the target alone here (goal: 1.3x and 1.0x; "
+                  f"{'met' if met else 'not met'}; `ar` {rows['ar']['vs_usd']:.2f}x and "
+                  f"{rows['ar']['vs_target']:.2f}x). On this CPU a forward is bound by reading "
+                  f"the weights: in the seeded row a drafted token cost the edge {edge_ms:.0f} "
+                  f"ms and a target call the cloud {cloud_ms:.0f} ms, and {seeded['accepted']} "
+                  f"of {seeded['drafted']} drafted tokens were accepted. With a draft step at "
+                  "about half a target call, drafting pays only well above 50 % acceptance: "
+                  "the unseeded policy measures that and drafts "
+                  f"{e['drafted'] / e['rounds']:.2f} tokens per round (mostly `ar` rounds, "
+                  "probing now and then), while the seeded one, at the fixed default cost (a "
+                  "device whose draft step is cheap next to the round trip), drafts "
+                  f"{seeded['drafted'] / max(seeded['rounds'], 1):.2f} and runs at "
+                  f"{seeded['vs_usd']:.2f}x USD. The modeled column keeps this CPU's edge cost, "
+                  "so `ar` leads there too.", ""]
     return lines
 
 

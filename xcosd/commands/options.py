@@ -197,7 +197,8 @@ def add_generation_args(p: argparse.ArgumentParser, *, method: bool = True,
                         "maximises tokens per second at the acceptance seen so far)")
     p.add_argument("--draft-cost", type=draft_cost, default=d.draft_cost,
                    help="a draft step's time over a round's fixed time (round trip and "
-                        "verification), for the adaptive length; auto: measure it")
+                        "verification), for the adaptive length; auto: measure it "
+                        "(default: auto, or 0.05 with --seed)")
     p.add_argument("--draft-confidence", type=unit_interval, default=d.draft_confidence,
                    help="stop a round's drafting after a token the draft gave a probability "
                         "below this (0: never)")
