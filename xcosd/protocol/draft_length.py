@@ -20,12 +20,12 @@ that could have carried more accepted tokens). :class:`DraftLength`, on by defau
   in :data:`PROBE` then drafts one token, so the acceptance estimate stays current
   (one in twice as many after each probe that finds drafting still does not pay,
   up to :data:`MAX_PROBE`).
-* **The cost, set or measured.** ``cost`` is a setting (``draft_cost``, default
-  :data:`DEFAULT_COST`), so a seeded generation drafts the same lengths on every
-  run. With ``measure`` (``draft_cost="auto"``) the node feeds each round's
-  measured draft-step and round times to :meth:`DraftLength.observe` instead: the
-  lengths then fit the hardware and the link, at the price of reproducibility
-  (the law is exact either way). A node starts each new generation from what its
+* **The cost, measured or set.** With ``measure`` (``draft_cost="auto"``, what an
+  unseeded generation gets by default) the node feeds each round's measured
+  draft-step and round times to :meth:`DraftLength.observe`: the lengths fit the
+  hardware and the link, and depend on timing. Otherwise ``cost`` is a setting
+  (:data:`DEFAULT_COST` for a seeded generation), so a seeded generation drafts the
+  same lengths on every run. The law is exact either way. A node starts each new generation from what its
   last one learned (:meth:`DraftLength.adopt`), so it does not pay for learning
   the costs again.
 * **The stop when unsure** (transformers' ``assistant_confidence_threshold``): once
