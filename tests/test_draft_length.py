@@ -68,6 +68,13 @@ def test_a_measuring_policy_starts_from_the_last_ones_costs() -> None:
     new = DraftLength(start=4, measure=True)
     new.adopt(old)
     assert (new.cost, new.rate, new.ceiling) == (old.cost, old.rate, 0)
+    # the rounds since the last probe carry over: short generations still probe
+    for _ in range(PROBE - 1):
+        new.settled(0, 0)
+    newer = DraftLength(start=4, measure=True)
+    newer.adopt(new)
+    newer.settled(0, 0)
+    assert newer.ceiling == 1
     fixed = DraftLength(start=4)
     fixed.adopt(old)  # a set cost learns nothing from other generations
     assert (fixed.cost, fixed.rate, fixed.ceiling) == (0.05, 0.5, 4)

@@ -165,12 +165,13 @@ class DraftLength:
 
     def adopt(self, other: DraftLength) -> None:
         """With ``measure``, start from what ``other`` (an earlier generation's
-        policy, measuring too) learned: its costs, acceptance estimate and probing
-        interval. A policy with a set cost adopts nothing: its lengths depend on its
+        policy, measuring too) learned: its costs, acceptance estimate, probing
+        interval and the rounds since its last probe (generations shorter than the
+        interval still probe). A policy with a set cost adopts nothing: its lengths depend on its
         own generation only, so a seeded generation stays reproducible."""
         if not (self.adaptive and self.measure and other.measure) or self.start == 0:
             return
         self.rate = other.rate
         self.step_s, self.fixed_s, self.cost = other.step_s, other.fixed_s, other.cost
-        self._probe_every = other._probe_every
+        self._probe_every, self._idle = other._probe_every, other._idle
         self.ceiling = min(self.start, best_length(self.rate, self.cost, self.cap, lo=0))
