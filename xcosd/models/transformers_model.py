@@ -20,14 +20,17 @@ Keeping the full history (never a sliding-window ring) makes that exact for
 every architecture; sliding-window layers still see only their window through
 the attention mask.
 
-Batching. One batch buffer per layer holds every session's cache left-padded to
-a common length, with room after it for the new tokens: gathering the caches
-into it is the one copy of the history a batched call makes (the model writes
-the new states in place after it, and only those are copied back to each
-session's buffers). New tokens are right-padded; a 2-D attention mask hides
-both paddings and explicit position ids keep every session's positions its own.
-:attr:`TransformersModel.copy_s` counts the seconds spent gathering and copying
-back, for the benchmark's copy share. Batched and one-by-one scoring agree to
+Batching. One forward scores every session: new tokens are right-padded and
+explicit position ids keep every session's positions its own. For the
+architectures in :data:`SESSION_ATTENTION_TYPES` the projections and MLPs run on
+the batch while the attention runs session by session (:func:`_session_attention`,
+registered with transformers and switched on for the call): each session's new
+states go straight into its own buffers and its queries attend over them, so no
+history is copied. Other architectures gather the caches into one batch buffer
+per layer, left-padded to a common length with room for the new states after it
+(the one copy of the history such a call makes; a 2-D attention mask hides both
+paddings), and copy only the new states back. :attr:`TransformersModel.copy_s`
+counts the seconds spent copying, for the benchmark's copy share. Batched and one-by-one scoring agree to
 float32 rounding (the tests check 1e-4).
 
 Start state. A model whose tokenizer adds a BOS gets it in front of every
@@ -54,10 +57,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AttentionInterface, DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from ..errors import ModelError
+
+try:
+    from transformers import AttentionInterface, DynamicCache
+    from transformers.cache_utils import DynamicLayer
+except ImportError as e:  # the cache layers below subclass transformers' own
+    raise ModelError("the transformers backend needs: pip install 'xcosd[models]'") from e
 from ..vocab import Vocabulary, vocabulary_from_hf
 from . import model_cache
 from .base import Session
@@ -135,6 +142,23 @@ class _Batch:
     lens: list[int]
     #: seconds spent writing the new states into the sessions' buffers
     copy_s: float = 0.0
+    #: each session's attention mask, by (session, sliding window): the same for
+    #: every layer with that window, so made once per call
+    masks: dict[tuple[int, int | None], torch.Tensor] = field(default_factory=dict)
+
+    def mask(self, i: int, window: int | None, device: torch.device) -> torch.Tensor:
+        """Session ``i``'s new positions may see every earlier position (within
+        ``window``, when given): ``(1, 1, new, past + new)``, True where allowed."""
+        key = (i, window)
+        if key not in self.masks:
+            past, n = self.past[i], self.past[i] + self.lens[i]
+            at = torch.arange(past, n, device=device).unsqueeze(1)  # query positions
+            keys = torch.arange(n, device=device).unsqueeze(0)
+            allowed = keys <= at
+            if window is not None:
+                allowed &= keys > at - window
+            self.masks[key] = allowed[None, None]
+        return self.masks[key]
 
 
 _current = threading.local()
@@ -154,18 +178,14 @@ def _session_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     li = int(module.layer_idx)  # type: ignore[arg-type]
     b, heads, f, _ = query.shape
     out = query.new_zeros((b, f, heads, value.shape[-1]))
+    window = None if sliding_window is None else int(sliding_window)
     for i, kv in enumerate(batch.kvs):
-        m, past = batch.lens[i], batch.past[i]
-        n = past + m
+        m = batch.lens[i]
+        n = batch.past[i] + m
         kb, vb = kv.bufs[li]
-        at = torch.arange(past, n, device=query.device).unsqueeze(1)  # query positions
-        keys = torch.arange(n, device=query.device).unsqueeze(0)
-        allowed = keys <= at
-        if sliding_window is not None:
-            allowed &= keys > at - int(sliding_window)
         o, _ = sdpa_attention_forward(module, query[i: i + 1, :, :m], kb[:, :, :n], vb[:, :, :n],
-                                      allowed[None, None], scaling=scaling, is_causal=False,
-                                      **kwargs)
+                                      batch.mask(i, window, query.device), scaling=scaling,
+                                      is_causal=False, **kwargs)
         out[i, :m] = o[0]
     return out, None
 
@@ -294,10 +314,8 @@ class TransformersModel:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if threads is not None:
             torch.set_num_threads(max(1, int(threads)))
-        try:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-        except ImportError as e:
-            raise ModelError("the transformers backend needs: pip install 'xcosd[models]'") from e
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         td = _DTYPES.get(dtype) if isinstance(dtype, str) else dtype
         if isinstance(dtype, str) and td is None:
             raise ModelError(f"unknown dtype {dtype!r}: use one of {sorted(_DTYPES)}")
@@ -475,7 +493,7 @@ class TransformersModel:
         if p_max > 0:
             # the one copy of the history: every session's cache into one batch buffer
             # per layer, left-padded, with room for the new states after it
-            shapes = next(kv.bufs for kv, _ in items if kv.bufs and kv.length)
+            shapes = self._donor(items)
             slabs = []
             for li, (k0, v0) in enumerate(shapes):
                 kb = k0.new_empty((b, k0.shape[1], p_max + f_max, k0.shape[3]))
@@ -502,13 +520,19 @@ class TransformersModel:
         self.copy_s += time.perf_counter() - t0
         return [res.logits[i, : lens[i]] for i in range(b)]
 
+    @staticmethod
+    def _donor(items: list[tuple[_KV, list[int]]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The buffers of a session with something cached: the layers' shapes, for
+        sessions in the batch that have no buffers yet."""
+        return next(kv.bufs for kv, _ in items if kv.bufs and kv.length)
+
     def _forward_sessions(self, items: list[tuple[_KV, list[int]]], ids: torch.Tensor,
                           mask: torch.Tensor, pos: torch.Tensor, past: list[int],
                           lens: list[int], p_max: int) -> list[torch.Tensor]:
         """A batched call with no batch cache: the new states go straight into each
         session's buffers and each session attends over its own
         (:func:`_session_attention`), so no history is copied."""
-        donor = next(kv.bufs for kv, _ in items if kv.bufs and kv.length)
+        donor = self._donor(items)
         for (kv, _), p, m in zip(items, past, lens, strict=True):
             kv.reserve(p + m, donor)
         batch = _Batch([kv for kv, _ in items], past, lens)
