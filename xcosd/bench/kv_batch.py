@@ -20,12 +20,11 @@ depends on the caches' shapes, not on their values.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from xcosd.bench.report import OUT_DIR, machine, table
+from xcosd.bench.report import OUT_DIR, machine, table, write_json
 
 
 def _sessions(model: Any, n: int, context: int, shapes: list[tuple[Any, Any]]) -> list[Any]:
@@ -113,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = run(a.model, [int(x) for x in a.sessions.split(",")],
               [int(x) for x in a.contexts.split(",")], a.rows, a.threads)
     print(format_report(rep))
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(rep, indent=1))
+    write_json(a.json, rep)
     return 0
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import subprocess
@@ -43,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xcosd.bench.report import OUT_DIR, machine, table
+from xcosd.bench.report import OUT_DIR, machine, table, write_json
 
 DRAFT = "smollm2-135m"
 TARGET = "gemma3-270m"
@@ -197,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     rep = run(a.prompts, a.tokens)
     print(format_report(rep))
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(rep, indent=1))
+    write_json(a.json, rep)
     return 0
 
 

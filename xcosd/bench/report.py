@@ -8,6 +8,7 @@ Reports are plain dicts of JSON types, so a test can check their invariants and
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import sys
@@ -35,6 +36,12 @@ def rss_mb() -> float:
     except (OSError, IndexError, ValueError):
         return 0.0
     return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def write_json(path: Path, rep: Any) -> None:
+    """A bench's report to ``path`` (its directory made first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rep, indent=1))
 
 
 def summary(values: Iterable[float], scale: float = 1.0) -> dict[str, float | int]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from .report import OUT_DIR, rss_mb
+from .report import OUT_DIR, rss_mb, write_json
 
 OUT = OUT_DIR / "zmq_memory.json"
 SAMPLE_S = 5.0
@@ -106,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     print("RSS MiB every 5 s: " + ", ".join(f"{mb:g}" for _, mb in rep["series_mb"]))
     print(f"RSS {rep['first_mb']:g} -> {rep['end_mb']:g} MiB; within 1 MiB of the end "
           f"from {rep['flat_from_s']} s")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(rep, indent=1))
+    write_json(args.json, rep)
     print(f"wrote {args.json}")
     return 0
 
