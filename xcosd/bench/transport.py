@@ -23,7 +23,9 @@ library costs. In the same process and run, the bare pyzmq echo pipelines 32-byt
 messages with 64 in flight (messages/s), and ``xcosd bench load`` runs 64
 closed-loop devices (one device process, the cloud in this process) against a
 near-free target (:data:`NULL_TARGET`: 10 us + 1 us per row, sleeping) for each
-method and transport. Each load run is bracketed by two echo runs, and its ratio
+method and transport, drafting a fixed 4 tokens a round (the adaptive length would
+draft up to 16 against a free target: fewer, longer rounds, which is right for
+tokens/s but hides the cost of a round). Each load run is bracketed by two echo runs, and its ratio
 is its rounds/s over their mean: the bare echo is the yardstick of what this
 machine gives a Python process that minute. Medians over ``--repeat`` passes;
 writes ``bench/out/rounds.json``. ``--profile`` also profiles the cloud's
@@ -205,7 +207,8 @@ async def load_rounds(method: str, transport: str, duration_s: float, warmup_s: 
     from xcosd.config import GenerationConfig
 
     cfg = LoadConfig(devices=devices, target=NULL_TARGET,
-                     generation=GenerationConfig(method=method), duration_s=duration_s,
+                     generation=GenerationConfig(method=method, adaptive_draft=False),
+                     duration_s=duration_s,
                      warmup_s=warmup_s, transport=transport)
     if profile is not None:
         profile.enable()
