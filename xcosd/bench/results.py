@@ -1,10 +1,10 @@
 """Write ``docs/RESULTS.md`` and its plots (``docs/img/*.png``) from ``bench/out/*.json``.
 
-    .venv/bin/python -m xcosd.bench.results [--only soak]
+    .venv/bin/python -m xcosd.bench.results [--only soak|replicas|rounds|kv-batch|real-pair]
 
-``--only soak`` rewrites just that section of the current RESULTS.md (from
-``bench/out/soak.json``), leaving the others as they are: a soak can be rerun on its
-own without rerunning every other bench.
+``--only NAME`` rewrites just that section of the current RESULTS.md (from its JSON in
+``bench/out/``), leaving the others as they are: one bench can be rerun on its own
+without rerunning every other one.
 
 All three paths are relative to the working directory (the repository root, where
 ``make bench`` runs it): the JSON comes from :data:`~xcosd.bench.report.OUT_DIR`.
@@ -20,10 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
-from xcosd.bench import plots
+from xcosd.bench import plots, scale
 from xcosd.bench.load import SCALING_HEADER, generation_settings, scaling_rows
 from xcosd.bench.methods import format_report, merge_reports
 from xcosd.bench.report import OUT_DIR, machine, table
@@ -429,6 +430,44 @@ def section_transport(tr: Any) -> list[str]:
                          "p50 vs bare", "msgs/s vs bare"], markdown=True), "", text, ""]
 
 
+ROUNDS_HEADING = "## Framework cost per round"
+
+
+def section_rounds(rr: Any) -> list[str]:
+    """What a whole round costs, against the bare pyzmq echo of the same run
+    (``python -m xcosd.bench.transport --rounds``)."""
+    if rr is None:
+        return [ROUNDS_HEADING, "", "bench/out/rounds.json is missing.", ""]
+    rows = [[name, f"{r['rounds_per_s']:,.0f}",
+             _f(statistics.median(p["tokens_per_s"] for p in r["passes"]), ",.0f"),
+             f"{r['echo_msgs_per_s']:,.0f}", f"{r['ratio']:.2f}",
+             " ".join(f"{p['ratio']:.2f}" for p in r["passes"])]
+            for name, r in rr["results"].items()]
+    m = rr.get("machine") or {}
+    lines = [ROUNDS_HEADING, "",
+             "From `python -m xcosd.bench.transport --rounds` (bench/out/rounds.json, "
+             f"{rr.get('loop', 'asyncio')} loop): {rr['devices']} closed-loop devices in one "
+             f"device process against a cloud in the bench's process, target `{rr['target']}` "
+             "(sleeps 10 us + 1 us per row, so what is measured is the framework), a fixed "
+             "4-token draft per round, "
+             f"{rr['duration_s']:g} s measured after {rr['warmup_s']:g} s, on "
+             f"{m.get('nproc', '?')} cores. The yardstick is a bare `zmq.asyncio` "
+             f"DEALER/ROUTER echo of 32-byte messages, {rr['window']} in flight, run just "
+             "before and after each load run in the same process: the ratio is rounds/s over "
+             f"echo messages/s, the median over {rr['repeats']} passes (each pass's ratio "
+             "listed).", "",
+             table(rows, ["method / transport", "rounds/s", "tokens/s", "echo msgs/s", "ratio",
+                          "per pass"], markdown=True), ""]
+    e = rr["results"].get("xcosd-e zmq")
+    if e is not None:
+        lines += [f"xcosd-e over ZeroMQ runs {e['ratio']:.2f}x the bare echo's message rate "
+                  "(goal: 0.3x). A round is a draft message and a verdict, each side's "
+                  "state machine, the target call through the scheduler and the device's "
+                  "drafting and sampling, all in Python; the echo is one `recv` and one "
+                  "`send` in a loop.", ""]
+    return lines
+
+
 def section_codecs(cd: Any) -> list[str]:
     if cd is None:
         return []
@@ -525,7 +564,12 @@ SECTIONS = {"soak": ("## Soak", lambda: section_soak(_load("soak.json")),
                           MUTATION_HEADING)),
             "real-pair": (REAL_PAIR_HEADING, lambda: section_real_pair(_load("real_pair.json")),
                           ("## Framework overhead", "## Codecs", "## Sizes used",
-                           MUTATION_HEADING))}
+                           MUTATION_HEADING)),
+            "replicas": ("## Replicas", lambda: scale.section_lines(_load(scale.OUT_FILE.name)),
+                         ("## Soak", "## Methods", REAL_PAIR_HEADING, "## Framework overhead",
+                          "## Sizes used", MUTATION_HEADING)),
+            "rounds": (ROUNDS_HEADING, lambda: section_rounds(_load("rounds.json")),
+                       ("## Codecs", "## Sizes used", MUTATION_HEADING))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -553,11 +597,13 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_machine(run, rep_machine)
     doc += section_load(load)
     doc += section_scaling(scaling)
+    doc += scale.section_lines(_load(scale.OUT_FILE.name))
     doc += section_soak(_load("soak.json"))
     doc += section_methods(methods)
     doc += section_real_pair(_load("real_pair.json"))
     doc += section_kv(_load("kv_batch.json"))
     doc += section_transport(_load("transport.json"))
+    doc += section_rounds(_load("rounds.json"))
     doc += section_codecs(_load("codecs.json"))
     doc += section_models(_load("models.json"))
     doc += sizes_note(run)

@@ -37,9 +37,13 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
         ("models", [PY, "-m", "xcosd.bench.models", "--rounds", "200"]),
         ("codecs", [PY, "-m", "xcosd.bench.codecs", "--rows", "8"]),
         ("transport", [PY, "-m", "xcosd.bench.transport"]),
+        # a whole round against the bare echo: 64 devices, a near-free target
+        ("rounds", [PY, "-m", "xcosd.bench.transport", "--rounds"]),
         ("load-scaling", [*XCOSD, "bench", "load", "--scaling", "1,4,16,64,256", "--duration", "4",
                           "--warmup", "2", "--json", f"{out}/load_scaling.json",
                           "--no-progress"]),
+        # 1, 2 and 4 replicas behind one broker, then one of 2 killed mid-run
+        ("scale", [*XCOSD, "bench", "scale", "--json", f"{out}/scale.json"]),
         ("load-64", [*XCOSD, "bench", "load", "-n", "64", "--duration", "8", "--warmup", "2",
                      "--json", f"{out}/load.json", "--no-progress"]),
         # every method x codec at T=1 and greedy: cheap warpers, the full grid
