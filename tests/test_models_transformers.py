@@ -374,3 +374,35 @@ def test_each_position_is_computed_once(model: TransformersModel) -> None:
         assert fed[-1] == 1
     finally:
         del model.model.forward
+
+
+@pytest.mark.parametrize("per_session", [True, False])
+def test_the_head_scores_only_the_rows_asked_for(model: TransformersModel,
+                                                 per_session: bool) -> None:
+    """A prompt's positions are fed for their states; the output head runs on the
+    rows the call returns (in a batch, on the positions from the first row any
+    session asks for to the end), not on every fed position. Both batched paths."""
+    head = model.model.get_output_embeddings()
+    seen: list[int] = []
+    hook = head.register_forward_hook(lambda _m, args, _out: seen.append(int(args[0].shape[-2])))
+    model.per_session = per_session
+    try:
+        ids = model.tokenize(TEXT)[:24]
+        s = model.start(ids[:12])
+        rows = model.score([(s, ids[12:15])])[0]  # 12 context positions fed, 4 rows
+        assert rows.shape[0] == 4 and seen == [4]
+        a, b = model.start(ids[:2]), model.start(ids[:2])
+        model.score([(a, [])])
+        model.score([(b, [])])
+        model.append(a, ids[2:6])
+        model.append(b, ids[2:5])
+        seen.clear()
+        # a feeds 6 positions (4 of context, 2 drafts: rows at 3..5), b 3 (its row at 2)
+        got = model.score([(a, ids[6:8]), (b, [])])
+        assert [r.shape[0] for r in got] == [3, 1]
+        assert seen == [4]  # positions 2..5, not all 6
+        np.testing.assert_allclose(got[0], reference(model, ids[:8])[-3:], atol=TOL)
+        np.testing.assert_allclose(got[1][0], reference(model, ids[:5])[-1], atol=TOL)
+    finally:
+        model.per_session = True
+        hook.remove()

@@ -278,6 +278,10 @@ class TransformersModel:
         # transformers renamed ``past_key_values`` to ``cache``; pass whichever this one takes
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        # the output head runs only on the positions whose rows are asked for: a
+        # prompt's other positions need states, not rows (the head of a 262k
+        # vocabulary costs more than the rest of a small model's forward)
+        self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
         #: seconds batched calls spent copying caches (gathering them into the batch,
         #: copying the new states back): the benchmark's copy share
         self.copy_s = 0.0
@@ -412,9 +416,9 @@ class TransformersModel:
             plan.append((session, kv, new, feed, n_out))
         with self._lock:
             if len(plan) == 1:
-                logits = self._forward_one(plan[0][1], plan[0][3])
+                logits = self._forward_one(plan[0][1], plan[0][3], plan[0][4])
             else:
-                logits = self._forward_batch([(p[1], p[3]) for p in plan])
+                logits = self._forward_batch([(p[1], p[3], p[4]) for p in plan])
         out: list[np.ndarray] = []
         for (session, kv, new, _feed, n_out), lg in zip(plan, logits, strict=True):
             session.ids.extend(new)
@@ -446,7 +450,13 @@ class TransformersModel:
             cache.layers = list(layers)
         return cache
 
-    def _forward_one(self, kv: _KV, feed: list[int]) -> list[torch.Tensor]:
+    def _keep(self, n: int) -> dict[str, int]:
+        """The keyword that has the head score only the last ``n`` positions."""
+        return {self._keep_kw: n} if self._keep_kw is not None else {}
+
+    def _forward_one(self, kv: _KV, feed: list[int], n_out: int) -> list[torch.Tensor]:
+        """Feed ``feed`` after the cached positions; the logits of (at least) the
+        last ``n_out`` positions."""
         past = kv.length
         ids = torch.tensor([feed], dtype=torch.long, device=self.device)
         pos = torch.arange(past, past + len(feed), device=self.device).unsqueeze(0)
@@ -455,7 +465,8 @@ class TransformersModel:
             kv.reserve(past + len(feed), [])
             slabs = [_Slab(k, v, past) for k, v in kv.bufs]
         cache = self._cache_obj(slabs)
-        res = self.model(input_ids=ids, position_ids=pos, use_cache=True, **{self._cache_kw: cache})
+        res = self.model(input_ids=ids, position_ids=pos, use_cache=True, **{self._cache_kw: cache},
+                         **self._keep(n_out))
         if slabs is not None:  # the new states are already in the session's buffers
             kv.length = past + len(feed)
         else:
@@ -474,20 +485,28 @@ class TransformersModel:
             for c, o in zip(self._configs, old, strict=True):
                 c._attn_implementation = o
 
-    def _forward_batch(self, items: list[tuple[_KV, list[int]]]) -> list[torch.Tensor]:
+    def _forward_batch(self, items: list[tuple[_KV, list[int], int]]) -> list[torch.Tensor]:
+        """Feed each session's ``feed`` after its cached positions, in one call; per
+        session, the logits of (at least) its last ``n_out`` fed positions."""
         b = len(items)
-        past = [kv.length for kv, _ in items]
-        lens = [len(f) for _, f in items]
+        past = [kv.length for kv, _, _ in items]
+        lens = [len(f) for _, f, _ in items]
         p_max, f_max = max(past), max(lens)
+        # rows are right-padded: the head scores the positions from the first one any
+        # session asks for to the end, and each session's rows end at its length
+        first = min(n - k for n, (_, _, k) in zip(lens, items, strict=True))
+        if self._keep_kw is None:
+            first = 0
         ids = torch.full((b, f_max), self._pad, dtype=torch.long, device=self.device)
         mask = torch.zeros((b, p_max + f_max), dtype=torch.long, device=self.device)
         pos = torch.zeros((b, f_max), dtype=torch.long, device=self.device)
-        for i, (_kv, feed) in enumerate(items):
+        for i, (_kv, feed, _n) in enumerate(items):
             ids[i, : lens[i]] = torch.tensor(feed, dtype=torch.long)
             mask[i, p_max - past[i]: p_max + lens[i]] = 1
             pos[i] = torch.arange(past[i], past[i] + f_max)
         if p_max > 0 and self.per_session:
-            return self._forward_sessions(items, ids, mask, pos, past, lens, p_max)
+            return self._forward_sessions([(kv, f) for kv, f, _ in items], ids, mask, pos,
+                                          past, lens, p_max, first)
         slabs = None
         t0 = time.perf_counter()
         if p_max > 0:
@@ -498,7 +517,7 @@ class TransformersModel:
             for li, (k0, v0) in enumerate(shapes):
                 kb = k0.new_empty((b, k0.shape[1], p_max + f_max, k0.shape[3]))
                 vb = v0.new_empty((b, v0.shape[1], p_max + f_max, v0.shape[3]))
-                for i, (kv, _) in enumerate(items):
+                for i, (kv, _, _) in enumerate(items):
                     lo = p_max - past[i]
                     if lo:  # padding: masked, but kept finite (0 x NaN would be NaN)
                         kb[i, :, :lo].zero_()
@@ -511,28 +530,29 @@ class TransformersModel:
         self.copy_s += time.perf_counter() - t0
         cache = self._cache_obj(slabs)
         res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                         **{self._cache_kw: cache})
+                         **{self._cache_kw: cache}, **self._keep(f_max - first))
         t0 = time.perf_counter()
         out_layers = [(layer.keys, layer.values) for layer in cache.layers]
-        for i, (kv, _) in enumerate(items):
+        for i, (kv, _, _) in enumerate(items):
             # only the new states go back (the history is already in the session)
             kv.write(past[i], out_layers, row=i, lo=p_max, hi=p_max + lens[i])
         self.copy_s += time.perf_counter() - t0
-        return [res.logits[i, : lens[i]] for i in range(b)]
+        return [res.logits[i, : lens[i] - first] for i in range(b)]
 
     @staticmethod
-    def _donor(items: list[tuple[_KV, list[int]]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _donor(items: Sequence[tuple[Any, ...]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The buffers of a session with something cached: the layers' shapes, for
         sessions in the batch that have no buffers yet."""
-        return next(kv.bufs for kv, _ in items if kv.bufs and kv.length)
+        return next(it[0].bufs for it in items if it[0].bufs and it[0].length)
 
     def _forward_sessions(self, items: list[tuple[_KV, list[int]]], ids: torch.Tensor,
                           mask: torch.Tensor, pos: torch.Tensor, past: list[int],
-                          lens: list[int], p_max: int) -> list[torch.Tensor]:
+                          lens: list[int], p_max: int, first: int) -> list[torch.Tensor]:
         """A batched call with no batch cache: the new states go straight into each
         session's buffers and each session attends over its own
         (:func:`_session_attention`), so no history is copied."""
         donor = self._donor(items)
+        f_max = max(lens)
         for (kv, _), p, m in zip(items, past, lens, strict=True):
             kv.reserve(p + m, donor)
         batch = _Batch([kv for kv, _ in items], past, lens)
@@ -542,13 +562,14 @@ class TransformersModel:
         try:
             with self._attention(SESSIONS_ATTENTION):
                 res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                                 use_cache=True, **{self._cache_kw: cache})
+                                 use_cache=True, **{self._cache_kw: cache},
+                                 **self._keep(f_max - first))
         finally:
             _current.batch = None
         for (kv, _), p, m in zip(items, past, lens, strict=True):
             kv.length = p + m
         self.copy_s += batch.copy_s
-        return [res.logits[i, : lens[i]] for i in range(len(items))]
+        return [res.logits[i, : lens[i] - first] for i in range(len(items))]
 
     def _probs(self, logits: torch.Tensor) -> np.ndarray:
         x = logits.float()
