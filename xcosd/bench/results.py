@@ -1,6 +1,6 @@
 """Write ``docs/RESULTS.md`` and its plots (``docs/img/*.png``) from ``bench/out/*.json``.
 
-    .venv/bin/python -m xcosd.bench.results [--only soak|replicas|rounds|kv-batch|real-pair]
+    .venv/bin/python -m xcosd.bench.results [--only NAME]
 
 ``--only NAME`` rewrites just that section of the current RESULTS.md (from its JSON in
 ``bench/out/``), leaving the others as they are: one bench can be rerun on its own
@@ -359,6 +359,32 @@ def section_kv(kv: Any) -> list[str]:
     return lines
 
 
+MODEL_LAYER_HEADING = "## The model layer against generate"
+
+
+def section_model_layer(ml: Any) -> list[str]:
+    """xcosd's model layer against the same model's ``generate``
+    (``python -m xcosd.bench.model_layer``)."""
+    if ml is None:
+        return []
+    from xcosd.bench.model_layer import format_report as layer_table
+
+    worst = min(r["ratio"] for r in ml["models"].values())
+    return [MODEL_LAYER_HEADING, "",
+            "From `python -m xcosd.bench.model_layer` (bench/out/model_layer.json): each model "
+            f"continues {ml['prompts']} prompts by exactly {ml['tokens_per_prompt']} sampled "
+            "tokens (T=1) through transformers' `generate` and through xcosd's model layer "
+            "(`start` / `score` / `append` and one draw per row: an `ar` round's compute, "
+            f"without the network), {ml['torch_threads']} torch thread, the same weights, "
+            f"{ml['passes']} alternating passes (medians; each pass's ratio listed).", "",
+            layer_table(ml, markdown=True), "",
+            f"The slower of the two models runs at {worst:.2f}x its own `generate` through the "
+            f"layer (goal: at least {ml['goal']:g}x; {'met' if worst >= ml['goal'] else 'not met'}"
+            "). The layer feeds each position once, writes new keys and values into "
+            "preallocated per-session buffers (no history copied per step) and runs the "
+            "output head only on the rows a call returns.", ""]
+
+
 def section_real_pair(rp: Any) -> list[str]:
     if rp is None:
         return []
@@ -565,6 +591,10 @@ SECTIONS = {"soak": ("## Soak", lambda: section_soak(_load("soak.json")),
             "real-pair": (REAL_PAIR_HEADING, lambda: section_real_pair(_load("real_pair.json")),
                           ("## Framework overhead", "## Codecs", "## Sizes used",
                            MUTATION_HEADING)),
+            "model-layer": (MODEL_LAYER_HEADING,
+                            lambda: section_model_layer(_load("model_layer.json")),
+                            (REAL_PAIR_HEADING, KV_HEADING, "## Framework overhead",
+                             "## Codecs", "## Sizes used", MUTATION_HEADING)),
             "replicas": ("## Replicas", lambda: scale.section_lines(_load(scale.OUT_FILE.name)),
                          ("## Soak", "## Methods", REAL_PAIR_HEADING, "## Framework overhead",
                           "## Sizes used", MUTATION_HEADING)),
@@ -600,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += scale.section_lines(_load(scale.OUT_FILE.name))
     doc += section_soak(_load("soak.json"))
     doc += section_methods(methods)
+    doc += section_model_layer(_load("model_layer.json"))
     doc += section_real_pair(_load("real_pair.json"))
     doc += section_kv(_load("kv_batch.json"))
     doc += section_transport(_load("transport.json"))

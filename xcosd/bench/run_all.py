@@ -73,6 +73,9 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
                                    "--real-tokens", "12", "--tv-trials", "600",
                                    "--tv-contexts", "1", "--live", "none",
                                    "--json", f"{out}/methods_real.json", "--no-progress"]))
+        # the model layer against the same model's own generate (target and draft)
+        s.append(("model-layer", [PY, "-m", "xcosd.bench.model_layer",
+                                  "--json", f"{out}/model_layer.json"]))
         # batched verification on the real target: cost and copy share per batch
         s.append(("kv-batch", [PY, "-m", "xcosd.bench.kv_batch", "--sessions", "1,8,64",
                                "--contexts", "64,1024,2048", "--json", f"{out}/kv_batch.json"]))
