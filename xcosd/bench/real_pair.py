@@ -1,11 +1,12 @@
 """The real pair end to end: SmolLM2-135M-Instruct drafting for Gemma-3-270m, against
 what a user would otherwise run.
 
-    .venv/bin/python -m xcosd.bench.real_pair [--prompts 3] [--tokens 32] [--json PATH]
+    .venv/bin/python -m xcosd.bench.real_pair [--prompts 3] [--tokens 32] [--passes 3]
 
 Every row generates the same prompts at T = 1 (no top-k, no top-p) with the same
-weights and one torch thread per side, in one run (the machine is noisy: compare the
-ratios, not the rates):
+weights and one torch thread per side, once per pass, the rows' order rotated from
+pass to pass (the machine is noisy and drifts: compare the ratios, not the rates;
+each ratio is the median over passes of the ratio within a pass):
 
 * ``target-generate``: Gemma-3 alone, transformers' ``generate``.
 * ``usd``: transformers' own cross-tokenizer assisted generation (universal
@@ -70,77 +71,113 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _hf_rows(draft: Any, target: Any, prompts: list[str], tokens: int) -> list[dict[str, Any]]:
-    """``target-generate`` and ``usd``: each prompt once untimed (warm-up), then timed."""
+def _hf_row(name: str, draft: Any, target: Any, prompts: list[str], tokens: int) -> dict[str, Any]:
+    """``target-generate`` or ``usd`` over ``prompts`` (timed; each prompt seeded by
+    its index)."""
     import torch
 
     tt, dt = target.tokenizer, draft.tokenizer
     sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
                 "max_new_tokens": tokens, "pad_token_id": tt.eos_token_id}
-    usd = {"assistant_model": draft.model, "tokenizer": tt, "assistant_tokenizer": dt}
-    # generate() asks for a translator that prunes the assistant's head (in place) to
-    # the tokens both vocabularies share; one made first, unpruned, is the one it finds
+    extra = ({"assistant_model": draft.model, "tokenizer": tt, "assistant_tokenizer": dt}
+             if name == "usd" else {})
+    out_tokens, wall = 0, 0.0
+    for i, prompt in enumerate(prompts):
+        enc = tt(prompt, return_tensors="pt")
+        torch.manual_seed(i)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = target.model.generate(**enc, **sampling, **extra)
+            wall += time.perf_counter() - t0
+        out_tokens += int(out.shape[1] - enc["input_ids"].shape[1])
+    return {"row": name, "tokens": out_tokens, "wall_s": wall}
+
+
+def _prepare_usd(draft: Any, target: Any) -> None:
+    """generate() asks for a translator that prunes the assistant's head (in place) to
+    the tokens both vocabularies share; one made first, unpruned, is the one it finds."""
     from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
 
     AssistantVocabTranslatorCache.get_translator(
-        tt, dt, target.model.config.get_text_config().vocab_size,
+        target.tokenizer, draft.tokenizer, target.model.config.get_text_config().vocab_size,
         assistant_model=draft.model, assistant_prune_lm_head=False)
-    rows = []
-    for name, extra in (("target-generate", {}), ("usd", usd)):
-        out_tokens, wall = 0, 0.0
-        for i, prompt in enumerate(prompts):
-            enc = tt(prompt, return_tensors="pt")
-            torch.manual_seed(i)
-            with torch.inference_mode():
-                if i == 0:  # warm-up, untimed
-                    target.model.generate(**enc, **{**sampling, "max_new_tokens": 4}, **extra)
-                t0 = time.perf_counter()
-                out = target.model.generate(**enc, **sampling, **extra)
-                wall += time.perf_counter() - t0
-            out_tokens += int(out.shape[1] - enc["input_ids"].shape[1])
-        rows.append({"row": name, "tokens": out_tokens, "wall_s": wall,
-                     "tok_s": out_tokens / wall})
-        print(f"  {name}: {out_tokens} tokens, {out_tokens / wall:.2f} tok/s", flush=True)
-    return rows
 
 
-async def _xcosd_rows(draft: Any, endpoint: str, prompts: list[str],
-                      tokens: int) -> list[dict[str, Any]]:
-    from xcosd.nodes import EdgeNode
+async def _xcosd_row(edge: Any, name: str, method: str, seeded: bool, prompts: list[str],
+                     tokens: int) -> dict[str, Any]:
+    """One xcosd row over ``prompts`` (timed), with its generations' stats."""
     from xcosd.nodes.stats import merge
+
+    stats, wall = [], 0.0
+    for i, prompt in enumerate(prompts):
+        t0 = time.perf_counter()
+        r = await edge.generate(prompt, max_new_tokens=tokens, method=method,
+                                seed=i if seeded else None)
+        wall += time.perf_counter() - t0
+        stats.append(r.stats)
+    st = merge(stats)
+    return {"row": name, "tokens": st.tokens, "wall_s": wall, "stats": st}
+
+
+def _add(total: dict[str, Any], r: dict[str, Any]) -> None:
+    """Sum row ``r`` of one pass into ``total`` (tokens, wall, the generation stats)."""
+    from xcosd.nodes.stats import merge
+
+    total["tokens"] = total.get("tokens", 0) + r["tokens"]
+    total["wall_s"] = total.get("wall_s", 0.0) + r["wall_s"]
+    total.setdefault("passes", []).append(r["tokens"] / r["wall_s"])
+    if "stats" in r:
+        total["stats"] = merge([total["stats"], r["stats"]]) if "stats" in total else r["stats"]
+
+
+def _finish(name: str, total: dict[str, Any]) -> dict[str, Any]:
+    row = {"row": name, "tokens": total["tokens"], "wall_s": total["wall_s"],
+           "tok_s": total["tokens"] / total["wall_s"], "tok_s_passes": total["passes"]}
+    st = total.get("stats")
+    if st is not None:
+        link_s = st.modeled_s - st.draft_compute_s - st.cloud_compute_s
+        gpu_s = st.draft_compute_s + st.target_calls * GPU_CALL_S + link_s
+        row.update(rounds=st.rounds, target_calls=st.target_calls, drafted=st.drafted,
+                   accepted=st.accepted, bytes=st.uplink_bytes + st.downlink_bytes,
+                   edge_compute_s=st.draft_compute_s, cloud_compute_s=st.cloud_compute_s,
+                   modeled_gpu_tok_s=st.tokens / gpu_s if gpu_s > 0 else None)
+    return row
+
+
+async def _passes(draft: Any, target: Any, endpoint: str, prompts: list[str], tokens: int,
+                  passes: int) -> list[dict[str, Any]]:
+    """Every row once per pass, the order rotated from pass to pass, so that a drift of
+    the machine's speed over the minutes of the run falls on every row alike."""
+    from xcosd.nodes import EdgeNode
     from xcosd.transport import LinkSpec
 
-    link = LinkSpec.of(**MODEL_LINK)
-    rows = []
+    names = ["target-generate", "usd", *(r[0] for r in XCOSD_ROWS)]
+    spec = {r[0]: r for r in XCOSD_ROWS}
+    totals: dict[str, dict[str, Any]] = {n: {} for n in names}
     async with EdgeNode(draft, endpoint, connect_timeout_s=600.0, timeout_s=120.0,
-                              model_link=link) as edge:
-        for name, method, seeded in XCOSD_ROWS:
-            stats, wall = [], 0.0
-            await edge.generate(prompts[0], max_new_tokens=4, method=method,
-                                seed=99 if seeded else None)
-            for i, prompt in enumerate(prompts):
-                t0 = time.perf_counter()
-                r = await edge.generate(prompt, max_new_tokens=tokens, method=method,
-                                        seed=i if seeded else None)
-                wall += time.perf_counter() - t0
-                stats.append(r.stats)
-            st = merge(stats)
-            link_s = st.modeled_s - st.draft_compute_s - st.cloud_compute_s
-            gpu_s = st.draft_compute_s + st.target_calls * GPU_CALL_S + link_s
-            row = {"row": name, "tokens": st.tokens, "wall_s": wall,
-                   "tok_s": st.tokens / wall, "rounds": st.rounds,
-                   "target_calls": st.target_calls, "drafted": st.drafted,
-                   "accepted": st.accepted, "bytes": st.uplink_bytes + st.downlink_bytes,
-                   "edge_compute_s": st.draft_compute_s, "cloud_compute_s": st.cloud_compute_s,
-                   "modeled_gpu_tok_s": st.tokens / gpu_s if gpu_s > 0 else None}
-            rows.append(row)
-            print(f"  {name}: {st.tokens} tokens, {row['tok_s']:.2f} tok/s, "
-                  f"{st.target_calls / max(st.tokens, 1):.2f} calls/token, "
-                  f"accepted {st.accepted}/{st.drafted}", flush=True)
-    return rows
+                        model_link=LinkSpec.of(**MODEL_LINK)) as edge:
+        # warm-up, untimed: each path once, on a short generation
+        for n in names:
+            if n in spec:
+                await edge.generate(prompts[0], max_new_tokens=4, method=spec[n][1],
+                                    seed=99 if spec[n][2] else None)
+            else:  # in a thread: the edge keeps answering the cloud's heartbeats
+                await asyncio.to_thread(_hf_row, n, draft, target, prompts[:1], 4)
+        for p in range(passes):
+            k = p % len(names)
+            for n in names[k:] + names[:k]:
+                if n in spec:
+                    r = await _xcosd_row(edge, n, spec[n][1], spec[n][2], prompts, tokens)
+                else:
+                    r = await asyncio.to_thread(_hf_row, n, draft, target, prompts, tokens)
+                _add(totals[n], r)
+                print(f"  pass {p + 1} {n}: {r['tokens'] / r['wall_s']:.2f} tok/s", flush=True)
+    return [_finish(n, totals[n]) for n in names]
 
 
-def run(prompts: int, tokens: int) -> dict[str, Any]:
+def run(prompts: int, tokens: int, passes: int = 3) -> dict[str, Any]:
+    import statistics
+
     import torch
 
     from xcosd.models import load_model
@@ -149,25 +186,26 @@ def run(prompts: int, tokens: int) -> dict[str, Any]:
     chosen = (PROMPTS * (prompts // len(PROMPTS) + 1))[:prompts]
     t0 = time.perf_counter()
     draft, target = load_model(DRAFT), load_model(TARGET)
+    _prepare_usd(draft, target)
     print(f"models loaded in {time.perf_counter() - t0:.1f} s", flush=True)
-    rows = _hf_rows(draft, target, chosen, tokens)
-    del target
     port = _free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     cloud = subprocess.Popen([sys.executable, "-m", "xcosd", "serve", "--target", TARGET,
                               "--bind", endpoint], env=env, stdout=subprocess.DEVNULL)
     try:
-        rows += asyncio.run(_xcosd_rows(draft, endpoint, chosen, tokens))
+        rows = asyncio.run(_passes(draft, target, endpoint, chosen, tokens, passes))
     finally:
         cloud.terminate()
         cloud.wait(30)
-    base = {r["row"]: r["tok_s"] for r in rows}
+    base = {r["row"]: r["tok_s_passes"] for r in rows}
     for r in rows:
-        r["vs_usd"] = r["tok_s"] / base["usd"]
-        r["vs_target"] = r["tok_s"] / base["target-generate"]
-    return {"schema_version": 1, "draft": DRAFT, "target": TARGET, "prompts": prompts,
-            "tokens_per_prompt": tokens, "torch_threads_per_side": 1,
+        # the median over passes of the ratio within a pass (both from the same minutes)
+        for key, ref in (("vs_usd", "usd"), ("vs_target", "target-generate")):
+            r[key] = statistics.median(a / b for a, b in
+                                       zip(r["tok_s_passes"], base[ref], strict=True))
+    return {"schema_version": 2, "draft": DRAFT, "target": TARGET, "prompts": prompts,
+            "tokens_per_prompt": tokens, "passes": passes, "torch_threads_per_side": 1,
             "gpu_call_s": GPU_CALL_S, "model_link": MODEL_LINK, "rows": rows,
             "machine": machine()}
 
@@ -192,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--passes", type=int, default=3,
+                    help="every row once per pass, in rotated order (medians reported)")
     ap.add_argument("--json", type=Path, default=OUT_DIR / "real_pair.json")
     a = ap.parse_args(argv)
-    rep = run(a.prompts, a.tokens)
+    rep = run(a.prompts, a.tokens, a.passes)
     print(format_report(rep))
     write_json(a.json, rep)
     return 0
