@@ -100,9 +100,30 @@ def test_sampling_a_long_row_goes_through_block_sums_and_stays_exact():
         one = [where[sample_index(weights, rng)] for _ in range(8_000)]
         assert_exact(one, expected, "sample_index (blocks)")
         many = [where[int(t)] for t in sample_many(weights, 30_000, rng)]
-        assert_exact(many, expected, "sample_many (blocks)")
+        assert_exact(many, expected, "sample_many (one cumsum)")
+        few = [where[int(t)] for _ in range(2_000) for t in sample_many(weights, 6, rng)]
+        assert_exact(few, expected, "sample_many (blocks)")
     with pytest.raises(InvalidDistribution):
         sample_many(np.zeros(10_000), 3, rng)
+
+
+def test_few_draws_from_a_long_row_are_the_single_draws_path_vectorised():
+    """sample_many's block path gives, for every uniform, the index sample_index's path
+    gives for it: same block sums, same running sums inside the block, a draw kept in
+    its block, zero weights stepped back over; the short last block included."""
+    from xcosd.sampling import _draw, _draw_blocks, _prepare
+
+    rng = np.random.default_rng(5)
+    for size in (4_097 * 3, 50_003, 262_144):
+        w = rng.random(size).astype(np.float32)
+        w[rng.integers(0, size, size // 3)] = 0.0
+        w[-7:] = 0.0  # the row ends in zeros: draws at the very end step back
+        w, blocks, _, total = _prepare(w)
+        assert blocks is not None
+        u = np.concatenate((rng.random(300) * total,
+                            [0.0, total, blocks[0], blocks[1], blocks[-2], blocks[-1]]))
+        want = [_draw(w, blocks, None, float(x)) for x in u]
+        assert _draw_blocks(w, blocks, u).tolist() == want
 
 
 def test_params_validation():

@@ -632,22 +632,54 @@ def sample_index(weights: np.ndarray, rng: np.random.Generator) -> int:
 def sample_many(weights: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     """Draw ``n`` i.i.d. indices proportional to ``weights`` (inverse CDF).
 
-    A few draws from a long row use the block sums (:func:`sample_index`'s path);
-    otherwise one float64 cumsum serves every draw in one vectorized search (SR-DV
-    draws K candidates per rejection, up to 65,536 of them).
+    A long row and few draws (SR-DV's K = 20 candidates per rejection from a
+    128k-262k row) go through the block sums (:func:`sample_index`'s path): one
+    block reduction of the row, then running sums over the blocks the draws fall in
+    only, all draws in one vectorized pass. Otherwise one float64 cumsum of the row
+    serves every draw in one vectorized search (K up to 65,536). Both give the
+    first index whose running mass exceeds the draw, one uniform per draw.
     """
     w = np.asarray(weights)
-    if w.shape[0] > 4 * _SAMPLE_BLOCK and n <= 4:
-        w, blocks, c, total = _prepare(w)
-        u = rng.random(n) * total
-        return np.array([_draw(w, blocks, c, float(x)) for x in u], dtype=np.int64)
+    if w.shape[0] > 4 * _SAMPLE_BLOCK and n * 4 <= -(-w.shape[0] // _SAMPLE_BLOCK):
+        w, blocks, _, total = _prepare(w)
+        assert blocks is not None
+        return _draw_blocks(w, blocks, rng.random(n) * total)
     c = w.cumsum(dtype=np.float64)
     total = float(c[-1]) if c.shape[0] else 0.0
     if not total > 0:
         raise InvalidDistribution("cannot sample from a vector with no mass")
     u = rng.random(n) * total
     idx = np.minimum(c.searchsorted(u, side="right"), c.shape[0] - 1)
-    # u can land on the very end through rounding, or on a zero weight: step back
+    return _step_back(w, idx)
+
+
+def _draw_blocks(w: np.ndarray, blocks: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """:func:`_draw` for every target in ``u`` at once: the block each falls in, then
+    the running sums of those blocks only (each block's from the mass before it, as
+    :func:`_draw` sums it), stacked in block order so one search serves every draw;
+    a draw is kept inside its block, as :func:`_draw` keeps it."""
+    nb = blocks.shape[0]
+    b = np.minimum(blocks.searchsorted(u, side="right"), nb - 1)
+    sel, row = np.unique(b, return_inverse=True)
+    full = w.shape[0] // _SAMPLE_BLOCK
+    seg = np.zeros((sel.shape[0], _SAMPLE_BLOCK), dtype=np.float64)
+    whole = sel < full
+    seg[whole] = w[: full * _SAMPLE_BLOCK].reshape(full, _SAMPLE_BLOCK)[sel[whole]]
+    if not whole.all():  # the short last block, zero-padded (its sums stay flat)
+        tail = w[full * _SAMPLE_BLOCK:]
+        seg[~whole, : tail.shape[0]] = tail
+    np.cumsum(seg, axis=1, out=seg)
+    seg += np.where(sel > 0, blocks[np.maximum(sel - 1, 0)], 0.0)[:, None]
+    pos = seg.ravel().searchsorted(u, side="right")
+    lo = row * _SAMPLE_BLOCK
+    start = sel[row] * _SAMPLE_BLOCK
+    last = np.minimum(_SAMPLE_BLOCK, w.shape[0] - start) - 1  # a short last block's end
+    return _step_back(w, start + np.clip(pos - lo, 0, last))
+
+
+def _step_back(w: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """A draw can land on the very end through rounding, or on a zero weight: step
+    back to the nearest index with weight."""
     bad = (w[idx] <= 0) & (idx > 0)
     while bad.any():
         idx[bad] -= 1

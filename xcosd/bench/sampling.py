@@ -10,9 +10,10 @@ Two measurements, on synthetic rows over 262,144 ids (Gemma-3's vocabulary size)
   with a peaked head), ``zipf`` (shuffled 1/rank^1.1) and ``peaked`` (Cauchy logits).
 * **cloud batch cost**: :func:`xcosd.nodes.scheduler.score_batch` over 1..64
   sessions x 5 rows (4 drafts + bonus row), xcosd-e / f32, with a model that returns
-  precomputed ``llm`` rows instantly, so what is timed is the batch's warp (one
-  :func:`~xcosd.sampling.warp_batch` call) plus every session's verification
-  (commit, accept test, bonus or rejection candidates), per batch and per session.
+  precomputed ``llm`` rows instantly, so what is timed is the batch's warping (each
+  session's rows warped as its verification reads them,
+  :class:`~xcosd.sampling.WarpedRows`) plus every session's verification (commit,
+  accept test, bonus or rejection candidates), per batch and per session.
 
 Prints both tables and writes ``bench/out/sampling.json``. Wall times on a shared
 machine are noisy; the medians over repetitions are what is reported.
