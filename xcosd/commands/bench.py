@@ -19,11 +19,12 @@ from typing import Any
 from ..protocol.draft_length import DEFAULT_CONFIDENCE, DEFAULT_COST
 from .options import (
     UsageError,
+    add_curve_client_args,
     add_generation_args,
     add_link_args,
     add_transport_arg,
     add_verbose,
-    check_curve_transport,
+    check_curve_client,
     check_model,
     codec_name,
     endpoint,
@@ -100,11 +101,8 @@ def _add_load(bsub: Any) -> None:
     p.add_argument("--connect", default=None, type=endpoint, metavar="ENDPOINT",
                    help="load the cloud already running there (xcosd serve, a deployment) "
                         "instead of starting one; the cloud's own side is then not measured")
-    p.add_argument("--curve-secret", default=None, type=existing_file,
-                   help="device key file (NAME.key_secret) of every device: turns CURVE on "
-                        "(with --connect)")
-    p.add_argument("--curve-server-key", default=None, type=existing_file,
-                   help="the server's public key file (with --curve-secret)")
+    add_curve_client_args(p, "device key file (NAME.key_secret) of every device: turns "
+                             "CURVE on (with --connect)")
     p.add_argument("--connect-timeout", type=positive_float, default=30.0,
                    help="seconds to wait for the cloud to accept connections")
     p.add_argument("--request-rate", type=rate_or_inf, default=None, metavar="R",
@@ -150,12 +148,10 @@ def check_load(args: argparse.Namespace) -> None:
         check_model(args.target, "--target")
     if args.draft is not None:
         check_model(args.draft, "--draft")
-    if bool(args.curve_secret) != bool(args.curve_server_key):
-        raise UsageError("--curve-secret and --curve-server-key go together")
+    check_curve_client(args)
     if args.curve_secret and not args.connect:
         raise UsageError("--curve-secret and --curve-server-key are for a cloud run elsewhere "
                          "(--connect)")
-    check_curve_transport(args, bool(args.curve_secret))
     if args.connect and args.scaling is not None:
         raise UsageError("--scaling sweeps the batching of a cloud it starts; not with --connect")
     if args.prompts_file:

@@ -17,13 +17,13 @@ import sys
 from typing import Any
 
 from .options import (
-    UsageError,
+    add_curve_client_args,
     add_generation_args,
     add_link_args,
     add_loop_args,
     add_transport_arg,
     add_verbose,
-    check_curve_transport,
+    check_curve_client,
     check_model,
     endpoint,
     existing_file,
@@ -53,10 +53,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object per prompt on stdout (prompt, text, token ids, "
                         "stats) instead of the text")
-    p.add_argument("--curve-secret", default=None, type=existing_file,
-                   help="device key file (NAME.key_secret): turns CURVE on")
-    p.add_argument("--curve-server-key", default=None, type=existing_file,
-                   help="the server's public key file (with --curve-secret)")
+    add_curve_client_args(p, "device key file (NAME.key_secret): turns CURVE on")
     p.add_argument("--timeout", type=positive_float, default=15.0,
                    help="seconds of silence before the cloud counts as lost")
     p.add_argument("--connect-timeout", type=positive_float, default=30.0,
@@ -69,9 +66,7 @@ def add_parser(sub: Any) -> None:
 
 def check(args: argparse.Namespace) -> None:
     generation_config(args)
-    if bool(args.curve_secret) != bool(args.curve_server_key):
-        raise UsageError("--curve-secret and --curve-server-key go together")
-    check_curve_transport(args, bool(args.curve_secret))
+    check_curve_client(args)
     check_model(args.draft, "--draft")
 
 

@@ -319,6 +319,20 @@ def check_model(spec: str, what: str = "model") -> None:
         raise UsageError(f"{what}: {e.message}") from None
 
 
+def add_curve_client_args(p: argparse.ArgumentParser, secret_help: str) -> None:
+    """A device's CURVE key files (``xcosd edge``, ``xcosd bench load --connect``)."""
+    p.add_argument("--curve-secret", default=None, type=existing_file, help=secret_help)
+    p.add_argument("--curve-server-key", default=None, type=existing_file,
+                   help="the server's public key file (with --curve-secret)")
+
+
+def check_curve_client(args: argparse.Namespace) -> None:
+    """The two key files go together, and only over ZeroMQ."""
+    if bool(args.curve_secret) != bool(args.curve_server_key):
+        raise UsageError("--curve-secret and --curve-server-key go together")
+    check_curve_transport(args, bool(args.curve_secret))
+
+
 def check_curve_transport(args: argparse.Namespace, using_curve: bool) -> None:
     if using_curve and args.transport != "zmq":
         raise UsageError("CURVE encryption needs the zmq transport (not --transport "
