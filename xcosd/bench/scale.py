@@ -489,8 +489,34 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
         lines.append(f"{len(met)} of {len(goals)} ratio goals met ("
                      + ", ".join(f"{p['replicas']} replicas: {p['ratio']:.2f}x vs "
                                  f"{p['goal_ratio']:.1f}x" for p in goals) + ").")
+    outside = _outside_call(rep)
+    if outside:
+        lines.append(
+            "The ideal ratio is the cost model's with every device in every batch and nothing "
+            "but the target call in a round; a goal equal to it asks N replicas to be as "
+            "efficient as one. A round's median time outside the call it waits for (the "
+            "devices' drafting and sampling, the broker's two hops, verification and the "
+            "state machines, and a half batch's wait when a replica's devices split into two "
+            "alternating batches) was "
+            + ", ".join(f"{ms:.0f} ms with {n} replica{'s' if n > 1 else ''}"
+                        for n, ms in outside)
+            + ": about the same time, over a call that gets shorter as the devices spread "
+              "over more replicas.")
     lines += [killed_sentence(rep.get("killed")), ""]
     return lines
+
+
+def _outside_call(rep: dict[str, Any]) -> list[tuple[int, float]]:
+    """(replicas, ms) of each point's median round minus the call a full batch of its
+    devices costs, for a synthetic target; empty for any other."""
+    c = rep["config"]
+    parts = str(c["target"]).split(":")
+    if parts[0] != "synthetic" or len(parts) < 4:
+        return []
+    a, b = float(parts[2]), float(parts[3])
+    rows = c["draft_len"] + 1
+    return [(p["replicas"], p["round_ms_p50"] - (a + b * c["devices"] / p["replicas"] * rows))
+            for p in rep["points"] if p.get("round_ms_p50") is not None]
 
 
 def format_report(rep: dict[str, Any]) -> str:
