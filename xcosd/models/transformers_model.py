@@ -30,8 +30,14 @@ history is copied. Other architectures gather the caches into one batch buffer
 per layer, left-padded to a common length with room for the new states after it
 (the one copy of the history such a call makes; a 2-D attention mask hides both
 paddings), and copy only the new states back. :attr:`TransformersModel.copy_s`
-counts the seconds spent copying, for the benchmark's copy share. Batched and one-by-one scoring agree to
-float32 rounding (the tests check 1e-4).
+counts the seconds spent copying, for the benchmark's copy share. Batched and
+one-by-one scoring agree to float32 rounding (the tests check 1e-4).
+
+Rows. The output head runs only on the positions whose rows a call returns
+(``logits_to_keep``; in a batch, from the first such position of any session to
+the end of the padded block): the other fed positions (a prompt, a context
+appended without scoring) need their keys and values, not rows, and a 262k-id
+head costs more than the rest of a small model's forward.
 
 Start state. A model whose tokenizer adds a BOS gets it in front of every
 context; a session with an empty prompt starts from BOS (or EOS when there is
