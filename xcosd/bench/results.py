@@ -496,6 +496,53 @@ def section_rounds(rr: Any) -> list[str]:
     return lines
 
 
+SAMPLING_HEADING = "## Warpers and verification at full vocabulary"
+
+
+def section_sampling(sp: Any) -> list[str]:
+    """Warp cost per row and a batch's warping plus verification per session
+    (``python -m xcosd.bench.sampling``)."""
+    if sp is None:
+        return []
+    labels = [w for w in next(iter(sp["warp"].values()))]
+    warp_rows = [[kind, *(f"{by[w]['ms']:.2f} ({by[w]['kept']:,})" for w in labels)]
+                 for kind, by in sp["warp"].items()]
+    sessions = list(next(iter(sp["batch"].values())))
+    batch_rows = [[label, *(f"{by[n]['ms_per_batch']:.1f} / {by[n]['ms_per_session']:.2f}"
+                            for n in sessions)]
+                  for label, by in sp["batch"].items()]
+    flat = sp["warp"].get("flat", {})
+    lines = [SAMPLING_HEADING, "",
+             "From `python -m xcosd.bench.sampling` (bench/out/sampling.json), rows of "
+             f"{sp['vocab']:,} ids (Gemma-3's vocabulary size). Warp: the median ms of "
+             "`xcosd.sampling.warp` on one row (kept tokens in brackets) for four row shapes: "
+             "`flat` (uniform noise), `llm` (softmax of bf16 logits with a peaked head), `zipf` "
+             "(shuffled 1/rank^1.1), `peaked` (Cauchy logits).", "",
+             table(warp_rows, ["row", *labels], markdown=True), ""]
+    if "top-p 0.95" in flat and "top-k 50" in flat:
+        worst = {w: max(by[w]["ms"] for by in sp["warp"].values()) for w in ("top-p 0.95",
+                                                                              "top-k 50")}
+        lines += [f"On the flat row top-p 0.95 takes {flat['top-p 0.95']['ms']:.2f} ms and "
+                  f"top-k 50 {flat['top-k 50']['ms']:.2f} ms (goal: at most 1 ms each); over "
+                  f"all four rows at most {worst['top-p 0.95']:.2f} and "
+                  f"{worst['top-k 50']:.2f} ms.", ""]
+    lines += ["Batch: the scheduler's `score_batch` over N sessions x 5 rows (4 drafts and "
+              "the bonus row) of `llm` rows from a model that returns them at no cost, "
+              "xcosd-e / f32: each session's rows warped as its verification reads them, then "
+              "its verification (commit, accept tests, a bonus token or the rejection's "
+              "candidates); ms per batch / per session.", "",
+              table(batch_rows, ["warper", *(f"{n} session{'s' if n != '1' else ''}"
+                                             for n in sessions)], markdown=True), ""]
+    lo, hi = sessions[0], sessions[-1]
+    change = ", ".join(f"{label} {by[lo]['ms_per_session']:.2f} -> {by[hi]['ms_per_session']:.2f}"
+                       for label, by in sp["batch"].items())
+    lines += [f"Per session from {lo} to {hi} sessions: {change} ms. A row's warp is a few "
+              "passes over 1 MB of memory and a session's verification works on its own rows, "
+              "so batching saves no per-row work on a CPU; a large batch's rows also stop "
+              "fitting the caches.", ""]
+    return lines
+
+
 def section_codecs(cd: Any) -> list[str]:
     if cd is None:
         return []
@@ -600,6 +647,8 @@ SECTIONS = {"soak": ("## Soak", lambda: section_soak(_load("soak.json")),
             "replicas": ("## Replicas", lambda: scale.section_lines(_load(scale.OUT_FILE.name)),
                          ("## Soak", "## Methods", REAL_PAIR_HEADING, "## Framework overhead",
                           "## Sizes used", MUTATION_HEADING)),
+            "sampling": (SAMPLING_HEADING, lambda: section_sampling(_load("sampling.json")),
+                         ("## Codecs", "## Sizes used", MUTATION_HEADING)),
             "rounds": (ROUNDS_HEADING, lambda: section_rounds(_load("rounds.json")),
                        ("## Codecs", "## Sizes used", MUTATION_HEADING))}
 
@@ -637,6 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_kv(_load("kv_batch.json"))
     doc += section_transport(_load("transport.json"))
     doc += section_rounds(_load("rounds.json"))
+    doc += section_sampling(_load("sampling.json"))
     doc += section_codecs(_load("codecs.json"))
     doc += section_models(_load("models.json"))
     doc += sizes_note(run)

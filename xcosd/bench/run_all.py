@@ -36,6 +36,8 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
     s: list[tuple[str, list[str]]] = [
         ("models", [PY, "-m", "xcosd.bench.models", "--rounds", "200"]),
         ("codecs", [PY, "-m", "xcosd.bench.codecs", "--rows", "8"]),
+        # warpers on a 262k row, and a batch's warping + verification per session
+        ("sampling", [PY, "-m", "xcosd.bench.sampling"]),
         ("transport", [PY, "-m", "xcosd.bench.transport"]),
         # a whole round against the bare echo: 64 devices, a near-free target
         ("rounds", [PY, "-m", "xcosd.bench.transport", "--rounds"]),
