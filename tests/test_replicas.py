@@ -417,12 +417,14 @@ def test_scale_report_renders_and_its_ideal_matches_the_cost_model() -> None:
     assert ideal_tokens_per_s(ScaleConfig(target="default-target"), 2) is None
     points = [{"replicas": n, "tokens_per_s": t, "ratio": t / 1000, "goal_ratio": g,
                "meets_goal": None if g is None else t / 1000 >= g, "ideal_tokens_per_s": None,
-               "ideal_ratio": None, "efficiency": None, "round_ms_p50": 1.0, "errors": 0,
+               "ideal_ratio": None, "efficiency": None, "round_ms_p50": r, "errors": 0,
                "resumes": 0, "machine_busy": 0.5, "devices_cores": 0.25}
-              for n, t, g in ((1, 1000.0, None), (2, 1900.0, 1.8))]
+              for n, t, g, r in ((1, 1000.0, None, 379.0), (2, 1900.0, 1.8, 209.0))]
     rep = {"schema_version": 1, "config": cfg.to_dict(), "points": points, "killed": None,
            "machine": {"nproc": 2}}
     assert "1.90" in format_report(rep) and "50%" in format_report(rep)
     text = "\n".join(section_lines(rep))
     assert "1 of 1 ratio goals met" in text and "No replica was killed" in text
+    # a round's time outside its call: 379 - (20 + 0.5 * 128 * 5), 209 - (20 + 0.5 * 64 * 5)
+    assert "39 ms with 1 replica, 29 ms with 2 replicas" in text
     assert section_lines(None)[2].endswith("is missing.")

@@ -524,7 +524,7 @@ def section_sampling(sp: Any) -> list[str]:
                                                                               "top-k 50")}
         lines += [f"On the flat row top-p 0.95 takes {flat['top-p 0.95']['ms']:.2f} ms and "
                   f"top-k 50 {flat['top-k 50']['ms']:.2f} ms (goal: at most 1 ms each); over "
-                  f"all four rows at most {worst['top-p 0.95']:.2f} and "
+                  f"the {len(sp['warp'])} row shapes at most {worst['top-p 0.95']:.2f} and "
                   f"{worst['top-k 50']:.2f} ms.", ""]
     lines += ["Batch: the scheduler's `score_batch` over N sessions x 5 rows (4 drafts and "
               "the bonus row) of `llm` rows from a model that returns them at no cost, "

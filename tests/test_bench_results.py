@@ -1,0 +1,52 @@
+"""docs/RESULTS.md sections render from their benches' JSON, with the sentences that
+compare numbers computed from them (never typed), and a missing file is said so."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xcosd.bench.results import section_model_layer, section_rounds, section_sampling
+
+
+def test_rounds_section_reports_the_ratio_to_the_echo() -> None:
+    passes = [{"rounds_per_s": r, "tokens_per_s": 4 * r, "ratio": r / 10_000}
+              for r in (1_500.0, 1_700.0, 1_600.0)]
+    rep = {"devices": 64, "target": "synthetic:256:0.01:0.001", "window": 64, "duration_s": 4.0,
+           "warmup_s": 1.5, "repeats": 3, "loop": "asyncio", "machine": {"nproc": 2},
+           "results": {"xcosd-e zmq": {"rounds_per_s": 1_600.0, "echo_msgs_per_s": 10_000.0,
+                                       "ratio": 0.16, "passes": passes}}}
+    text = "\n".join(section_rounds(rep))
+    assert "| xcosd-e zmq | 1,600 | 6,400 | 10,000 | 0.16 | 0.15 0.17 0.16 |" in text
+    assert "0.16x the bare echo's message rate (goal: 0.3x)" in text
+    assert section_rounds(None)[2] == "bench/out/rounds.json is missing."
+
+
+def test_model_layer_section_judges_the_slower_model() -> None:
+    def model(ratios: list[float]) -> dict[str, Any]:
+        passes = [{"generate_tok_s": 10.0, "layer_tok_s": 10.0 * r, "ratio": r} for r in ratios]
+        return {"passes": passes, "generate_tok_s": 10.0, "layer_tok_s": 10.0 * ratios[1],
+                "ratio": sorted(ratios)[1]}
+
+    models = {"big": model([1.1, 1.2, 1.3]), "small": model([0.9, 0.93, 1.0])}
+    rep = {"prompts": 3, "tokens_per_prompt": 32, "passes": 3, "torch_threads": 1, "goal": 0.95,
+           "models": models}
+    text = "\n".join(section_model_layer(rep))
+    assert "at 0.93x its own `generate`" in text and "not met" in text
+    models["small"] = model([0.95, 0.96, 1.0])
+    assert "; met)" in "\n".join(section_model_layer(rep))
+    assert section_model_layer(None) == []
+
+
+def test_sampling_section_reports_the_flat_row_and_the_batch_trend() -> None:
+    warp = {kind: {"top-p 0.95": {"ms": ms, "kept": 10}, "top-k 50": {"ms": 0.2, "kept": 50},
+                   "T=0.7": {"ms": 0.7, "kept": 262_144}}
+            for kind, ms in (("flat", 0.9), ("zipf", 1.1))}
+    batch = {w: {str(n): {"ms_per_batch": n * ms, "ms_per_session": ms, "ms_per_row": ms / 5}
+                  for n, ms in ((1, base), (64, 2 * base))}
+             for w, base in (("T=1", 0.5), ("top-p 0.95", 2.5))}
+    text = "\n".join(section_sampling({"vocab": 262_144, "warp": warp, "batch": batch}))
+    assert "On the flat row top-p 0.95 takes 0.90 ms and top-k 50 0.20 ms" in text
+    assert "over the 2 row shapes at most 1.10 and 0.20 ms" in text
+    assert "| 1 session | 64 sessions |" in text
+    assert "T=1 0.50 -> 1.00, top-p 0.95 2.50 -> 5.00 ms" in text
+    assert section_sampling(None) == []
