@@ -22,14 +22,12 @@ history copied, the output head run on rows nobody reads).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
-from xcosd.bench.real_pair import DRAFT, PROMPTS, TARGET
-from xcosd.bench.report import OUT_DIR, machine, table, write_json
+from xcosd.bench.real_pair import DRAFT, PROMPTS, TARGET, pair_args
+from xcosd.bench.report import machine, table, write_json
 
 #: the issue's bar for the layer against generate
 GOAL = 0.95
@@ -122,12 +120,8 @@ def format_report(rep: dict[str, Any], markdown: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="xcosd.bench.model_layer",
-                                 description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--passes", type=int, default=5)
-    ap.add_argument("--json", type=Path, default=OUT_DIR / "model_layer.json")
+    ap = pair_args("xcosd.bench.model_layer", __doc__, 5,
+                   "alternating generate / layer passes (medians reported)", "model_layer.json")
     a = ap.parse_args(argv)
     rep = run(a.prompts, a.tokens, a.passes)
     print(format_report(rep))

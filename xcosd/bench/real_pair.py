@@ -225,14 +225,21 @@ def format_report(rep: dict[str, Any], markdown: bool = False) -> str:
                  markdown=markdown)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="xcosd.bench.real_pair",
-                                 description=__doc__.splitlines()[0])
+def pair_args(prog: str, doc: str | None, passes: int, passes_help: str,
+              out: str) -> argparse.ArgumentParser:
+    """The options of a real-pair bench: prompts, tokens per prompt, passes, JSON path."""
+    ap = argparse.ArgumentParser(prog=prog, description=(doc or "").splitlines()[0])
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--passes", type=int, default=3,
-                    help="every row once per pass, in rotated order (medians reported)")
-    ap.add_argument("--json", type=Path, default=OUT_DIR / "real_pair.json")
+    ap.add_argument("--passes", type=int, default=passes, help=passes_help)
+    ap.add_argument("--json", type=Path, default=OUT_DIR / out)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = pair_args("xcosd.bench.real_pair", __doc__, 3,
+                   "every row once per pass, in rotated order (medians reported)",
+                   "real_pair.json")
     a = ap.parse_args(argv)
     rep = run(a.prompts, a.tokens, a.passes)
     print(format_report(rep))

@@ -97,13 +97,22 @@ class ScaleConfig:
         return d
 
 
+def synthetic_costs(target: str) -> tuple[float, float] | None:
+    """``(a, b)`` in seconds of a ``synthetic:VOCAB:A_MS:B_MS`` target (a call costs
+    ``a + b * rows``); ``None`` for any other target."""
+    parts = target.split(":")
+    if parts[0] != "synthetic" or len(parts) < 4:
+        return None
+    return float(parts[2]) / 1e3, float(parts[3]) / 1e3
+
+
 def ideal_tokens_per_s(cfg: ScaleConfig, replicas: int) -> float | None:
     """The cost model's best with ``replicas`` replicas (module docstring), for a
     synthetic target; ``None`` for any other."""
-    parts = cfg.target.split(":")
-    if parts[0] != "synthetic" or len(parts) < 4:
+    costs = synthetic_costs(cfg.target)
+    if costs is None:
         return None
-    a, b = float(parts[2]) / 1e3, float(parts[3]) / 1e3
+    a, b = costs
     per = cfg.devices / replicas
     rows = cfg.draft_len + 1
     return replicas * per * rows / (a + b * per * rows)
@@ -510,10 +519,10 @@ def _outside_call(rep: dict[str, Any]) -> list[tuple[int, float]]:
     """(replicas, ms) of each point's median round minus the call a full batch of its
     devices costs, for a synthetic target; empty for any other."""
     c = rep["config"]
-    parts = str(c["target"]).split(":")
-    if parts[0] != "synthetic" or len(parts) < 4:
+    costs = synthetic_costs(str(c["target"]))
+    if costs is None:
         return []
-    a, b = float(parts[2]), float(parts[3])
+    a, b = 1e3 * costs[0], 1e3 * costs[1]  # ms
     rows = c["draft_len"] + 1
     return [(p["replicas"], p["round_ms_p50"] - (a + b * c["devices"] / p["replicas"] * rows))
             for p in rep["points"] if p.get("round_ms_p50") is not None]
@@ -527,4 +536,5 @@ def format_report(rep: dict[str, Any]) -> str:
 
 __all__ = ["DEFAULT_TARGET", "GOALS", "OUT_FILE", "SCALE_HEADER", "SCHEMA_VERSION", "Cluster",
            "ScaleConfig", "format_report", "greedy_reference", "ideal_tokens_per_s",
-           "killed_sentence", "run_scale", "run_scale_sync", "scale_rows", "section_lines"]
+           "killed_sentence", "run_scale", "run_scale_sync", "scale_rows", "section_lines",
+           "synthetic_costs"]
