@@ -38,6 +38,22 @@ async def test_64_edges_against_one_cloud_greedy() -> None:
     assert stats["sessions_opened"] == 64 and stats["sessions_active"] == 0
 
 
+
+async def test_a_lone_device_never_waits_for_a_batch_to_fill() -> None:
+    """The batching window is for other sessions' rounds: with one session open
+    there are none, so no round waits it out (here a window of ten minutes)."""
+    target, draft = pair()
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0",
+                               max_wait_s=600.0) as cloud:
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, method="xcosd-e",
+                                  temperature=0.0) as edge:
+            async with asyncio.timeout(HANG_S):
+                r = await edge.generate("ab", max_new_tokens=12)
+        stats = await closed_sessions_settle(cloud)
+    assert r.token_ids == greedy_decode(target, "ab", 12)
+    assert stats["scheduler"]["batches"] == r.stats.target_calls >= 2
+    assert stats["scheduler"]["mean_queue_wait_s"] < HANG_S / 10
+
 @pytest.mark.parametrize("transport", ["zmq", "tcp"])
 async def test_generate_stream_and_stats(transport: str) -> None:
     target, draft = pair(eos_mass=0.02)

@@ -74,7 +74,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-batch-tokens", type=positive_int, default=256,
                    help="rows one target call scores at most")
     p.add_argument("--max-wait-ms", type=nonneg_float, default=2.0,
-                   help="how long a batch waits to fill up")
+                   help="how long a batch waits to fill up (not once every open "
+                        "session is in it)")
     p.add_argument("--max-sessions", type=positive_int, default=1024,
                    help="open sessions at most")
     p.add_argument("--max-queue", type=positive_int, default=4096,

@@ -285,7 +285,8 @@ class CloudNode:
             opts["curve"] = self.curve
         listener = await listen(self.bind, transport=self.transport, **opts)
         self._listener = LinkListener(listener, self.link) if self.link is not None else listener
-        self._scheduler = Scheduler(self.target, self._deliver, **self._sched_opts)
+        self._scheduler = Scheduler(self.target, self._deliver, **self._sched_opts,
+                                    live=lambda: self.config.sessions)
         self._scheduler.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._intake_loop(), name="xcosd-cloud-recv"),

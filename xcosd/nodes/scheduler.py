@@ -3,7 +3,9 @@
 Every session's "needs scoring" request (:class:`~xcosd.protocol.ScoreNeeded`)
 goes into the queue of its **peer** (one sub-queue per connection). The scheduler
 waits for a request, then up to ``max_wait_s`` for more (never past ``max_batch``
-requests or ``max_batch_tokens`` rows), and runs the whole batch as **one**
+requests or ``max_batch_tokens`` rows, and not at all once every live session has
+a request queued: ``live`` counts them, and nobody else could join, so waiting
+would only delay a lone device's every round), and runs the whole batch as **one**
 :meth:`LanguageModel.score` call plus each session's verification in a single
 worker thread, so the event loop keeps moving bytes for every other session
 while the target computes (network I/O and compute overlap; while batch *k*
@@ -204,7 +206,8 @@ class Scheduler:
     def __init__(self, model: LanguageModel, deliver: Deliver, *, max_batch: int = 32,
                  max_wait_s: float = 0.002, max_queue: int = 1024,
                  max_batch_tokens: int | None = None,
-                 inline_max_s: float = INLINE_MAX_S) -> None:
+                 inline_max_s: float = INLINE_MAX_S,
+                 live: Callable[[], int] | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_batch_tokens is not None and max_batch_tokens < 1:
@@ -217,6 +220,8 @@ class Scheduler:
         self.max_batch_tokens = max_batch_tokens
         #: 0 keeps every batch in the worker thread
         self.inline_max_s = inline_max_s
+        #: how many sessions could submit a request (None: unknown, always wait)
+        self.live = live
         self.stats = BatchStats()
         #: (what it would cost the loop, its share of CPU time, rows) of recent batches
         self._costs: deque[tuple[float, float, int]] = deque(maxlen=INLINE_WINDOW)
@@ -383,9 +388,12 @@ class Scheduler:
     # -- the loop ------------------------------------------------------------------
 
     def _budget_reached(self) -> bool:
+        """Whether the batch should form now: it is full, or every live session is
+        in it (no other request could arrive while it waits)."""
         return (self._queued >= self.max_batch
                 or (self.max_batch_tokens is not None
-                    and self._queued_rows >= self.max_batch_tokens))
+                    and self._queued_rows >= self.max_batch_tokens)
+                or (self.live is not None and self._queued >= self.live()))
 
     def _oldest(self) -> float:
         return min(q[0].enqueued_at for q in self._queues.values())
