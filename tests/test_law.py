@@ -35,8 +35,8 @@ import pytest
 from xcosd.methods import Space
 from xcosd.nodes.drafter import Drafter
 from xcosd.nodes.pump import Pump
-from xcosd.protocol import EdgeSession, Open, RoundVerified
-from xcosd.protocol.edge import EdgePhase
+from xcosd.protocol import EdgeSession, Message, Open, RoundVerified, VerdictMsg
+from xcosd.protocol.edge import EdgeOutput, EdgePhase
 from xcosd.sampling import SamplingParams, warp
 from xcosd.vocab import VocabMap
 
@@ -279,6 +279,44 @@ def test_dropping_the_unsure_token_fails_the_same_check(link: Pump) -> None:
         seqs[i] = link.drive(es).token_ids
     report = check_law(seqs, exact_law(link, "xcosd-e", "f32", T1))
     assert not report.ok, f"dropping the unsure token passed: {report}"
+
+
+class MeasuredTimes(EdgeSession):
+    """What an unseeded user runs (``draft_cost="auto"``): the policy's cost taken
+    from measured times, fed to it on every verdict as the node feeds them. The
+    times here are made to swing the cost as far as anything on a device could:
+    a draft step is slow after some tokens (``step_s`` follows what was drafted)
+    and a round is slow after a rejection (``fixed_s`` follows the verdict), so the
+    lengths depend on every earlier value drawn, yet only on earlier ones."""
+
+    def receive(self, msg: Message) -> EdgeOutput:
+        draft = self._draft
+        if isinstance(msg, VerdictMsg) and draft is not None:
+            ids = draft.ids
+            step = (0.02 + (0.3 if int(ids[-1]) % 2 else 0.0)) if len(ids) else None
+            self.drafting.observe(step, 0.1 if msg.accepted == len(ids) else 0.25)
+        return super().receive(msg)
+
+
+@pytest.mark.slow
+def test_measured_costs_through_faults(link: Pump) -> None:
+    """The adaptive length with measured costs (the unseeded default) keeps the law
+    through the same faults (N = 6,000: built to catch TV 0.035 at one step). The
+    test checks the times moved the lengths: rounds that draft nothing (the cost
+    says drafting does not pay) and rounds that draft several."""
+    rounds: list[list[int]] = []
+
+    def measured(i: int) -> dict[str, Any]:
+        return {**adaptive(i), "draft_cost": "auto"}
+
+    seqs, _, faulty = generate_faulty(link, "xcosd-e", N_WARPER, seed=8_500_000,
+                                      session_cls=MeasuredTimes, drafting=measured,
+                                      rounds=rounds)
+    report = check_law(seqs, exact_law(link, "xcosd-e", "f32", T1))
+    assert report.ok, f"xcosd-e, measured costs, through faults ({faulty.counts}): {report}"
+    later = [n for r in rounds for n in r[1:]]
+    assert later.count(0) > 0.1 * len(later), later.count(0)
+    assert sum(1 for n in later if n >= 2) > 0.1 * len(later)
 
 
 # -- every warper and every codec on the default method -----------------------------
