@@ -566,6 +566,17 @@ class TcpListener(Listener):
             self._wakeup.clear()
             await self._wakeup.wait()
 
+    async def recv_many(self, max_n: int) -> list[tuple[bytes, list[bytes] | None]]:
+        """Every message already queued, up to ``max_n``, taken in the same turn
+        order as :meth:`recv` (after waiting for the first): a busy reader pays one
+        call per burst, not one per message. A full burst makes the next call let
+        the loop turn first, as :data:`RECV_BURST` messages in a row make ``recv``."""
+        out = [await self.recv()]
+        while len(out) < max_n and self._ready and not self._closed:
+            out.append(self._take())
+        self._burst = RECV_BURST if len(out) >= max_n else 0
+        return out
+
     def _take(self) -> tuple[bytes, list[bytes] | None]:
         p = self._ready.popleft()
         msg = p.inbox.popleft()
