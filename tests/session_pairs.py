@@ -73,6 +73,30 @@ def pair(*, eos_mass: float = 0.0, seed: int = 0) -> tuple[TableModel, TableMode
     return target, draft
 
 
+def close_pair() -> tuple[BigramModel, BigramModel]:
+    """A pair on the same two vocabularies whose draft nearly is the target (97 % of
+    each draft row is the target's row on V_C; V_O keeps 2 % of its mass; the rows
+    are peaked): whole blocks are accepted and the bonus is often the draft's next
+    token, so speculated drafts are sent in most generations, which the
+    adversarial pair, accepting a fifth of its drafts, seldom gets to."""
+    t = bigram_model(TARGET_TOKENS, TARGET_EOS, seed=150, alpha=0.15, name="t-close").table
+    t = t.astype(np.float64)
+    where = {tok: i for i, tok in enumerate(TARGET_TOKENS)}
+    for tok in (b"bc", b"cd", b"abc"):
+        t[:, where[tok]] *= 0.02
+    t /= t.sum(axis=1, keepdims=True)
+    noise = bigram_model(DRAFT_TOKENS, DRAFT_EOS, seed=300, name="noise").table
+    rows = np.array(noise, dtype=np.float64)
+    for r, ctx in enumerate([*DRAFT_TOKENS, None]):
+        src = where.get(ctx, len(TARGET_TOKENS) if ctx is None else -1)
+        if src >= 0:
+            on_vc = np.array([t[src, where[tok]] if tok in where else 0.0
+                              for tok in DRAFT_TOKENS])
+            rows[r] = 0.97 * on_vc / on_vc.sum() + 0.03 * rows[r]
+    return (BigramModel(TARGET_TOKENS, t.astype(np.float32), TARGET_EOS, name="t-close"),
+            BigramModel(DRAFT_TOKENS, rows.astype(np.float32), DRAFT_EOS, name="d-close"))
+
+
 def greedy_decode(target: TableModel, prompt: str | list[int], n: int) -> list[int]:
     """The target's own greedy continuation of ``prompt`` (text, or target ids)."""
     ctx = target.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
@@ -97,6 +121,7 @@ __all__ = [
     "TARGET_EOS",
     "BigramModel",
     "bigram_model",
+    "close_pair",
     "closed_sessions_settle",
     "greedy_decode",
     "itertools",

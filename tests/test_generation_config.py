@@ -42,11 +42,19 @@ def test_defaults_are_the_nodes_old_defaults() -> None:
     ({"do_sample": "yes"}, "do_sample"),
     ({"stop_strings": [""]}, "stop_strings"),
     ({"stop_strings": ["ok", 3]}, "stop_strings"),
+    ({"speculate": "yes"}, "speculate must be True, False or None"),
+    ({"speculate": True, "seed": 1}, "a seeded output would not be reproducible"),
 ])
 def test_bad_settings_fail_on_construction(kw: dict[str, Any], says: str) -> None:
     with pytest.raises(ValueError) as e:
         GenerationConfig(**kw)
     assert says in str(e.value), str(e.value)
+
+
+def test_speculation_is_on_unless_seeded() -> None:
+    assert GenerationConfig().resolved_speculate()
+    assert not GenerationConfig(seed=1).resolved_speculate()
+    assert not GenerationConfig(speculate=False).resolved_speculate()
 
 
 def test_method_options_each_method_takes() -> None:

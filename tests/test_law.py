@@ -42,7 +42,7 @@ from xcosd.vocab import VocabMap
 
 from .helpers.faults import Faults, FaultyLink
 from .helpers.law import bigram_law, check_law, committed_row, markov_law
-from .session_pairs import pair, real_pair
+from .session_pairs import close_pair, pair, real_pair
 
 PROMPT = "c"
 TOKENS = 5
@@ -125,20 +125,24 @@ def assert_law(link: Pump, variant: str, codec: str, params: SamplingParams, n: 
 def generate_faulty(link: Pump, variant: str, n: int, seed: int,
                     session_cls: type[EdgeSession] = EdgeSession,
                     drafting: Callable[[int], dict[str, Any]] | None = None,
-                    rounds: list[list[int]] | None = None,
+                    rounds: list[list[int]] | None = None, speculate: bool = False,
+                    drafter_cls: type[Drafter] | None = None, faults: Faults | None = None,
                     ) -> tuple[np.ndarray, np.ndarray, FaultyLink]:
     """:func:`generate` with faults injected (T = 1, f32). ``drafting(i)``: generation
     ``i``'s draft-length settings (default: :data:`DRAFT_LEN` every round);
-    ``rounds``: if given, each generation's drafted lengths are appended to it."""
+    ``rounds``: if given, each generation's drafted lengths are appended to it;
+    ``speculate``: draft on while verdicts are in flight (``drafter_cls``: the
+    drafter doing it); ``faults``: the rates (default :class:`Faults`' own)."""
     name, opts = LOSSLESS.get(variant, (variant, {}))
-    faulty = FaultyLink(link, Faults(), seed=seed)
+    faulty = FaultyLink(link, faults or Faults(), seed=seed)
     seqs = np.empty((n, TOKENS), dtype=np.int64)
     rejected_at = np.zeros(DRAFT_LEN + 1, dtype=np.int64)
     for i in range(n):
         faulty.events.clear()
         how = drafting(i) if drafting else {"draft_len": DRAFT_LEN, "adaptive_draft": False}
         es = faulty.generate(name, seed=seed + i, session_cls=session_cls, prompt=PROMPT,
-                             max_new_tokens=TOKENS, params=T1, **how, **opts)
+                             max_new_tokens=TOKENS, params=T1, speculate=speculate,
+                             drafter_cls=drafter_cls, **how, **opts)
         seqs[i] = es.token_ids
         lengths = []
         for ev in faulty.events:
@@ -255,9 +259,9 @@ class CutBeforeUnsure(Drafter):
     rate; dropped, the target draws the position afresh."""
 
     def draft(self, d: int, method: Any, space: Space, rng: np.random.Generator,
-              stop_below: float = 0.0) -> tuple[np.ndarray, list[np.ndarray],
-                                                list[np.ndarray]]:
-        ids, q_raw, q_rows = super().draft(d, method, space, rng, stop_below)
+              stop_below: float = 0.0, ready: Any = ()) -> tuple[np.ndarray, list[np.ndarray],
+                                                                  list[np.ndarray]]:
+        ids, q_raw, q_rows = super().draft(d, method, space, rng, stop_below, ready)
         if len(ids) and q_rows[-1][space.to_common[ids[-1]]] < stop_below:
             ids, q_raw, q_rows = ids[:-1], q_raw[:-1], q_rows[:-1]
             self.length -= 1
@@ -317,6 +321,65 @@ def test_measured_costs_through_faults(link: Pump) -> None:
     later = [n for r in rounds for n in r[1:]]
     assert later.count(0) > 0.1 * len(later), later.count(0)
     assert sum(1 for n in later if n >= 2) > 0.1 * len(later)
+
+
+# -- drafting while a verdict is in flight ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def close_link() -> Pump:
+    return Pump(*close_pair())
+
+
+def short_blocks(i: int) -> dict[str, Any]:
+    """Blocks of 1 or 2 drafts: most are accepted whole, so most rounds speculate
+    on the path the verdict takes."""
+    return {"draft_len": 1 + i % 2, "adaptive_draft": False}
+
+
+@pytest.mark.slow
+def test_speculated_drafts_through_faults(close_link: Pump) -> None:
+    """Drafts drawn while the last block's verdict was in flight, kept when the
+    verdict took their path (the whole block accepted, the bonus the draft's next
+    token), keep the law through the same faults (N = 6,000: built to catch TV
+    0.035 at one step). The test checks that speculated drafts were really sent."""
+    seqs, _, faulty = generate_faulty(close_link, "xcosd-e", N_WARPER, seed=8_700_000,
+                                      drafting=short_blocks, speculate=True)
+    report = check_law(seqs, exact_law(close_link, "xcosd-e", "f32", T1))
+    c = faulty.counts
+    assert report.ok, f"xcosd-e, speculating, through faults ({c}): {report}"
+    assert c.reused > 0.2 * N_WARPER, (c.reused, c.speculated)
+
+
+class KeepSureSpeculation(Drafter):
+    """Keeps speculated drafts by their value: the first one only when the draft
+    gave it at least 0.5, else it is drawn again. Each draft is still drawn from q
+    and sent with q, yet the kept ones lean towards the tokens the draft is sure
+    of, and the verification, told q, accepts them at q's rate."""
+
+    def draft(self, d: int, method: Any, space: Space, rng: np.random.Generator,
+              stop_below: float = 0.0, ready: Any = ()) -> tuple[np.ndarray, list[np.ndarray],
+                                                                  list[np.ndarray]]:
+        if ready:
+            tid, _, qr, _ = ready[0]
+            if qr[space.to_common[tid]] < 0.5:
+                assert self.session is not None
+                self.model.rollback(self.session, self.length)
+                ready = ()
+        return super().draft(d, method, space, rng, stop_below, ready)
+
+
+@pytest.mark.slow
+def test_keeping_speculated_drafts_by_value_fails_the_same_check(close_link: Pump) -> None:
+    """The speculation test has teeth: speculated drafts kept by their value fail
+    the same check (same N, no faults)."""
+    seqs, _, faulty = generate_faulty(close_link, "xcosd-e", N_WARPER, seed=8_700_000,
+                                      drafting=short_blocks, speculate=True,
+                                      drafter_cls=KeepSureSpeculation,
+                                      faults=Faults(0.0, 0.0, 0.0, 0.0, 0.0))
+    report = check_law(seqs, exact_law(close_link, "xcosd-e", "f32", T1))
+    assert faulty.counts.reused > 0.2 * N_WARPER
+    assert not report.ok, f"keeping speculated drafts by value passed: {report}"
 
 
 # -- every warper and every codec on the default method -----------------------------

@@ -4,6 +4,8 @@ batching scheduler, per-call overrides, streaming, limits, metrics."""
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
 import pytest
 
@@ -13,7 +15,7 @@ from xcosd.methods import METHODS
 from xcosd.vocab import Vocabulary
 
 from .helpers.waits import HANG_S, until
-from .session_pairs import TARGET_EOS, closed_sessions_settle, greedy_decode, pair
+from .session_pairs import TARGET_EOS, close_pair, closed_sessions_settle, greedy_decode, pair
 
 
 async def test_64_edges_against_one_cloud_greedy() -> None:
@@ -53,6 +55,46 @@ async def test_a_lone_device_never_waits_for_a_batch_to_fill() -> None:
     assert r.token_ids == greedy_decode(target, "ab", 12)
     assert stats["scheduler"]["batches"] == r.stats.target_calls >= 2
     assert stats["scheduler"]["mean_queue_wait_s"] < HANG_S / 10
+
+
+class Sleepy:
+    """A model that sleeps ``per_call`` seconds (without the GIL) on every score, as
+    a real one computes: the device's drafting then takes time a verdict can
+    overlap."""
+
+    def __init__(self, inner: Any, per_call: float) -> None:
+        self.inner, self.per_call = inner, per_call
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def score(self, batch: Any) -> Any:
+        time.sleep(self.per_call)
+        return self.inner.score(batch)
+
+
+async def test_the_device_drafts_while_a_verdict_is_in_flight() -> None:
+    """Unseeded, the device drafts on while its block is verified (a 2 ms draft
+    step against a 20 ms target call): rounds whose verdict took the speculated
+    path send drafts drawn during the last wait, and greedy output is still the
+    target's own. Seeded, or told not to, it never speculates."""
+    target, draft = close_pair()
+    async with (
+        xcosd.CloudNode(target=Sleepy(target, 0.02), bind="tcp://127.0.0.1:0") as cloud,
+        xcosd.EdgeNode(draft=Sleepy(draft, 0.002), connect=cloud.endpoint, draft_thread=True,
+                       temperature=0.0, draft_cost="auto") as edge,
+    ):
+        runs = [await edge.generate(p, max_new_tokens=24) for p in ("a", "c", "ab")]
+        seeded = await edge.generate("a", max_new_tokens=24, seed=3)
+        off = await edge.generate("a", max_new_tokens=24, speculate=False)
+    for p, r in zip(("a", "c", "ab"), runs, strict=True):
+        assert r.token_ids == greedy_decode(target, p, 24)
+    used = sum(r.stats.speculated_used for r in runs)
+    assert 0 < used <= sum(r.stats.speculated for r in runs)
+    assert sum(r.stats.drafted for r in runs) > used
+    for r in (seeded, off):
+        assert r.stats.speculated == r.stats.speculated_used == 0
+        assert r.token_ids == greedy_decode(target, "a", 24)
 
 @pytest.mark.parametrize("transport", ["zmq", "tcp"])
 async def test_generate_stream_and_stats(transport: str) -> None:

@@ -135,6 +135,76 @@ def test_greedy_draft_whose_top_token_is_draft_only_still_drafts() -> None:
     assert all(q.tolist() == [1.0, 0.0] for q in q_raw)
 
 
+def test_speculated_drafts_join_the_context_the_verdict_confirms() -> None:
+    """A drafter that drafted on past its block (``speculate``) ends every round in
+    the context the edits describe: the confirmed part of its speculation kept, the
+    part after it taken as the next drafts (the rest rolled back), or all of it
+    rolled back. Its draft model, whose rows depend on the whole context, then
+    scores what a drafter that never speculated scores at that context."""
+    from xcosd.methods import Space, get_method
+    from xcosd.models import TableModel
+    from xcosd.nodes.drafter import Drafter
+    from xcosd.vocab import VocabMap
+
+    from .session_pairs import DRAFT_EOS, DRAFT_TOKENS
+
+    def row(ctx: list[int]) -> np.ndarray:
+        seed = abs(hash(tuple(ctx))) % (1 << 32)
+        return np.random.default_rng(seed).dirichlet(np.ones(len(DRAFT_TOKENS)))
+
+    target, _ = pair()
+    draft = TableModel(DRAFT_TOKENS, row, DRAFT_EOS, name="whole-context")
+    vmap = VocabMap(draft.vocab, target.vocab)
+    space, method = Space.from_vocab_map(vmap), get_method("xcosd-e")
+    to_draft = vmap.target_to_draft
+    rng = np.random.default_rng(5)
+    for case in range(30):
+        d = Drafter(draft, vmap, SamplingParams(), "ab")
+        ids, _, _ = d.draft(2, method, space, rng)
+        ctx = [*d.prompt_ids, *(int(to_draft[t]) for t in ids)]
+        assert d.speculate(4, method, space, rng) == 4
+        spec = d.pending[:]
+        spec_ids = [s[3] for s in spec]
+        if case % 3 == 0:  # the block accepted, the bonus the draft's next token
+            drop, append, ready_tids = 0, spec_ids[:1], [s[0] for s in spec[1:]]
+        elif case % 3 == 1:  # the whole speculation confirmed, and one token more
+            drop, append, ready_tids = 0, [*spec_ids, 1], []
+        else:  # a rejection: the last draft out, another token in
+            drop, append, ready_tids = 1, [4], []
+        ctx = [*ctx[:len(ctx) - drop], *append]
+        ready = d._edit(drop, append)
+        assert [r[0] for r in ready] == ready_tids and d.length == len(ctx)
+        ids, _, _ = d.draft(2, method, space, rng, ready=ready)
+        assert ids.tolist()[:len(ready_tids)] == ready_tids[:2]
+        assert d.reused == min(2, len(ready_tids))
+        ctx += [int(to_draft[t]) for t in ids]
+        assert d.length == len(ctx) and not d.pending
+        assert d.session is not None
+        assert np.allclose(draft.score([(d.session, [])])[0][-1], row(ctx), rtol=1e-6), case
+        d.end()
+
+
+def test_speculation_stops_where_it_does_not_pay_and_probes() -> None:
+    """A drafter whose speculation no later round took stops speculating after its
+    warm-up, but for one round in 16; one hit in the window turns it back on."""
+    from xcosd.nodes.drafter import (
+        SPECULATION_MIN_HITS,
+        SPECULATION_PROBE,
+        SPECULATION_WARMUP,
+        Drafter,
+    )
+    from xcosd.vocab import VocabMap
+
+    target, draft = pair()
+    d = Drafter(draft, VocabMap(draft.vocab, target.vocab), SamplingParams(), "ab")
+    assert d.worth_speculating()
+    d.spec_rounds = SPECULATION_WARMUP
+    asked = [d.worth_speculating() for _ in range(3 * SPECULATION_PROBE)]
+    assert sum(asked) == 3 and asked[SPECULATION_PROBE - 1]
+    d.spec_hits = int(SPECULATION_MIN_HITS * d.spec_rounds) + 1
+    assert d.worth_speculating()
+
+
 def test_phases_move_only_along_their_tables(link: Pump) -> None:
     """Every phase change goes through the transition tables: a step the table does
     not list is a ``state`` error and leaves the phase as it was."""

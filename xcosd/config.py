@@ -61,6 +61,12 @@ class GenerationConfig:
       round after a token the draft gave a probability below it
       (:class:`~xcosd.protocol.draft_length.DraftLength`; exact either way).
       ``adaptive_draft=False`` drafts ``draft_len`` tokens every round.
+    * ``speculate``: while a block's verdict is in flight the device drafts on, as
+      if the block were accepted whole and the bonus were the draft's next token,
+      as many steps as the measured wait has room for; when the verdict takes
+      that path the next round's drafts are ready (:class:`~xcosd.nodes.drafter.Drafter`;
+      exact either way). ``None`` (the default): on for an unseeded generation,
+      off for a seeded one (how far it gets depends on timing).
     * ``do_sample=False`` is greedy decoding (temperature, top-k and top-p are then
       ignored); ``temperature`` (0: greedy too), ``top_k`` (0: off), ``top_p`` (1: off).
     * ``max_new_tokens``: target tokens to generate at most.
@@ -82,6 +88,7 @@ class GenerationConfig:
     draft_confidence: float = DEFAULT_CONFIDENCE
     max_draft_len: int = DEFAULT_CAP
     draft_cost: float | str | None = None
+    speculate: bool | None = None
     do_sample: bool = True
     temperature: float = 1.0
     top_k: int = 0
@@ -118,6 +125,11 @@ class GenerationConfig:
             return self.draft_cost
         return "auto" if self.seed is None else DEFAULT_COST
 
+    def resolved_speculate(self) -> bool:
+        """``speculate`` as the node takes it: ``None`` is on unless the generation
+        is seeded."""
+        return self.seed is None if self.speculate is None else self.speculate
+
     def _validate(self) -> None:
         from .codecs import get_codec
         from .errors import CodecError
@@ -143,6 +155,11 @@ class GenerationConfig:
                 or not 0.0 <= self.draft_cost < 1e6):
             raise ValueError(f"draft_cost must be a number >= 0, 'auto' or None, got "
                              f"{self.draft_cost!r}")
+        if self.speculate not in (None, True, False):
+            raise ValueError(f"speculate must be True, False or None, got {self.speculate!r}")
+        if self.speculate and self.seed is not None:
+            raise ValueError("speculate=True with a seed: how far speculation gets depends "
+                             "on timing, so a seeded output would not be reproducible")
         _check_int("max_new_tokens", self.max_new_tokens, 0)
         _check_int("top_k", self.top_k, 0)
         if not isinstance(self.do_sample, bool):

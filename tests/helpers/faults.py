@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from xcosd.errors import XcosdError
+from xcosd.nodes.drafter import Drafter
 from xcosd.nodes.pump import Pump
 from xcosd.nodes.scheduler import score_batch
 from xcosd.protocol import (
@@ -66,6 +67,9 @@ class FaultCounts:
     resends: int = 0
     redone: int = 0
     stale: int = 0
+    #: tokens drafted while a verdict was in flight, and those a later round drafted
+    speculated: int = 0
+    reused: int = 0
     by_phase: dict[str, int] = field(default_factory=dict)
 
 
@@ -117,9 +121,17 @@ class FaultyLink:
     # -- a generation -----------------------------------------------------------------
 
     def generate(self, method: str, *, seed: int, session_cls: type[EdgeSession] = EdgeSession,
+                 speculate: bool = False, drafter_cls: type[Drafter] | None = None,
                  **kw: Any) -> EdgeSession:
+        """One generation through the faults. ``speculate``: after each draft leaves,
+        the drafter drafts on past it (:meth:`Drafter.speculate`) as many tokens as
+        a random share of the wait allows, 0 to the round's ceiling plus one, drawn
+        from the faults' generator (the timing), never from the edge's; ``drafter_cls``:
+        the drafter's class instead of :class:`Drafter`."""
         pump, rng, f, c = self.pump, self.rng, self.faults, self.counts
         es = pump.session(method, seed=seed, **kw)
+        if drafter_cls is not None:
+            pump.drafters[es.s].__class__ = drafter_cls
         if session_cls is not EdgeSession:
             es.__class__ = session_cls
         up: deque[Message] = deque()
@@ -150,6 +162,9 @@ class FaultyLink:
                     if isinstance(ev, DraftNeeded):
                         out = es.drafted(*pump.drafters[es.s].run(ev))
                 edge_out(out)
+                if speculate:
+                    n = int(rng.integers(0, es.drafting.ceiling + 4))
+                    pump.drafters[es.s].speculate(n, es.method, es.space, es.rng)
 
         send(up, es.open())
         steps = 0
@@ -191,5 +206,8 @@ class FaultyLink:
                 send(up, again)
         with contextlib.suppress(XcosdError):  # the cloud may have restarted meanwhile
             self._to_cloud(es.close())
-        pump.drafters.pop(es.s).end()
+        drafter = pump.drafters.pop(es.s)
+        c.speculated += drafter.speculated
+        c.reused += drafter.reused
+        drafter.end()
         return es

@@ -204,6 +204,9 @@ def add_generation_args(p: argparse.ArgumentParser, *, method: bool = True,
                         "below this (0: never)")
     p.add_argument("--max-draft-len", type=positive_int, default=d.max_draft_len,
                    help="the adaptive draft length's upper bound")
+    p.add_argument("--no-speculate", action="store_true",
+                   help="do not draft while a verdict is in flight (default: speculate "
+                        "unless --seed is given)")
     p.add_argument("--max-new-tokens", type=nonneg_int, default=max_new_tokens,
                    help="target tokens per generation")
     p.add_argument("--temperature", type=nonneg_float, default=d.temperature,
@@ -249,7 +252,9 @@ def generation_config(args: argparse.Namespace, method: str | None = None) -> An
         return GenerationConfig(
             method=method or args.method, codec=args.codec, draft_len=args.draft_len,
             adaptive_draft=not args.fixed_draft_len, draft_confidence=args.draft_confidence,
-            max_draft_len=args.max_draft_len, draft_cost=args.draft_cost, do_sample=not args.greedy,
+            max_draft_len=args.max_draft_len, draft_cost=args.draft_cost,
+            speculate=False if getattr(args, "no_speculate", False) else None,
+            do_sample=not args.greedy,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens,
             stop_strings=tuple(getattr(args, "stop", None) or ()), seed=args.seed, **kw)

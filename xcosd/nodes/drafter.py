@@ -10,6 +10,7 @@ result back with :meth:`~xcosd.protocol.edge.EdgeSession.drafted`.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -42,8 +43,32 @@ def draft_prompt(model: LanguageModel, prompt: str) -> list[int]:
         return out
 
 
+#: one speculated draft: (target id, TLI row q, row sampled from, draft id)
+Speculated = tuple[int, np.ndarray, np.ndarray, int]
+#: speculation goes on while at least this share of the rounds that speculated
+#: had a later round take some of it (after :data:`SPECULATION_WARMUP` of them);
+#: below, one round in :data:`SPECULATION_PROBE` still tries
+SPECULATION_MIN_HITS = 0.05
+SPECULATION_WARMUP = 8
+SPECULATION_PROBE = 16
+
+
 class Drafter:
-    """One generation's draft-model session (pure compute, no I/O)."""
+    """One generation's draft-model session (pure compute, no I/O).
+
+    **Speculation** (drafting while a verdict is in flight, :meth:`speculate`): the
+    draft model goes on past the block just sent, as if the cloud would accept it
+    whole and its bonus token be the next token the draft draws. The tokens it
+    draws there wait in :attr:`pending`, past the model's committed ``length``.
+    When the next round's edits arrive (:meth:`run`), the ones the verdict
+    confirmed join the context and the ones after them become that round's first
+    drafts; on any other verdict they are rolled back. Each was drawn from the TLI
+    row of the context it now has, with the draft's own random numbers, so it is a
+    draft like any other: keeping or dropping the chain by what the cloud answered
+    (the past) leaves the output law exact, as the length policy's stops do.
+    Where verdicts seldom take that path (sampling at T = 1 from a loose pair, say)
+    :meth:`worth_speculating` says so, and the device stops spending the work.
+    """
 
     def __init__(self, model: LanguageModel, vmap: VocabMap, params: SamplingParams,
                  prompt: str) -> None:
@@ -52,60 +77,147 @@ class Drafter:
         self.params = params
         self.prompt_ids = draft_prompt(model, prompt)
         self.session: Session | None = None
-        #: draft ids in the model's context
+        #: draft ids in the model's context (speculated tokens not counted)
         self.length = len(self.prompt_ids)
+        #: speculated drafts in the model's context after ``length``, in order
+        self.pending: list[Speculated] = []
+        #: tokens speculated, and those that became drafts of a later round
+        self.speculated = 0
+        self.reused = 0
+        #: rounds that speculated, those a later round took some of it from, and
+        #: rounds passed over since speculation stopped paying
+        self.spec_rounds = 0
+        self.spec_hits = 0
+        self._passed = 0
+
+    def _start(self) -> Session:
+        if self.session is None:
+            self.session = self.model.start(self.prompt_ids)
+        return self.session
 
     def run(self, need: DraftNeeded) -> Drafts:
         """Apply the context edits ``need`` carries, then draft up to ``need.length``
-        tokens: ``(target ids, TLI rows q, rows sampled from)``.
+        tokens: ``(target ids, TLI rows q, rows sampled from)``. Speculated tokens the
+        edits confirm come first (see the class docstring).
 
         Stops early when the draft puts no mass on V_C (nothing can be drafted).
         """
-        if self.session is None:
-            self.session = self.model.start(self.prompt_ids)
-        if need.drop or need.append:
-            self.length -= need.drop
-            self.model.rollback(self.session, self.length)
-            if need.append:
-                self.model.append(self.session, need.append)
-                self.length += len(need.append)
+        self._start()
+        ready = self._edit(need.drop, need.append)
         es = need.session
-        return self.draft(need.length, es.method, es.space, es.rng, need.stop_below)
+        return self.draft(need.length, es.method, es.space, es.rng, need.stop_below, ready)
+
+    def _edit(self, drop: int, append: list[int]) -> list[Speculated]:
+        """Bring the committed context in step with the edits; the speculated
+        drafts that remain valid (those after the tokens the edits confirm)."""
+        assert self.session is not None
+        spec, self.pending = self.pending, []
+        m = min(len(append), len(spec))
+        self.spec_rounds += bool(spec)
+        if spec and drop == 0 and [s[3] for s in spec[:m]] == list(append[:m]):
+            # the verdict took the speculated path: its first m tokens are context,
+            # the ones after them drafts at the new context
+            self.length += m
+            if m < len(spec):
+                self.spec_hits += 1
+                return spec[m:]
+            append = append[m:]
+        # else edits there are (none would have matched), and the rollback to the
+        # committed context below takes the speculated tokens out too
+        if drop or append:
+            self.length -= drop
+            self.model.rollback(self.session, self.length)
+            if append:
+                self.model.append(self.session, append)
+                self.length += len(append)
+        return []
+
+    def worth_speculating(self) -> bool:
+        """Whether to speculate this round: yes while few rounds have, or while
+        enough of them paid; else once every :data:`SPECULATION_PROBE` rounds."""
+        if (self.spec_rounds < SPECULATION_WARMUP
+                or self.spec_hits >= SPECULATION_MIN_HITS * self.spec_rounds):
+            return True
+        self._passed += 1
+        if self._passed >= SPECULATION_PROBE:
+            self._passed = 0
+            return True
+        return False
+
+    def speculate(self, n: int, method: Method, space: Space, rng: np.random.Generator,
+                  stop: Callable[[], bool] | None = None) -> int:
+        """Draft up to ``n`` tokens past the context (the block in flight) into
+        :attr:`pending`, checking ``stop()`` before each; how many were drawn."""
+        self._start()
+        k = 0
+        while k < n and not (stop is not None and stop()):
+            got = self._step(method, space, rng)
+            if got is None:
+                break
+            self.pending.append(got)
+            k += 1
+        self.speculated += k
+        return k
+
+    def _step(self, method: Method, space: Space,
+              rng: np.random.Generator) -> Speculated | None:
+        """Draw one token at the model's context and add it there; ``None`` when
+        the draft puts no mass on V_C."""
+        assert self.session is not None
+        row = self.model.score([(self.session, [])])[0][-1]
+        try:
+            # the TLI vector restrict_to_common(warp(row)), from the kept set only
+            q, support = restrict_kept_support(warp_kept(row, self.params),
+                                               self.vmap.common_draft_ids,
+                                               self.vmap.draft_to_common)
+        except InvalidDistribution:
+            # The warped draft has no mass on V_C (greedy picked a draft-only
+            # token, say): warp the draft's V_C part instead. Any proposal on V_C
+            # keeps the output exact; this one keeps drafting.
+            try:
+                q, support = warp(restrict_to_common(row, self.vmap.common_draft_ids),
+                                  self.params), None
+            except InvalidDistribution:
+                return None
+        tid, qr = draft_token(method, q, space, rng, support)
+        did = int(self.vmap.target_to_draft[tid])
+        self.model.append(self.session, [did])
+        return tid, q, qr, did
 
     def draft(self, d: int, method: Method, space: Space, rng: np.random.Generator,
-              stop_below: float = 0.0) -> Drafts:
+              stop_below: float = 0.0, ready: Sequence[Speculated] = ()) -> Drafts:
         """Draft up to ``d`` tokens at the model's current context (see :meth:`run`),
         ending after a token drawn with probability below ``stop_below``: it is kept
         (dropping a drawn token for its value would bias the output), only the next
-        ones are not drafted."""
-        if self.session is None:
-            self.session = self.model.start(self.prompt_ids)
+        ones are not drafted. ``ready``: speculated drafts already in the model's
+        context, taken first (those not taken are rolled back)."""
+        self._start()
+        assert self.session is not None
         ids: list[int] = []
         q_raw: list[np.ndarray] = []
         q_rows: list[np.ndarray] = []
-        cd = self.vmap.common_draft_ids
-        to_common = self.vmap.draft_to_common
-        for _ in range(d):
-            row = self.model.score([(self.session, [])])[0][-1]
-            try:
-                # the TLI vector restrict_to_common(warp(row)), from the kept set only
-                q, support = restrict_kept_support(warp_kept(row, self.params), cd,
-                                                   to_common)
-            except InvalidDistribution:
-                # The warped draft has no mass on V_C (greedy picked a draft-only
-                # token, say): warp the draft's V_C part instead. Any proposal on V_C
-                # keeps the output exact; this one keeps drafting.
-                try:
-                    q, support = warp(restrict_to_common(row, cd), self.params), None
-                except InvalidDistribution:
-                    break
-            tid, qr = draft_token(method, q, space, rng, support)
+        stopped = False
+        for tid, q, qr, _ in ready:
+            if len(ids) >= d:
+                break
             ids.append(tid)
             q_raw.append(q)
             q_rows.append(qr)
-            self.model.append(self.session, [int(self.vmap.target_to_draft[tid])])
             if stop_below > 0.0 and qr[space.to_common[tid]] < stop_below:
+                stopped = True
                 break
+        if len(ids) < len(ready):
+            self.model.rollback(self.session, self.length + len(ids))
+        self.reused += len(ids)
+        while len(ids) < d and not stopped:
+            got = self._step(method, space, rng)
+            if got is None:
+                break
+            tid, q, qr, _ = got
+            ids.append(tid)
+            q_raw.append(q)
+            q_rows.append(qr)
+            stopped = stop_below > 0.0 and qr[space.to_common[tid]] < stop_below
         self.length += len(ids)
         return np.array(ids, dtype=np.int64), q_raw, q_rows
 

@@ -5,7 +5,10 @@ One EdgeNode holds one connection to a cloud and runs any number of generations
 on it concurrently (:meth:`EdgeNode.generate`, :meth:`EdgeNode.stream`). Each
 generation is a sans-I/O :class:`~xcosd.protocol.EdgeSession`; this module only
 moves its messages, runs its draft model in a worker thread (one thread: the
-device has one draft model), keeps the link alive and measures.
+device has one draft model), keeps the link alive and measures. While a block's
+verdict is in flight that thread drafts on past it (speculation, see
+``xcosd/nodes/drafter.py``), so the next round's drafts are often ready when the
+verdict arrives.
 
 Faults: the edge pings every ``heartbeat_s``; when the cloud is silent for
 ``timeout_s``, the transport fails, or the cloud answers that it does not know the
@@ -29,6 +32,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -77,6 +81,9 @@ LOST_CODES = frozenset({"handshake", "no_session"})
 #: of those, the one that concerns one session only (the cloud closed it, e.g. as
 #: idle, but knows the connection): that session alone is opened again
 SESSION_LOST_CODES = frozenset({"no_session"})
+#: the share of a round's measured wait (draft sent to verdict) that speculation
+#: may fill: a step still running when the verdict arrives delays the next round
+SPECULATE_SHARE = 0.8
 
 #: a prompt: text, or target token ids (the cloud's context is then exactly those ids)
 Prompt = str | Sequence[int] | np.ndarray
@@ -174,8 +181,8 @@ class EdgeNode:
     endpoint. ``config``: a :class:`~xcosd.config.GenerationConfig`, the defaults of
     every generation on this node; the keyword settings (``method``, ``codec``,
     ``draft_len``, ``temperature``, ``top_k``, ``top_p``, the draft-length policy
-    ``adaptive_draft``, ``draft_cost``, ``draft_confidence``, ``max_draft_len`` and the
-    method's own options
+    ``adaptive_draft``, ``draft_cost``, ``draft_confidence``, ``max_draft_len``,
+    ``speculate`` (drafting while a verdict is in flight) and the method's own options
     ``K``, ``M``, ``hr_presample``, ``threshold``) update it, and every call may
     override them again. ``target_vocab``: the target's
     vocabulary if the device has it (else it is fetched from the cloud once per
@@ -254,6 +261,8 @@ class EdgeNode:
         self._learned: DraftLength | None = None
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-draft")
+        #: speculated drafts' random numbers (unseeded generations only)
+        self._spec_rng = np.random.default_rng()
         self._jobs: set[Future[Any]] = set()
         # a pure-Python context model (n-gram, table) drafts in well under a millisecond:
         # handing each round to a thread costs more (GIL hand-offs) than it saves
@@ -615,6 +624,7 @@ class EdgeNode:
         self._inboxes[s] = inbox
         t0 = time.perf_counter()
         opened = False
+        speculate = cfg.resolved_speculate()
         try:
             async with asyncio.timeout(cfg.timeout_s):
                 await self._open(es, inbox, st, trace, prompt_ids)
@@ -624,7 +634,7 @@ class EdgeNode:
                         if es.phase is EdgePhase.RESOLVING:  # resumed mid-round (Redo)
                             await self._finish_round(es, inbox, st, trace, watch.feed, None)
                         else:
-                            await self._round(es, inbox, st, trace, watch.feed)
+                            await self._round(es, inbox, st, trace, watch.feed, speculate)
                     except _ConnectionLost as lost:
                         await self._resume(es, inbox, st, trace, lost.epoch, prompt_ids)
                     except _SessionLost:  # the cloud closed this session (idle): re-open it
@@ -637,8 +647,10 @@ class EdgeNode:
             if opened and self._connected and self._conn is not None:
                 with contextlib.suppress(Exception):
                     await self._send(es.close(), st, None)
+            drafter = self._drafters.pop(s)
+            st.speculated, st.speculated_used = drafter.speculated, drafter.reused
             with contextlib.suppress(Exception):
-                await self._in_worker(self._drafters.pop(s).end)
+                await self._in_worker(drafter.end)
         text, token_ids = es.text, list(es.token_ids)
         if watch.end is not None:  # a stop string: the output ends with it
             text = watch.text[:watch.end]
@@ -765,14 +777,16 @@ class EdgeNode:
         await self._open(es, inbox, st, trace, prompt_ids)
 
     async def _round(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
-                     trace: list[tuple[str, int]], on_text: Callable[[str], None] | None) -> None:
+                     trace: list[tuple[str, int]], on_text: Callable[[str], None] | None,
+                     speculate: bool = False) -> None:
         t = time.perf_counter()
         before = (time.monotonic(), len(es.token_ids), st.uplink_bytes, st.downlink_bytes,
                   st.drafted, st.accepted) if self.on_round is not None else None
+        drafter = self._drafters[es.s]
+        reused = drafter.reused
         out = es.next_round()
         for ev in out.events:
             if isinstance(ev, DraftNeeded):  # the draft model runs in the worker
-                drafter = self._drafters[es.s]
                 out = es.drafted(*(await self._in_worker(drafter.run, ev) if self.draft_thread
                                    else drafter.run(ev)))
         [msg] = out.send
@@ -781,15 +795,48 @@ class EdgeNode:
         await self._send(msg, st, trace)
         drafted = msg.draft.length if isinstance(msg, DraftMsg) else 0
         # what the draft-length policy may measure (draft_cost="auto"): a draft
-        # step's seconds, and when the draft left (its verdict closes the round)
-        timing = (drafting_s / drafted if drafted else None, time.perf_counter())
-        await self._finish_round(es, inbox, st, trace, on_text, before, timing)
+        # step's seconds (of the tokens drawn now, not the speculated ones taken),
+        # and when the draft left (its verdict closes the round)
+        fresh = drafted - (drafter.reused - reused)
+        timing = (drafting_s / fresh if fresh else None, time.perf_counter())
+        stop = self._speculate(es, drafter) if speculate and drafted else None
+        try:
+            await self._finish_round(es, inbox, st, trace, on_text, before, timing, stop)
+        finally:
+            if stop is not None:
+                stop.set()
+
+    def _speculate(self, es: EdgeSession, drafter: Drafter) -> threading.Event | None:
+        """Draft on while the verdict is in flight (see :class:`Drafter`): as many
+        steps as the measured wait has room for (none before both are measured,
+        nor where drafting does not pay, nor beside another generation, whose
+        drafts would wait behind these in the one draft thread, nor while
+        verdicts seldom take the speculated path: :meth:`Drafter.worth_speculating`).
+        Returns the event that stops it, set when the verdict arrives."""
+        policy = es.drafting
+        if (policy.step_s is None or policy.fixed_s is None or policy.ceiling == 0
+                or len(self._drafters) > 1 or not drafter.worth_speculating()):
+            return None
+        # the bonus guess, then up to a whole block past it
+        n = min(policy.cap + 1, int(SPECULATE_SHARE * policy.fixed_s / policy.step_s))
+        if n < 2:
+            return None
+        stop = threading.Event()
+        args = (n, es.method, es.space, self._spec_rng, stop.is_set)
+        if not self.draft_thread:
+            drafter.speculate(*args)
+            return stop
+        job = self._executor.submit(drafter.speculate, *args)
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+        return stop
 
     async def _finish_round(self, es: EdgeSession, inbox: asyncio.Queue[Any],
                             st: GenerationStats, trace: list[tuple[str, int]],
                             on_text: Callable[[str], None] | None,
                             before: tuple[float, int, int, int, int, int] | None,
-                            timing: tuple[float | None, float] | None = None) -> None:
+                            timing: tuple[float | None, float] | None = None,
+                            stop: threading.Event | None = None) -> None:
         """Feed the round's answers to ``es`` (sending its follow-ups) until it settles;
         ``timing`` (a draft step's seconds, when the draft was sent) goes to the
         draft-length policy when the verdict arrives."""
@@ -797,6 +844,8 @@ class EdgeNode:
         while True:
             reply = await self._next(es, inbox, st, trace)
             if isinstance(reply, VerdictMsg):
+                if stop is not None:  # speculation has done what it could
+                    stop.set()
                 st.cloud_compute_s += reply.compute_us / 1e6
                 if timing is not None:
                     es.drafting.observe(timing[0], time.perf_counter() - timing[1])

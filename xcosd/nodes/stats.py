@@ -50,6 +50,9 @@ class GenerationStats:
     busy_retries: int = 0
     #: messages sent again because their answer was late (same seq)
     resends: int = 0
+    #: tokens drafted while a verdict was in flight, and those later rounds sent
+    speculated: int = 0
+    speculated_used: int = 0
     finish_reason: str = ""
 
     @property
@@ -124,7 +127,8 @@ def merge(stats: list[GenerationStats]) -> GenerationStats:
         for k in ("tokens", "rounds", "drafted", "accepted", "target_calls", "extra_round_trips",
                   "trials", "fallbacks", "rejections", "rejection_uplink_bytes",
                   "rejection_downlink_bytes", "uplink_bytes", "downlink_bytes", "messages_up",
-                  "messages_down", "resumes", "busy_retries", "resends"):
+                  "messages_down", "resumes", "busy_retries", "resends", "speculated",
+                  "speculated_used"):
             setattr(out, k, getattr(out, k) + getattr(s, k))
         for k in ("wall_s", "modeled_s", "draft_compute_s", "cloud_compute_s"):
             setattr(out, k, getattr(out, k) + getattr(s, k))
