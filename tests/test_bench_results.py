@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from xcosd.bench.results import section_model_layer, section_rounds, section_sampling
+from xcosd.bench.results import (
+    section_model_layer,
+    section_overlap,
+    section_rounds,
+    section_sampling,
+)
 
 
 def test_rounds_section_reports_the_ratio_to_the_echo() -> None:
@@ -50,3 +55,21 @@ def test_sampling_section_reports_the_flat_row_and_the_batch_trend() -> None:
     assert "| 1 session | 64 sessions |" in text
     assert "T=1 0.50 -> 1.00, top-p 0.95 2.50 -> 5.00 ms" in text
     assert section_sampling(None) == []
+
+
+def test_overlap_section_reports_the_ratio_and_the_share_sent() -> None:
+    def setting(tok_s: float, speculated: int, used: int) -> dict[str, Any]:
+        return {"tok_s": tok_s, "tokens": 256, "rounds": 64, "drafted": 200, "accepted": 150,
+                "speculated": speculated, "speculated_used": used, "modeled_tok_s": 2 * tok_s}
+
+    warpers = {"T=1": {"ratio": 1.12, "on": setting(112.0, 200, 50), "off": setting(100.0, 0, 0)},
+               "greedy": {"ratio": 1.3, "on": setting(130.0, 0, 0), "off": setting(100.0, 0, 0)}}
+    rep = {"target_call_s": 0.02, "draft_step_s": 0.003, "prompts": 4, "tokens_per_prompt": 64,
+           "passes": 3, "warpers": warpers}
+    text = "\n".join(section_overlap(rep))
+    assert "sleeps 20 ms a call" in text and "sleeps 3 ms a step" in text
+    assert "T=1 1.12x (25% of the speculated tokens sent as drafts)" in text
+    assert "greedy 1.30x (none of the speculated" in text
+    assert "| T=1 | on | 112.0 | 1.12x | 0.25 | 3.12 | 200 | 25% | 224.0 |" in text
+    assert section_overlap(None) == []
+

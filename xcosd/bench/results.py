@@ -385,6 +385,37 @@ def section_model_layer(ml: Any) -> list[str]:
             "output head only on the rows a call returns.", ""]
 
 
+OVERLAP_HEADING = "## Drafting while a verdict is in flight"
+
+
+def section_overlap(ov: Any) -> list[str]:
+    """Speculation on against off (``python -m xcosd.bench.overlap``)."""
+    if ov is None:
+        return []
+    from xcosd.bench.overlap import format_report as overlap_table
+
+    def sent(w: dict[str, Any]) -> str:
+        on = w["on"]
+        return f"{on['speculated_used'] / on['speculated']:.0%}" if on["speculated"] else "none"
+
+    said = "; ".join(f"{name} {w['ratio']:.2f}x ({sent(w)} of the speculated tokens sent as "
+                     "drafts)" for name, w in ov["warpers"].items())
+    return [OVERLAP_HEADING, "",
+            "From `python -m xcosd.bench.overlap` (bench/out/overlap.json): unseeded `xcosd-e` "
+            f"over ZeroMQ loopback, a synthetic target that sleeps {ov['target_call_s'] * 1e3:g} "
+            f"ms a call and a synthetic draft that sleeps {ov['draft_step_s'] * 1e3:g} ms a step "
+            "in the device's draft thread (two machines' compute that does not compete for this "
+            "one's cores; the draft ranks tokens as the target does, with a flatter law), "
+            f"{ov['prompts']} prompts x {ov['tokens_per_prompt']} tokens, `speculate` on and "
+            f"off alternating over {ov['passes']} passes (medians; the ratio is the median of "
+            "the ratios within a pass).", "",
+            overlap_table(ov, markdown=True), "",
+            f"Speculating against not: {said}. Speculation pays only when a verdict takes "
+            "the speculated path (the block accepted whole and the bonus the draft's next "
+            "token) and a draft step fits in the wait; on the real pair, where the measured "
+            "costs make the policy draft almost nothing, it does not run.", ""]
+
+
 def section_real_pair(rp: Any) -> list[str]:
     if rp is None:
         return []
@@ -649,6 +680,9 @@ SECTIONS = {"soak": ("## Soak", lambda: section_soak(_load("soak.json")),
                           "## Sizes used", MUTATION_HEADING)),
             "sampling": (SAMPLING_HEADING, lambda: section_sampling(_load("sampling.json")),
                          ("## Codecs", "## Sizes used", MUTATION_HEADING)),
+            "overlap": (OVERLAP_HEADING, lambda: section_overlap(_load("overlap.json")),
+                        (KV_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
+                         MUTATION_HEADING)),
             "rounds": (ROUNDS_HEADING, lambda: section_rounds(_load("rounds.json")),
                        ("## Codecs", "## Sizes used", MUTATION_HEADING))}
 
@@ -683,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_methods(methods)
     doc += section_model_layer(_load("model_layer.json"))
     doc += section_real_pair(_load("real_pair.json"))
+    doc += section_overlap(_load("overlap.json"))
     doc += section_kv(_load("kv_batch.json"))
     doc += section_transport(_load("transport.json"))
     doc += section_rounds(_load("rounds.json"))

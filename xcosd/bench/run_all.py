@@ -60,6 +60,8 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
                                "--live", "none", "--json", f"{out}/methods_truncated.json",
                                "--no-progress"]),
     ]
+    # drafting while a verdict is in flight, on and off (sleeping synthetic models)
+    s.append(("overlap", [PY, "-m", "xcosd.bench.overlap", "--json", f"{out}/overlap.json"]))
     # the soak (256 devices, faults throughout) for 240 s, its memory baseline at 120 s:
     # over ZeroMQ a connection's queue memory is only all allocated after its first few
     # hundred messages, minutes at the soak's rate; the control measures that for bare
