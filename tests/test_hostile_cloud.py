@@ -764,5 +764,45 @@ async def test_a_batch_waits_only_while_another_session_could_join() -> None:
     await blind.close()
 
 
+
+async def test_the_next_batch_computes_while_verdicts_go_out() -> None:
+    """With rounds already queued, the next batch starts in the worker thread before
+    the last batch's verdicts are delivered: the thread computes while the loop
+    encodes and sends. Here delivering the first verdict waits until the second
+    batch is computing, which a scheduler that computed only after delivering
+    would never reach."""
+    target, reqs = _rounds([1, 2, 3])
+    computing: list[int] = []
+
+    class Waits:
+        """The target, sleeping 20 ms a call (so its batches go to the thread),
+        recording which call is running."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(target, name)
+
+        def score(self, batch: Sequence[tuple[Any, Sequence[int]]]) -> list[np.ndarray]:
+            computing.append(len(computing) + 1)
+            time.sleep(0.02)
+            return target.score(batch)
+
+    delivered: list[int] = []
+
+    async def deliver(session: Any, outcome: RoundOutcome) -> None:
+        if not delivered:  # the first verdict goes out only once the next batch computes
+            await until(lambda: len(computing) >= 2, "the next batch to start computing")
+        delivered.append(session.s)
+
+    sched = Scheduler(Waits(), deliver, max_batch=1, max_wait_s=0.0, inline_max_s=0.0)
+    for req in reqs:
+        sched.submit(req)
+    sched.start()
+    try:
+        await until(lambda: len(delivered) == 3, "every round to be verified")
+    finally:
+        await sched.close()
+    assert delivered == [1, 2, 3] and sched.stats.batch_sizes == {1: 3}
+
+
 if __name__ == "__main__":
     _attacker_main(sys.argv[1:])

@@ -9,7 +9,9 @@ would only delay a lone device's every round), and runs the whole batch as **one
 :meth:`LanguageModel.score` call plus each session's verification in a single
 worker thread, so the event loop keeps moving bytes for every other session
 while the target computes (network I/O and compute overlap; while batch *k*
-computes, batch *k + 1* fills up).
+computes, batch *k + 1* fills up, and when requests are queued as batch *k*
+finishes, batch *k + 1* starts in the thread before *k*'s verdicts are encoded and
+sent).
 
 * Fairness: a batch takes requests **round-robin across peers** (one per peer per
   pass; the rotation carries over to the next batch), so a peer with many
@@ -456,36 +458,81 @@ class Scheduler:
         return batch
 
     async def _run(self) -> None:
-        while not self._stopped:
-            batch = await self._take()
-            if self._stopped:
-                return
-            if not batch:
-                with contextlib.suppress(Exception):
-                    if self._inline(0):
-                        self._timed_job(batch, inline=True)
-                    else:
-                        await self.run(self._free_pending)
-                continue
-            now = time.perf_counter()
-            waits = [now - r.enqueued_at for r in batch]
-            t0 = time.perf_counter()
-            rows = sum(request_rows(r) for r in batch)
-            try:
-                if self._inline(rows):
-                    outcomes = self._timed_job(batch, inline=True)
-                    await asyncio.sleep(0)  # a deep queue must not hold the loop
-                else:
-                    outcomes = await self.run(self._timed_job, batch)
-            except Exception as e:  # a bug, or the thread is gone: fail these rounds,
-                log.exception("a batch of %d failed", len(batch))  # never hang them
-                outcomes = [_failed(e) for _ in batch]
-            compute = time.perf_counter() - t0
-            self.stats.record(len(batch), compute, waits)
-            for req, outcome in zip(batch, outcomes, strict=True):
-                outcome.compute_s = compute
+        ahead: _Launched | None = None
+        try:
+            while not self._stopped:
+                if ahead is None:
+                    batch = await self._take()
+                    if self._stopped:
+                        return
+                    if not batch:
+                        with contextlib.suppress(Exception):
+                            if self._inline(0):
+                                self._timed_job(batch, inline=True)
+                            else:
+                                await self.run(self._free_pending)
+                        continue
+                    ahead = self._launch(batch)
+                current, ahead = ahead, None
                 try:
-                    await self.deliver(req.session, outcome)
-                except Exception:
-                    log.exception("delivering a verdict failed")
+                    outcomes = await current.outcomes()
+                except Exception as e:  # a bug, or the thread is gone: fail these rounds,
+                    log.exception("a batch of %d failed", len(current.batch))  # never hang
+                    outcomes = [_failed(e) for _ in current.batch]
+                compute = time.perf_counter() - current.t0
+                self.stats.record(len(current.batch), compute, current.waits)
+                ahead = self._launch_ahead()
+                for req, outcome in zip(current.batch, outcomes, strict=True):
+                    outcome.compute_s = compute
+                    try:
+                        await self.deliver(req.session, outcome)
+                    except Exception:
+                        log.exception("delivering a verdict failed")
+        finally:
+            if ahead is not None and ahead.task is not None:
+                ahead.task.cancel()  # its thread job, if started, is settled by stop()
 
+    def _launch(self, batch: list[ScoreNeeded]) -> _Launched:
+        """Start ``batch``: in the worker thread (a task awaits it), or inline, now."""
+        t0 = time.perf_counter()
+        waits = [t0 - r.enqueued_at for r in batch]
+        if self._inline(sum(request_rows(r) for r in batch)):
+            try:
+                done: list[RoundOutcome] | BaseException = self._timed_job(batch, inline=True)
+            except Exception as e:
+                done = e
+            return _Launched(batch, t0, waits, None, done)
+        task = asyncio.get_running_loop().create_task(self.run(self._timed_job, batch))
+        return _Launched(batch, t0, waits, task, None)
+
+    def _launch_ahead(self) -> _Launched | None:
+        """The next batch, started before this one's verdicts go out when requests
+        are already queued and it would run in the worker thread: the thread
+        computes while the loop encodes and sends (one that would run inline waits,
+        as it would hold the loop those verdicts need)."""
+        if self._stopped or not self._queued:
+            return None
+        if self._inline(min(self._queued_rows, self.max_batch_tokens or self._queued_rows)):
+            return None
+        batch = self._form()
+        return self._launch(batch) if batch else None
+
+
+@dataclass
+class _Launched:
+    """A batch started: in ``task`` (the worker thread) or ``done`` inline."""
+
+    batch: list[ScoreNeeded]
+    t0: float
+    waits: list[float]
+    task: asyncio.Task[list[RoundOutcome]] | None
+    done: list[RoundOutcome] | BaseException | None
+
+    async def outcomes(self) -> list[RoundOutcome]:
+        if self.task is not None:
+            return await self.task
+        if isinstance(self.done, BaseException):
+            raise self.done
+        assert self.done is not None
+        await asyncio.sleep(0)  # a deep queue must not hold the loop
+        return self.done
