@@ -203,6 +203,11 @@ def test_speculation_stops_where_it_does_not_pay_and_probes() -> None:
     assert sum(asked) == 3 and asked[SPECULATION_PROBE - 1]
     d.spec_hits = int(SPECULATION_MIN_HITS * d.spec_rounds) + 1
     assert d.worth_speculating()
+    # the next generation starts from this record, its older half forgotten
+    d.spec_rounds, d.spec_hits = 300, 3
+    nxt = Drafter(draft, d.vmap, SamplingParams(), "ab")
+    nxt.carry_from(d)
+    assert (nxt.spec_rounds, nxt.spec_hits) == (37, 0) and not nxt.worth_speculating()
 
 
 def test_phases_move_only_along_their_tables(link: Pump) -> None:

@@ -51,6 +51,8 @@ Speculated = tuple[int, np.ndarray, np.ndarray, int]
 SPECULATION_MIN_HITS = 0.05
 SPECULATION_WARMUP = 8
 SPECULATION_PROBE = 16
+#: rounds of that history one generation hands the next (older ones halved away)
+SPECULATION_MEMORY = 64
 
 
 class Drafter:
@@ -131,6 +133,16 @@ class Drafter:
                 self.model.append(self.session, append)
                 self.length += len(append)
         return []
+
+    def carry_from(self, other: Drafter) -> None:
+        """Start from how often ``other`` (the node's last generation) speculated
+        and was paid, the older half forgotten past :data:`SPECULATION_MEMORY`
+        rounds: whether speculation pays is the pair's and the sampling's nature,
+        not one generation's."""
+        rounds, hits = other.spec_rounds, other.spec_hits
+        while rounds > SPECULATION_MEMORY:
+            rounds, hits = rounds // 2, hits // 2
+        self.spec_rounds, self.spec_hits = rounds, hits
 
     def worth_speculating(self) -> bool:
         """Whether to speculate this round: yes while few rounds have, or while

@@ -261,8 +261,10 @@ class EdgeNode:
         self._learned: DraftLength | None = None
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-draft")
-        #: speculated drafts' random numbers (unseeded generations only)
+        #: speculated drafts' random numbers (unseeded generations only), and the
+        #: drafter of the last generation that could speculate (its record is carried)
         self._spec_rng = np.random.default_rng()
+        self._spoke: Drafter | None = None
         self._jobs: set[Future[Any]] = set()
         # a pure-Python context model (n-gram, table) drafts in well under a millisecond:
         # handing each round to a thread costs more (GIL hand-offs) than it saves
@@ -587,7 +589,9 @@ class EdgeNode:
         # text of those target ids (the cloud gets the ids themselves, see _open)
         text = (vmap.target.decode(ids.tolist()).decode("utf-8", errors="replace")
                 if ids is not None else str(prompt))
-        self._drafters[s] = Drafter(self.draft, vmap, params, text)
+        drafter = self._drafters[s] = Drafter(self.draft, vmap, params, text)
+        if self._spoke is not None:  # how the last generation's speculation paid
+            drafter.carry_from(self._spoke)
         es = EdgeSession(
             s, method=m, vmap=vmap, space=self._space,
             prompt="" if ids is not None else text,
@@ -649,6 +653,8 @@ class EdgeNode:
                     await self._send(es.close(), st, None)
             drafter = self._drafters.pop(s)
             st.speculated, st.speculated_used = drafter.speculated, drafter.reused
+            if speculate:
+                self._spoke = drafter
             with contextlib.suppress(Exception):
                 await self._in_worker(drafter.end)
         text, token_ids = es.text, list(es.token_ids)
