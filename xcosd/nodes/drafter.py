@@ -135,10 +135,10 @@ class Drafter:
         return []
 
     def carry_from(self, other: Drafter) -> None:
-        """Start from how often ``other`` (the node's last generation) speculated
-        and was paid, the older half forgotten past :data:`SPECULATION_MEMORY`
-        rounds: whether speculation pays is the pair's and the sampling's nature,
-        not one generation's."""
+        """Start from how often ``other`` (the node's last generation with the same
+        method and warpers) speculated and was paid, the older half forgotten past
+        :data:`SPECULATION_MEMORY` rounds: whether speculation pays is the pair's and
+        the sampling's nature, not one generation's."""
         rounds, hits = other.spec_rounds, other.spec_hits
         while rounds > SPECULATION_MEMORY:
             rounds, hits = rounds // 2, hits // 2

@@ -67,6 +67,7 @@ from ..protocol.messages import (
     VerdictMsg,
     from_wire,
 )
+from ..sampling import SamplingParams
 from ..transport import LinkConnection, LinkSpec, Meter, connect, sequence_latency
 from ..transport.base import Connection
 from ..vocab import VocabMap, Vocabulary
@@ -262,9 +263,10 @@ class EdgeNode:
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-draft")
         #: speculated drafts' random numbers (unseeded generations only), and the
-        #: drafter of the last generation that could speculate (its record is carried)
+        #: drafter of the last generation that could speculate, per method and
+        #: warpers (whether speculation pays depends on both; its record is carried)
         self._spec_rng = np.random.default_rng()
-        self._spoke: Drafter | None = None
+        self._spoke: dict[tuple[str, SamplingParams], Drafter] = {}
         self._jobs: set[Future[Any]] = set()
         # a pure-Python context model (n-gram, table) drafts in well under a millisecond:
         # handing each round to a thread costs more (GIL hand-offs) than it saves
@@ -590,8 +592,9 @@ class EdgeNode:
         text = (vmap.target.decode(ids.tolist()).decode("utf-8", errors="replace")
                 if ids is not None else str(prompt))
         drafter = self._drafters[s] = Drafter(self.draft, vmap, params, text)
-        if self._spoke is not None:  # how the last generation's speculation paid
-            drafter.carry_from(self._spoke)
+        spoke = self._spoke.get((m.name, params))
+        if spoke is not None:  # how the last such generation's speculation paid
+            drafter.carry_from(spoke)
         es = EdgeSession(
             s, method=m, vmap=vmap, space=self._space,
             prompt="" if ids is not None else text,
@@ -654,7 +657,7 @@ class EdgeNode:
             drafter = self._drafters.pop(s)
             st.speculated, st.speculated_used = drafter.speculated, drafter.reused
             if speculate:
-                self._spoke = drafter
+                self._spoke[es.method.name, drafter.params] = drafter
             with contextlib.suppress(Exception):
                 await self._in_worker(drafter.end)
         text, token_ids = es.text, list(es.token_ids)
