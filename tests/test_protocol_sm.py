@@ -206,7 +206,7 @@ def test_speculation_stops_where_it_does_not_pay_and_probes() -> None:
     # the next generation starts from this record, its older half forgotten
     d.spec_rounds, d.spec_hits = 300, 3
     nxt = Drafter(draft, d.vmap, SamplingParams(), "ab")
-    nxt.carry_from(d)
+    nxt.carry(d.record)
     assert (nxt.spec_rounds, nxt.spec_hits) == (37, 0) and not nxt.worth_speculating()
 
 

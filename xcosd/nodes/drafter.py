@@ -134,15 +134,21 @@ class Drafter:
                 self.length += len(append)
         return []
 
-    def carry_from(self, other: Drafter) -> None:
-        """Start from how often ``other`` (the node's last generation with the same
-        method and warpers) speculated and was paid, the older half forgotten past
-        :data:`SPECULATION_MEMORY` rounds: whether speculation pays is the pair's and
-        the sampling's nature, not one generation's."""
-        rounds, hits = other.spec_rounds, other.spec_hits
+    @property
+    def record(self) -> tuple[int, int]:
+        """How often this generation speculated and was paid (rounds, hits), the
+        older half forgotten past :data:`SPECULATION_MEMORY` rounds: what the node's
+        next generation with the same method and warpers starts from
+        (:meth:`carry`), since whether speculation pays is the pair's and the
+        sampling's nature, not one generation's."""
+        rounds, hits = self.spec_rounds, self.spec_hits
         while rounds > SPECULATION_MEMORY:
             rounds, hits = rounds // 2, hits // 2
-        self.spec_rounds, self.spec_hits = rounds, hits
+        return rounds, hits
+
+    def carry(self, record: tuple[int, int]) -> None:
+        """Start from an earlier generation's :attr:`record`."""
+        self.spec_rounds, self.spec_hits = record
 
     def worth_speculating(self) -> bool:
         """Whether to speculate this round: yes while few rounds have, or while

@@ -85,6 +85,8 @@ SESSION_LOST_CODES = frozenset({"no_session"})
 #: the share of a round's measured wait (draft sent to verdict) that speculation
 #: may fill: a step still running when the verdict arrives delays the next round
 SPECULATE_SHARE = 0.8
+#: the (method, warpers) settings whose speculation record a node keeps
+SPECULATION_RECORDS = 16
 
 #: a prompt: text, or target token ids (the cloud's context is then exactly those ids)
 Prompt = str | Sequence[int] | np.ndarray
@@ -262,11 +264,11 @@ class EdgeNode:
         self._learned: DraftLength | None = None
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-draft")
-        #: speculated drafts' random numbers (unseeded generations only), and the
-        #: drafter of the last generation that could speculate, per method and
-        #: warpers (whether speculation pays depends on both; its record is carried)
+        #: speculated drafts' random numbers (unseeded generations only), and how
+        #: the last generation that could speculate was paid, per method and warpers
+        #: (whether speculation pays depends on both: Drafter.record)
         self._spec_rng = np.random.default_rng()
-        self._spoke: dict[tuple[str, SamplingParams], Drafter] = {}
+        self._spoke: dict[tuple[str, SamplingParams], tuple[int, int]] = {}
         self._jobs: set[Future[Any]] = set()
         # a pure-Python context model (n-gram, table) drafts in well under a millisecond:
         # handing each round to a thread costs more (GIL hand-offs) than it saves
@@ -592,9 +594,9 @@ class EdgeNode:
         text = (vmap.target.decode(ids.tolist()).decode("utf-8", errors="replace")
                 if ids is not None else str(prompt))
         drafter = self._drafters[s] = Drafter(self.draft, vmap, params, text)
-        spoke = self._spoke.get((m.name, params))
-        if spoke is not None:  # how the last such generation's speculation paid
-            drafter.carry_from(spoke)
+        record = self._spoke.get((m.name, params))
+        if record is not None:  # how the last such generation's speculation paid
+            drafter.carry(record)
         es = EdgeSession(
             s, method=m, vmap=vmap, space=self._space,
             prompt="" if ids is not None else text,
@@ -657,7 +659,11 @@ class EdgeNode:
             drafter = self._drafters.pop(s)
             st.speculated, st.speculated_used = drafter.speculated, drafter.reused
             if speculate:
-                self._spoke[es.method.name, drafter.params] = drafter
+                key = (es.method.name, drafter.params)
+                self._spoke.pop(key, None)
+                self._spoke[key] = drafter.record
+                while len(self._spoke) > SPECULATION_RECORDS:  # the oldest settings go
+                    del self._spoke[next(iter(self._spoke))]
             with contextlib.suppress(Exception):
                 await self._in_worker(drafter.end)
         text, token_ids = es.text, list(es.token_ids)
