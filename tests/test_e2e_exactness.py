@@ -31,7 +31,7 @@ from xcosd.vocab import VocabMap
 
 from .helpers.law import bigram_law, check_law, committed_row
 from .helpers.waits import HANG_S
-from .session_pairs import closed_sessions_settle, pair
+from .session_pairs import close_pair, closed_sessions_settle, pair
 
 PROMPT = "c"
 TOKENS = 5
@@ -170,3 +170,34 @@ async def test_cloud_restarts_keep_the_law(transport: str) -> None:
     assert sum(s.resends for s in st) > 0  # lost answers were asked for again
     report = check_law(seqs, _law())
     assert report.ok, (transport, str(report))
+
+
+@pytest.mark.slow
+async def test_speculation_over_sockets_keeps_the_law() -> None:
+    """Unseeded generations, each alone on its edge (so the edge speculates while
+    its verdicts are in flight), over ZeroMQ, on a pair close enough that many
+    rounds send speculated drafts: the law of the 5-token sequence is the
+    target's (N = 2,000, 16 edges running 125 generations each, one after
+    another)."""
+    target, draft = close_pair()
+    space = Space.from_vocab_map(VocabMap(draft.vocab, target.vocab))
+    law = bigram_law(target.table, target.tokenize(PROMPT), TOKENS,
+                     lambda p: committed_row("xcosd-e", "f32", warp(p, SamplingParams()), space))
+
+    async def one_edge(endpoint: str) -> list[xcosd.GenerationResult]:
+        async with xcosd.EdgeNode(draft=draft, connect=endpoint) as edge:
+            # short blocks (1 or 2 drafts), so most of the 5 tokens come from later
+            # rounds, which can take what the last wait speculated
+            return [await edge.generate(PROMPT, max_new_tokens=TOKENS, method="xcosd-e",
+                                        draft_len=1, max_draft_len=2)
+                    for _ in range(N // 16)]
+
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud:
+        runs = await asyncio.gather(*[one_edge(cloud.endpoint) for _ in range(16)])
+    results = [r for run in runs for r in run]
+    seqs = np.array([r.token_ids for r in results], dtype=np.int64)
+    report = check_law(seqs, law)
+    assert report.ok, str(report)
+    used = sum(r.stats.speculated_used for r in results)
+    assert used > 0.4 * N, (used, sum(r.stats.speculated for r in results))
+
