@@ -26,8 +26,8 @@ import statistics
 import time
 from typing import Any
 
-from xcosd.bench.real_pair import DRAFT, PROMPTS, TARGET, pair_args
-from xcosd.bench.report import machine, table, write_json
+from xcosd.bench.real_pair import DRAFT, PROMPTS, TARGET, pair_main
+from xcosd.bench.report import machine, table
 
 #: the issue's bar for the layer against generate
 GOAL = 0.95
@@ -120,13 +120,9 @@ def format_report(rep: dict[str, Any], markdown: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = pair_args("xcosd.bench.model_layer", __doc__, 5,
-                   "alternating generate / layer passes (medians reported)", "model_layer.json")
-    a = ap.parse_args(argv)
-    rep = run(a.prompts, a.tokens, a.passes)
-    print(format_report(rep))
-    write_json(a.json, rep)
-    return 0
+    return pair_main(argv, "xcosd.bench.model_layer", __doc__, 5,
+                     "alternating generate / layer passes (medians reported)",
+                     "model_layer.json", run, format_report)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -225,26 +226,28 @@ def format_report(rep: dict[str, Any], markdown: bool = False) -> str:
                  markdown=markdown)
 
 
-def pair_args(prog: str, doc: str | None, passes: int, passes_help: str,
-              out: str) -> argparse.ArgumentParser:
-    """The options of a real-pair bench: prompts, tokens per prompt, passes, JSON path."""
+def pair_main(argv: list[str] | None, prog: str, doc: str | None, passes: int,
+              passes_help: str, out: str, run_bench: Callable[[int, int, int], dict[str, Any]],
+              report: Callable[[dict[str, Any]], str]) -> int:
+    """A real-pair bench's command line: prompts, tokens per prompt, passes and the
+    JSON path; runs ``run_bench(prompts, tokens, passes)``, prints ``report`` of
+    it and writes the JSON."""
     ap = argparse.ArgumentParser(prog=prog, description=(doc or "").splitlines()[0])
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--passes", type=int, default=passes, help=passes_help)
     ap.add_argument("--json", type=Path, default=OUT_DIR / out)
-    return ap
+    a = ap.parse_args(argv)
+    rep = run_bench(a.prompts, a.tokens, a.passes)
+    print(report(rep))
+    write_json(a.json, rep)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = pair_args("xcosd.bench.real_pair", __doc__, 3,
-                   "every row once per pass, in rotated order (medians reported)",
-                   "real_pair.json")
-    a = ap.parse_args(argv)
-    rep = run(a.prompts, a.tokens, a.passes)
-    print(format_report(rep))
-    write_json(a.json, rep)
-    return 0
+    return pair_main(argv, "xcosd.bench.real_pair", __doc__, 3,
+                     "every row once per pass, in rotated order (medians reported)",
+                     "real_pair.json", run, format_report)
 
 
 if __name__ == "__main__":
