@@ -693,6 +693,18 @@ def test_a_failing_verification_fails_its_session_only(batched_call_fails: bool)
         assert batch[i].session.rng.bit_generator.state == alone[i][1]
 
 
+async def _verify_all(sched: Scheduler, reqs: Sequence[ScoreNeeded],
+                      done: Callable[[], bool]) -> None:
+    """Queue ``reqs`` on ``sched``, run it until ``done()``, close it."""
+    for req in reqs:
+        sched.submit(req)
+    sched.start()
+    try:
+        await until(done, "every round to be verified")
+    finally:
+        await sched.close()
+
+
 async def test_batches_take_peers_round_robin_within_their_row_budget() -> None:
     _, hog = _rounds(range(6), draft_len=32)  # one peer, six rounds of 33 rows
     target, small = _rounds([99], draft_len=4)  # another peer, 5 rows
@@ -717,13 +729,7 @@ async def test_batches_take_peers_round_robin_within_their_row_budget() -> None:
     sched = Scheduler(Recording(), deliver, max_batch=32,
                       max_wait_s=0.0, max_batch_tokens=80)
     # the hog's six rounds were queued first: FIFO would run the small one third
-    for req in [*hog, *small]:
-        sched.submit(req)
-    sched.start()
-    try:
-        await until(lambda: len(delivered) == 7, "every round to be verified")
-    finally:
-        await sched.close()
+    await _verify_all(sched, [*hog, *small], lambda: len(delivered) == 7)
     # one request per peer per pass, within 80 rows: 33 + 5 + 33, then 33 + 33 twice
     assert batches == [[32, 4, 32], [32, 32], [32, 32]]
     assert sched.stats.batch_sizes == {3: 1, 2: 2}
@@ -794,13 +800,7 @@ async def test_the_next_batch_computes_while_verdicts_go_out() -> None:
         delivered.append(session.s)
 
     sched = Scheduler(Waits(), deliver, max_batch=1, max_wait_s=0.0, inline_max_s=0.0)
-    for req in reqs:
-        sched.submit(req)
-    sched.start()
-    try:
-        await until(lambda: len(delivered) == 3, "every round to be verified")
-    finally:
-        await sched.close()
+    await _verify_all(sched, reqs, lambda: len(delivered) == 3)
     assert delivered == [1, 2, 3] and sched.stats.batch_sizes == {1: 3}
 
 

@@ -10,6 +10,7 @@ result back with :meth:`~xcosd.protocol.edge.EdgeSession.drafted`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -214,28 +215,17 @@ class Drafter:
         ids: list[int] = []
         q_raw: list[np.ndarray] = []
         q_rows: list[np.ndarray] = []
-        stopped = False
-        for tid, q, qr, _ in ready:
-            if len(ids) >= d:
-                break
+        # the speculated drafts first, then fresh ones (drawn only when asked for)
+        fresh = iter(lambda: self._step(method, space, rng), None)
+        for tid, q, qr, _ in itertools.chain(ready, fresh) if d > 0 else ():
             ids.append(tid)
             q_raw.append(q)
             q_rows.append(qr)
-            if stop_below > 0.0 and qr[space.to_common[tid]] < stop_below:
-                stopped = True
+            if len(ids) >= d or (stop_below > 0.0 and qr[space.to_common[tid]] < stop_below):
                 break
         if len(ids) < len(ready):
             self.model.rollback(self.session, self.length + len(ids))
-        self.reused += len(ids)
-        while len(ids) < d and not stopped:
-            got = self._step(method, space, rng)
-            if got is None:
-                break
-            tid, q, qr, _ = got
-            ids.append(tid)
-            q_raw.append(q)
-            q_rows.append(qr)
-            stopped = stop_below > 0.0 and qr[space.to_common[tid]] < stop_below
+        self.reused += min(len(ids), len(ready))
         self.length += len(ids)
         return np.array(ids, dtype=np.int64), q_raw, q_rows
 
