@@ -133,12 +133,16 @@ def test_a_draft_drawn_over_its_support_is_the_dense_draw() -> None:
     space = Space.from_mask(np.ones(n, dtype=bool))
     rng = np.random.default_rng(3)
     for trial in range(20):
-        support = np.sort(rng.choice(n, int(rng.integers(1, 80)), replace=False))
+        size = 1 if trial < 3 else int(rng.integers(2, 80))  # a point mass (greedy) too
+        support = np.sort(rng.choice(n, size, replace=False))
         q = np.zeros(n, dtype=np.float32)
         q[support] = rng.dirichlet(np.full(support.shape[0], 0.3)).astype(np.float32)
         for m in (get_method("xcosd-e"), get_method("sd-uplink", codec="q8")):
             for seed in range(50):
-                dense, _ = draft_token(m, q, space, np.random.default_rng(seed))
-                sparse, _ = draft_token(m, q, space, np.random.default_rng(seed), support)
+                g_dense, g_sparse = np.random.default_rng(seed), np.random.default_rng(seed)
+                dense, _ = draft_token(m, q, space, g_dense)
+                sparse, _ = draft_token(m, q, space, g_sparse, support)
                 assert dense == sparse, (trial, m.name, seed)
                 assert q[space.to_common[sparse]] > 0
+                # one uniform either way, a one-token support included
+                assert g_dense.random() == g_sparse.random()

@@ -136,3 +136,45 @@ def test_roles_pair_one_to_one():
     assert vm.common_draft_ids.tolist() == [2, 0]
     assert len(set(vm.common_draft_ids.tolist())) == vm.n_common
     assert vm.other_mask.tolist() == [True, False, True, False, True]
+
+
+def test_the_sparse_tli_row_is_the_dense_one_on_a_real_map(vocabs):
+    """The device builds its TLI row from the kept set (``restrict_kept_support``),
+    with a shortcut for a kept set of one token (greedy, top-k 1). On a real map
+    (Llama-3 drafting for Qwen: V_C is not in draft-id order) it must be the dense
+    ``restrict_to_common(warp(row))`` (bit for bit for one kept token; else but for
+    the order the float64 total is summed in), its support ascending, and refuse a
+    kept set outside V_C as the dense path does."""
+    from xcosd.errors import InvalidDistribution
+    from xcosd.methods.tli import restrict_kept_support, restrict_to_common
+    from xcosd.sampling import SamplingParams, warp, warp_kept
+
+    vm = VocabMap(vocabs["llama3"], vocabs["qwen"])
+    size = vocabs["llama3"].size
+    rng = np.random.default_rng(4)
+    params = [SamplingParams(temperature=0), SamplingParams(top_k=1), SamplingParams(top_k=50),
+              SamplingParams(top_p=0.9), SamplingParams(top_k=50, temperature=0.7)]
+    rows = [rng.dirichlet(np.full(size, a)).astype(np.float32) for a in (0.01, 0.5)]
+    tied = np.full(size, 1.0 / size, dtype=np.float32)  # every entry the maximum
+    rows.append(tied)
+    for row in rows:
+        for p in params:
+            q, support = restrict_kept_support(warp_kept(row, p), vm.common_draft_ids,
+                                               vm.draft_to_common)
+            dense = restrict_to_common(warp(row, p), vm.common_draft_ids)
+            if support is not None and support.shape[0] == 1:
+                assert np.array_equal(q, dense), p.label()
+            else:  # the float64 total is summed in another order: an ulp apart
+                assert np.allclose(q, dense, rtol=1e-6, atol=0), p.label()
+            if support is not None:  # None: a large kept set, built densely
+                assert np.all(np.diff(support) > 0)
+                assert np.array_equal(np.flatnonzero(q), support), p.label()
+    # a greedy choice outside V_C: no mass on V_C, on either path
+    other = int(np.flatnonzero(vm.draft_to_common < 0)[0])
+    row = np.full(size, 1e-7, dtype=np.float32)
+    row[other] = 0.5
+    greedy = SamplingParams(temperature=0)
+    with pytest.raises(InvalidDistribution):
+        restrict_kept_support(warp_kept(row, greedy), vm.common_draft_ids, vm.draft_to_common)
+    with pytest.raises(InvalidDistribution):
+        restrict_to_common(warp(row, greedy), vm.common_draft_ids)

@@ -211,6 +211,10 @@ def warp_kept(row: np.ndarray, params: SamplingParams) -> Kept:
     a = np.asarray(row)
     if a.ndim != 1:
         raise ValueError("warp_kept takes one row")
+    if params.greedy:  # a point mass on the first maximum, as _warp_block keeps it
+        if a.shape[0] == 0:
+            raise InvalidDistribution("cannot warp an empty vector")
+        return Kept(np.array([int(np.argmax(a))], dtype=np.int64), _ONE)
     res = _warp_block(_as_block(a), params)
     if 0 in res.dense:
         return Kept(None, res.dense[0])
@@ -226,6 +230,9 @@ _BAND_SAMPLE = 4096
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_PROBS = np.zeros(0, dtype=np.float64)
+#: a greedy row's kept probability (read only: shared by every greedy Kept)
+_ONE = np.ones(1, dtype=np.float64)
+_ONE.flags.writeable = False
 
 
 @dataclass

@@ -33,7 +33,11 @@ def draft_token(method: Method, q: np.ndarray, space: Space, rng: np.random.Gene
     pass over the whole row. Used only when the method drafts from ``q`` itself."""
     qr = method.draft_row(q)
     if support is not None and qr is q:
-        j = int(support[sample_index(q[support], rng)])
+        if support.shape[0] == 1:  # a point mass: the draw is that entry
+            rng.random()  # still one uniform per draft, as sample_index takes
+            j = int(support[0])
+        else:
+            j = int(support[sample_index(q[support], rng)])
     else:
         j = sample_index(qr, rng)
     return int(space.common_ids[j]), qr

@@ -46,6 +46,13 @@ def restrict_kept_support(kept: Kept, common_draft_ids: np.ndarray,
     """
     if kept.ids is None:
         return restrict_to_common(kept.probs, common_draft_ids), None
+    if kept.ids.shape[0] == 1:  # greedy, or a top-k / top-p row with one survivor
+        p = int(draft_to_common[kept.ids[0]])
+        if p < 0 or not kept.probs[0] > 0:
+            raise InvalidDistribution("the draft distribution has no mass on V_C")
+        q = np.zeros(common_draft_ids.shape[0], dtype=np.float32)
+        q[p] = 1.0  # the kept value over itself, as the general path divides it
+        return q, np.array([p], dtype=np.int64)
     pos = draft_to_common[kept.ids]
     inside = pos >= 0
     sub = kept.probs[inside].astype(np.float32).astype(np.float64)
