@@ -64,11 +64,14 @@ class Sleepy:
 
     def __init__(self, inner: Any, per_call: float) -> None:
         self.inner, self.per_call = inner, per_call
+        #: calls started (a test can tell that one is computing)
+        self.calls = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def score(self, batch: Any) -> Any:
+        self.calls += 1
         time.sleep(self.per_call)
         return self.inner.score(batch)
 
@@ -95,6 +98,52 @@ async def test_the_device_drafts_while_a_verdict_is_in_flight() -> None:
     for r in (seeded, off):
         assert r.stats.speculated == r.stats.speculated_used == 0
         assert r.token_ids == greedy_decode(target, "a", 24)
+
+@pytest.mark.parametrize("merge", [True, False])
+async def test_a_partial_batch_waits_for_the_sessions_just_answered(merge: bool) -> None:
+    """Eight devices that answer within milliseconds, against a target whose call
+    costs 30 ms whatever its size, start in two groups of four. Started as soon as
+    the target is free, the queued group's batch leaves the group just answered to
+    queue behind it: the groups take turns in half batches for good, paying the
+    30 ms twice per cycle. Holding a partial batch for the sessions just answered
+    (``xcosd/nodes/merging.py``; the fixed cost and the time they take to come back
+    are measured) merges them into whole batches. Greedy output is the target's
+    own either way."""
+    target, draft = pair()
+    prompts = ["a", "ab", "abc", "cd", "dd", "bca", "ca", "b"]
+    slow = Sleepy(target, 0.03)
+    async with xcosd.CloudNode(target=slow, bind="tcp://127.0.0.1:0",
+                               merge_batches=merge) as cloud:
+        edges = [xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, temperature=0.0,
+                                method="xcosd-e") for _ in range(8)]
+        try:
+            await asyncio.gather(*[e.start() for e in edges])
+
+            async def run(i: int) -> Any:
+                return await edges[i].generate(prompts[i], max_new_tokens=160)
+
+            first = [asyncio.create_task(run(i)) for i in range(4)]
+            # the second group starts while the first group's first batch computes
+            await until(lambda: slow.calls >= 1, "the first group's first batch")
+            second = [asyncio.create_task(run(i)) for i in range(4, 8)]
+            async with asyncio.timeout(HANG_S):
+                results = await asyncio.gather(*first, *second)
+        finally:
+            await asyncio.gather(*[e.close() for e in edges])
+        stats = await closed_sessions_settle(cloud)
+    for i, r in enumerate(results):
+        assert r.token_ids == greedy_decode(target, prompts[i], 160), i
+    hist = {int(k): v for k, v in stats["scheduler"]["batch_size_histogram"].items()}
+    rounds = sum(k * v for k, v in hist.items())
+    whole = sum(k * v for k, v in hist.items() if k >= 7) / rounds
+    held = stats["scheduler"]["merge"]
+    if merge:
+        assert held["holds"] > 0 and held["fixed_cost_s"] is not None
+        assert whole > 0.5, hist
+    else:
+        assert held is None
+        assert whole < 0.2, hist
+
 
 @pytest.mark.parametrize("transport", ["zmq", "tcp"])
 async def test_generate_stream_and_stats(transport: str) -> None:

@@ -50,6 +50,15 @@ from .options import (
 )
 
 
+def _merge_note(merge: dict[str, Any] | None) -> str:
+    """The stats line's account of the merge policy (xcosd/nodes/merging.py)."""
+    if not merge or merge.get("fixed_cost_s") is None or merge.get("fill_time_s") is None:
+        return ""
+    return (f"  fixed cost {merge['fixed_cost_s'] * 1e3:.1f} ms  fill time "
+            f"{merge['fill_time_s'] * 1e3:.1f} ms  held {merge['holds']} "
+            f"(filled {merge['holds_filled']})")
+
+
 def run_main(coro: Coroutine[Any, Any, int], use_uvloop: bool = False) -> int:
     """Run the command's coroutine on asyncio, or on uvloop when asked (and installed)."""
     if use_uvloop:
@@ -76,6 +85,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-wait-ms", type=nonneg_float, default=2.0,
                    help="how long a batch waits to fill up (not once every open "
                         "session is in it)")
+    p.add_argument("--no-merge", action="store_true",
+                   help="start queued rounds as soon as the target is free, never "
+                        "waiting for the sessions just answered (see xcosd/nodes/merging.py)")
     p.add_argument("--max-sessions", type=positive_int, default=1024,
                    help="open sessions at most")
     p.add_argument("--max-queue", type=positive_int, default=4096,
@@ -192,7 +204,7 @@ async def _serve(args: argparse.Namespace) -> int:
             target=target, bind=args.join if replica else args.bind,
             transport="replica" if replica else args.transport, link=link_from_args(args),
             curve=None if replica else curve_server(args), max_batch=args.max_batch,
-            max_batch_tokens=args.max_batch_tokens,
+            max_batch_tokens=args.max_batch_tokens, merge_batches=not args.no_merge,
             max_wait_s=args.max_wait_ms / 1000, max_sessions=args.max_sessions,
             max_queue=args.max_queue, max_draft=args.max_draft,
             max_message_bytes=int(args.max_message_mb * (1 << 20)),
@@ -211,7 +223,8 @@ async def _serve(args: argparse.Namespace) -> int:
                 s = cloud.stats()
                 print(f"sessions {s['sessions_active']}  rounds {s['rounds']}  "
                       f"acceptance {s['acceptance_rate']:.3f}  "
-                      f"mean batch {s['scheduler'].get('mean_batch_size', 0):.1f}",
+                      f"mean batch {s['scheduler'].get('mean_batch_size', 0):.1f}"
+                      f"{_merge_note(s['scheduler'].get('merge'))}",
                       file=sys.stderr, flush=True)
         stats = cloud.stats()
     stats.pop("bytes", None)
@@ -244,6 +257,8 @@ def replica_argv(args: argparse.Namespace, backend: str, index: int) -> list[str
             "--timeout", repr(args.timeout), "--parent-pid", str(os.getpid())]
     if args.methods:
         argv += ["--methods", ",".join(args.methods)]
+    if args.no_merge:
+        argv.append("--no-merge")
     if args.metrics_port is not None:
         port = args.metrics_port + index if args.metrics_port else 0
         argv += ["--metrics-port", str(port), "--metrics-host", args.metrics_host]

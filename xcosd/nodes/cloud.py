@@ -187,7 +187,9 @@ class CloudNode:
     ``transport``: ``zmq`` (default), ``tcp`` or ``memory``. ``link``: emulate a link
     on every peer. ``curve``: a :class:`~xcosd.transport.CurveServer`. Batching:
     ``max_batch``, ``max_wait_s``, ``max_batch_tokens`` (rows one batch scores:
-    what bounds the batch a small round waits behind). Limits: ``max_sessions``,
+    what bounds the batch a small round waits behind), ``merge_batches`` (a partial
+    batch waits for the sessions just answered when that beats a second call:
+    ``xcosd/nodes/merging.py``). Limits: ``max_sessions``,
     ``max_sessions_per_peer`` (default half of ``max_sessions``: no peer takes every
     session), ``max_queue``, ``max_draft``, ``max_message_bytes``, ``max_peer_queue`` (messages
     of one peer waiting to be served, and replies waiting to be sent to it).
@@ -202,7 +204,8 @@ class CloudNode:
     def __init__(self, target: LanguageModel, bind: str = "tcp://127.0.0.1:5555", *,
                  transport: str = "zmq", link: LinkSpec | None = None, curve: Any = None,
                  max_batch: int = 32, max_wait_s: float = 0.002,
-                 max_batch_tokens: int | None = 256, max_sessions: int = 1024,
+                 max_batch_tokens: int | None = 256, merge_batches: bool = True,
+                 max_sessions: int = 1024,
                  max_sessions_per_peer: int | None = None, max_queue: int = 4096, max_draft: int = 32,
                  max_message_bytes: int = 16 << 20, max_peer_queue: int = 1024,
                  heartbeat_s: float = 1.0, timeout_s: float = 15.0,
@@ -238,7 +241,8 @@ class CloudNode:
         self._transport_options = dict(transport_options or {})
         self._sched_opts: dict[str, Any] = {"max_batch": max_batch, "max_wait_s": max_wait_s,
                                             "max_queue": max_queue,
-                                            "max_batch_tokens": max_batch_tokens}
+                                            "max_batch_tokens": max_batch_tokens,
+                                            "merge": merge_batches}
         self._listener: Listener | None = None
         self._scheduler: Scheduler | None = None
         self._peers: dict[bytes, _Peer] = {}
@@ -779,7 +783,9 @@ class CloudNode:
             "acceptance_rate": accepted / drafted if drafted else 0.0,
             "mean_acceptance_length": 1 + accepted / c["rounds"] if c["rounds"] else 0.0,
             **c,
-            "scheduler": sched.stats.to_dict() if sched else {},
+            "scheduler": ({**sched.stats.to_dict(),
+                           "merge": sched.merge.to_dict() if sched.merge else None}
+                          if sched else {}),
         }
         if self._listener is not None:
             out["bytes"] = self._listener.meter.to_dict()

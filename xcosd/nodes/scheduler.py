@@ -65,6 +65,7 @@ from ..errors import ModelError, XcosdError
 from ..methods.base import TokenReply
 from ..models.base import LanguageModel
 from ..protocol.cloud import CloudSession, RoundOutcome, ScoreNeeded
+from .merging import MergePolicy
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +210,7 @@ class Scheduler:
                  max_wait_s: float = 0.002, max_queue: int = 1024,
                  max_batch_tokens: int | None = None,
                  inline_max_s: float = INLINE_MAX_S,
-                 live: Callable[[], int] | None = None) -> None:
+                 live: Callable[[], int] | None = None, merge: bool = True) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_batch_tokens is not None and max_batch_tokens < 1:
@@ -225,6 +226,8 @@ class Scheduler:
         #: how many sessions could submit a request (None: unknown, always wait)
         self.live = live
         self.stats = BatchStats()
+        #: when a partial batch waits for the sessions just answered (None: never)
+        self.merge = MergePolicy() if merge else None
         #: (what it would cost the loop, its share of CPU time, rows) of recent batches
         self._costs: deque[tuple[float, float, int]] = deque(maxlen=INLINE_WINDOW)
         #: peer -> its requests, oldest first; a peer is here only while it has some
@@ -263,6 +266,8 @@ class Scheduler:
             q = self._queues[peer] = deque()
             self._rr.append(peer)
         q.append(req)
+        if self.merge is not None:
+            self.merge.returned(req.session, req.enqueued_at)
         self._queued += 1
         self._queued_rows += request_rows(req)
         self._wake.set()
@@ -272,6 +277,8 @@ class Scheduler:
         before its next batch, so it never races a batch that still uses it."""
         # The handle is read in the worker, not here: on a first round the worker
         # creates it during the batch, and reading it now would miss (and leak) it.
+        if self.merge is not None:
+            self.merge.forget(session, time.perf_counter())
         self._to_free.append(session)
         self._wake.set()
 
@@ -315,9 +322,12 @@ class Scheduler:
         loop holds); one that mostly waits, its wall time."""
         if not batch:
             return
+        rows = sum(request_rows(r) for r in batch)
         share = min(1.0, cpu / wall) if wall > 0 else 1.0
         cost = wall if inline or share < INLINE_CPU_SHARE else cpu
-        self._costs.append((cost, share, sum(request_rows(r) for r in batch)))
+        self._costs.append((cost, share, rows))
+        if self.merge is not None:
+            self.merge.record_call(rows, wall)
 
     def _inline(self, rows: int) -> bool:
         """Whether the next batch, of ``rows`` rows (0: only freeing), runs on the
@@ -406,10 +416,18 @@ class Scheduler:
                 return []
             self._wake.clear()
             await self._wake.wait()
-        if not self._budget_reached() and self.max_wait_s > 0:
+        if self._budget_reached():
+            return self._form()
+        merge = self.merge
+        hold = merge.hold_until(time.perf_counter()) if merge is not None else None
+        if self.max_wait_s > 0 or hold is not None:
             deadline = self._oldest() + self.max_wait_s
             while not self._budget_reached() and not self._stopped:
-                left = deadline - time.perf_counter()
+                end = deadline
+                now = time.perf_counter()
+                if hold is not None and merge is not None and merge.pending(now):
+                    end = max(end, hold)
+                left = end - now
                 if left <= 0:
                     break
                 self._wake.clear()
@@ -418,6 +436,10 @@ class Scheduler:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(left):
                         await self._wake.wait()
+            if hold is not None and merge is not None:
+                merge.holds += 1
+                merge.filled += (self._budget_reached()
+                                 or not merge.pending(time.perf_counter()))
         return self._form()
 
     def _pop(self, peer: bytes, q: deque[ScoreNeeded]) -> ScoreNeeded:
@@ -481,7 +503,12 @@ class Scheduler:
                     outcomes = [_failed(e) for _ in current.batch]
                 compute = time.perf_counter() - current.t0
                 self.stats.record(len(current.batch), compute, current.waits)
-                ahead = self._launch_ahead()
+                if self.merge is not None:
+                    self.merge.answered([r.session for r in current.batch],
+                                        time.perf_counter())
+                # the queued rounds start now, unless they wait for the ones just
+                # answered (a merge that pays: xcosd/nodes/merging.py)
+                ahead = None if self._holding() else self._launch_ahead()
                 for req, outcome in zip(current.batch, outcomes, strict=True):
                     outcome.compute_s = compute
                     try:
@@ -491,6 +518,12 @@ class Scheduler:
         finally:
             if ahead is not None and ahead.task is not None:
                 ahead.task.cancel()  # its thread job, if started, is settled by stop()
+
+    def _holding(self) -> bool:
+        """Whether the queued rounds wait for the sessions just answered rather than
+        start before their verdicts go out."""
+        return (self.merge is not None and bool(self._queued) and not self._budget_reached()
+                and self.merge.hold_until(time.perf_counter()) is not None)
 
     def _launch(self, batch: list[ScoreNeeded]) -> _Launched:
         """Start ``batch``: in the worker thread (a task awaits it), or inline, now."""
