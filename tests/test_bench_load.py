@@ -574,3 +574,24 @@ async def test_rounds_bench_reports_rounds_against_the_bare_echo() -> None:
         assert p["ratio"] == pytest.approx(p["rounds_per_s"] / p["echo_msgs_per_s"])
         assert r["ratio"] == p["ratio"]
     assert "ar zmq" in format_rounds(res)
+
+
+def test_a_scaling_sweep_reports_the_gains_of_batching_and_of_merging() -> None:
+    """Each point's batching mode comes from its config (a report from before the
+    merge policy batched without it); the gains compare points at equal devices."""
+    from xcosd.bench.load import BATCHING_MODES, batching_mode, scaling_rows
+
+    def point(n: int, mode: str, tps: float) -> dict[str, Any]:
+        cfg = LoadConfig(devices=n, batching=mode != "off",
+                         merge_batches=mode == "on").to_dict()
+        return {"devices": n, "config": cfg, "tokens_per_s": tps, "mean_batch_size": 1.0,
+                "token_latency_ms": {"p50": 1.0, "p99": 2.0}, "errors_total": 0}
+
+    pts = [point(8, "on", 300.0), point(8, "no merge", 200.0), point(8, "off", 100.0)]
+    assert [batching_mode(p["config"]) for p in pts] == list(BATCHING_MODES)
+    old = dict(pts[0]["config"])
+    del old["merge_batches"]
+    assert batching_mode(old) == "no merge"
+    rows = scaling_rows({"points": pts})
+    assert [(r[1], r[9], r[10]) for r in rows] == [("on", 3.0, 1.5), ("no merge", 2.0, None),
+                                                   ("off", None, None)]

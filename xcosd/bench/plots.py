@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .load.config import batching_mode
+
 
 def _plt() -> Any:
     import matplotlib
@@ -73,20 +75,20 @@ def load_plots(rep: dict[str, Any], out_dir: str | Path, prefix: str = "load") -
 
 
 def scaling_plot(scaling: dict[str, Any], path: str | Path) -> Path:
-    """Aggregate tokens/s against devices, batching on and off, with the cost model's
-    ideal for each (dashed)."""
+    """Aggregate tokens/s against devices for each batching mode, with the cost
+    model's ideal for batching on and off (dashed)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for on, color in ((True, "C0"), (False, "C1")):
-        pts = sorted((p for p in scaling["points"] if p["config"]["batching"] == on),
+    for mode, color in (("on", "C0"), ("no merge", "C2"), ("off", "C1")):
+        pts = sorted((p for p in scaling["points"] if batching_mode(p["config"]) == mode),
                      key=lambda p: p["devices"])
         if not pts:
             continue
         xs = [p["devices"] for p in pts]
-        label = "batching on" if on else "batching off"
+        label = f"batching {mode}" if mode != "no merge" else "batching on, no merge"
         ax.plot(xs, [p["tokens_per_s"] for p in pts], "o-", color=color, label=label)
         ideal = [(p.get("ideal") or {}).get("tokens_per_s") for p in pts]
-        if all(v is not None for v in ideal):
+        if mode != "no merge" and all(v is not None for v in ideal):
             ax.plot(xs, ideal, "--", color=color, alpha=0.6, label=f"{label}: ideal")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("devices")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from xcosd.bench import plots, scale
-from xcosd.bench.load import SCALING_HEADER, generation_settings, scaling_rows
+from xcosd.bench.load import SCALING_HEADER, batching_mode, generation_settings, scaling_rows
 from xcosd.bench.methods import format_report, merge_reports
 from xcosd.bench.report import OUT_DIR, machine, table
 
@@ -142,17 +142,18 @@ def section_scaling(sc: Any) -> list[str]:
     path = plots.scaling_plot(sc, IMG / "load_scaling.png")
     rows = scaling_rows(sc)
     shown = [[r[0], r[1], f"{r[2]:,.1f}", _f(r[3], ",.1f"), _f(r[4], ".2f"), f"{r[5]:.1f}",
-              f"{r[6]:.1f}", f"{r[7]:.1f}", r[8], _f(r[9], ".2f")] for r in rows]
+              f"{r[6]:.1f}", f"{r[7]:.1f}", r[8], _f(r[9], ".2f"), _f(r[10], ".2f")]
+             for r in rows]
     base = sc["base"]
     pts = sc["points"]
-    on = {p["devices"]: p for p in pts if p["config"]["batching"]}
-    off = {p["devices"]: p for p in pts if not p["config"]["batching"]}
+    on = {p["devices"]: p for p in pts if batching_mode(p["config"]) == "on"}
+    off = {p["devices"]: p for p in pts if batching_mode(p["config"]) == "off"}
+    plain = {p["devices"]: p for p in pts if batching_mode(p["config"]) == "no merge"}
     gains = {n: on[n]["tokens_per_s"] / off[n]["tokens_per_s"]
              for n in on if n in off and off[n]["tokens_per_s"] > 0}
     best_n = max(gains, key=lambda n: gains[n]) if gains else None
-    effs = [(p["devices"], p["config"]["batching"], (p.get("ideal") or {}).get("efficiency"))
-            for p in pts]
-    effs_on = [(n, e) for n, b, e in effs if b and e is not None]
+    effs_on = [(n, e) for n, p in on.items()
+               if (e := (p.get("ideal") or {}).get("efficiency")) is not None]
     total_err = sum(p["errors_total"] for p in pts)
     a_ms = 1e3 * ((pts[0].get("ideal") or {}).get("a_s") or 0.0)
     b_ms = 1e3 * ((pts[0].get("ideal") or {}).get("b_s") or 0.0)
@@ -179,9 +180,22 @@ def section_scaling(sc: Any) -> list[str]:
         para.append(
             f"With batching, efficiency ranges from {lo[1]:.2f} ({lo[0]} devices) to "
             f"{hi[1]:.2f} ({hi[0]} devices). The mean batch holds {fill} of the devices the "
-            "ideal assumes in every batch: closed-loop devices whose verdict arrives while a "
-            "batch computes wait for the next one, so batches are smaller than the device "
-            "count and the fixed cost a is paid more often than in the ideal.")
+            "ideal assumes in every batch.")
+    if plain:
+        merged = {n: on[n]["tokens_per_s"] / plain[n]["tokens_per_s"]
+                  for n in on if n in plain and plain[n]["tokens_per_s"] > 0}
+        fill_plain = ", ".join(
+            f"{100 * plain[n]['mean_batch_size'] / min(n, plain[n]['config']['max_batch']):.0f}%"
+            f" at {n}" for n in sorted(plain) if n > 1)
+        para.append(
+            "Without the merge policy (*no merge*) a batch starts as soon as the target is "
+            "free: the devices whose verdicts just went out come back to a busy target and "
+            "queue, and the devices take turns in two groups for good, paying the fixed cost "
+            f"a twice per cycle; its mean batch holds {fill_plain} of the devices. Holding a "
+            "partial batch for the sessions just answered, when they come back sooner than a "
+            "(both measured; `xcosd/nodes/merging.py`), changes throughput by "
+            + ", ".join(f"{merged[n]:.2f}x at {n}" for n in sorted(merged))
+            + " devices.")
     para.append(f"Errors over the whole sweep: {total_err}.")
     return ["## Scaling: devices x batching", "",
             f"Command: `{_rel(sc.get('command', 'xcosd bench load --scaling ...'))}` "

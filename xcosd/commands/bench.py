@@ -127,6 +127,9 @@ def _add_load(bsub: Any) -> None:
     p.add_argument("--warmup-generations", type=nonneg_int, default=1,
                    help="warm-up generations per device (excluded)")
     p.add_argument("--no-batching", action="store_true", help="one session per target call")
+    p.add_argument("--no-merge", action="store_true",
+                   help="the cloud never holds a partial batch for the sessions it just "
+                        "answered (see xcosd/nodes/merging.py)")
     p.add_argument("--max-batch", type=positive_int, default=256, help="sessions per target call")
     p.add_argument("--max-wait-ms", type=nonneg_float, default=2.0,
                    help="how long a batch waits to fill up")
@@ -137,7 +140,8 @@ def _add_load(bsub: Any) -> None:
                    help="seconds per generation")
     add_link_args(p, what="emulate, on every device,")
     p.add_argument("--scaling", default=None, metavar="N,N,...",
-                   help="sweep these device counts, batching on and off (e.g. 1,4,16,64,256)")
+                   help="sweep these device counts, batching on (with and without merging) "
+                        "and off (e.g. 1,4,16,64,256)")
     _add_outputs(p, "the report")
     p.set_defaults(func=run_load, check=check_load)
 
@@ -183,6 +187,7 @@ def load_config(args: argparse.Namespace) -> Any:
         generation=generation_config(args).replace(seed=None), duration_s=duration,
         warmup_s=args.warmup, generations=args.generations,
         warmup_generations=args.warmup_generations, batching=not args.no_batching,
+        merge_batches=not args.no_merge,
         max_batch=args.max_batch, max_wait_s=args.max_wait_ms / 1e3, transport=args.transport,
         procs=args.procs, timeout_s=args.timeout, seed=args.seed,
         link_rate_mbps=args.link_mbps, rtt_ms=args.link_rtt_ms, connect=args.connect,

@@ -53,10 +53,12 @@ from __future__ import annotations
 
 from .analysis import SCHEMA_VERSION, analyse, ideal, summarize, window_of
 from .config import (
+    BATCHING_MODES,
     DEFAULT_PERCENTILES,
     DEFAULT_TARGET,
     PROMPTS,
     LoadConfig,
+    batching_mode,
     draft_spec,
     generation_settings,
     read_prompts,
@@ -66,8 +68,9 @@ from .merge import merge_reports
 from .report import SCALING_HEADER, format_report, scaling_rows
 from .run import RecordingModel, run_load, run_load_sync, run_scaling
 
-__all__ = ["DEFAULT_PERCENTILES", "DEFAULT_TARGET", "ERROR_CLASSES", "PROMPTS", "SCALING_HEADER",
-           "SCHEMA_VERSION", "LoadConfig", "RecordingModel", "Schedule", "WindowEnded", "analyse",
-           "arrival_offsets", "draft_spec", "format_report", "generation_settings", "ideal",
-           "merge_reports", "read_prompts", "run_devices", "run_load", "run_load_sync",
-           "run_scaling", "scaling_rows", "summarize", "window_of"]
+__all__ = ["BATCHING_MODES", "DEFAULT_PERCENTILES", "DEFAULT_TARGET", "ERROR_CLASSES", "PROMPTS",
+           "SCALING_HEADER", "SCHEMA_VERSION", "LoadConfig", "RecordingModel", "Schedule",
+           "WindowEnded", "analyse", "arrival_offsets", "batching_mode", "draft_spec",
+           "format_report", "generation_settings", "ideal", "merge_reports", "read_prompts",
+           "run_devices", "run_load", "run_load_sync", "run_scaling", "scaling_rows", "summarize",
+           "window_of"]

@@ -105,6 +105,9 @@ class LoadConfig:
     batching: bool = True
     max_batch: int = 256
     max_wait_s: float = 0.002
+    #: whether the cloud the tester starts holds a partial batch for the sessions it
+    #: just answered when that pays (``xcosd/nodes/merging.py``)
+    merge_batches: bool = True
     transport: str = "zmq"
     #: device processes; ``None``: 1, or 0 when a model object keeps the devices here
     procs: int | None = None
@@ -224,6 +227,19 @@ class LoadConfig:
         return cls(**kw)
 
 
+#: the cloud's batching in a scaling sweep: batches with the merge policy
+#: (``xcosd/nodes/merging.py``), batches without it, one session per call
+BATCHING_MODES = ("on", "no merge", "off")
+
+
+def batching_mode(config: Mapping[str, Any]) -> str:
+    """Which of :data:`BATCHING_MODES` a report's ``config`` ran (a report written
+    before the merge policy has no ``merge_batches``: it batched without it)."""
+    if not config.get("batching", True):
+        return "off"
+    return "on" if config.get("merge_batches", False) else "no merge"
+
+
 def check_percentiles(qs: Iterable[float]) -> tuple[float, ...]:
     """``qs`` as a sorted tuple without repeats, each in [0, 100]."""
     out = tuple(sorted({float(q) for q in qs}))
@@ -305,6 +321,7 @@ def draft_spec(cfg: LoadConfig) -> str:
     return "synthetic-draft" if synthetic else "default-draft"
 
 
-__all__ = ["DEFAULT_PERCENTILES", "DEFAULT_TARGET", "PROMPTS", "LoadConfig", "check_percentiles",
+__all__ = ["BATCHING_MODES", "DEFAULT_PERCENTILES", "DEFAULT_TARGET", "PROMPTS", "LoadConfig",
+           "batching_mode", "check_percentiles",
            "draft_spec", "generation_settings", "model_name", "percentile_key", "read_prompts",
            "target_spec"]

@@ -7,28 +7,34 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .config import DEFAULT_PERCENTILES, generation_settings, percentile_key
+from .config import DEFAULT_PERCENTILES, batching_mode, generation_settings, percentile_key
+
+
+def _gain(p: dict[str, Any], other: dict[str, Any] | None) -> float | None:
+    return p["tokens_per_s"] / other["tokens_per_s"] if other and other["tokens_per_s"] else None
 
 
 def scaling_rows(scaling: dict[str, Any]) -> list[list[Any]]:
     """``[devices, batching, tokens/s, ideal, efficiency, mean batch, p50 ms, p99 ms,
-    errors]`` per point, and the gain of batching at equal devices."""
-    by = {(p["devices"], p["config"]["batching"]): p for p in scaling["points"]}
+    errors, gain vs off, gain vs no merge]`` per point (the gains of batching and of
+    merging at equal devices; :data:`~xcosd.bench.load.config.BATCHING_MODES`)."""
+    by = {(p["devices"], batching_mode(p["config"])): p for p in scaling["points"]}
     rows = []
     for p in scaling["points"]:
         idl = p.get("ideal") or {}
-        off = by.get((p["devices"], False))
-        gain = (p["tokens_per_s"] / off["tokens_per_s"]
-                if p["config"]["batching"] and off and off["tokens_per_s"] else None)
-        rows.append([p["devices"], "on" if p["config"]["batching"] else "off",
-                     p["tokens_per_s"], idl.get("tokens_per_s"), idl.get("efficiency"),
+        mode = batching_mode(p["config"])
+        n = p["devices"]
+        rows.append([n, mode, p["tokens_per_s"], idl.get("tokens_per_s"), idl.get("efficiency"),
                      p["mean_batch_size"], p["token_latency_ms"]["p50"],
-                     p["token_latency_ms"]["p99"], p["errors_total"], gain])
+                     p["token_latency_ms"]["p99"], p["errors_total"],
+                     _gain(p, by.get((n, "off"))) if mode != "off" else None,
+                     _gain(p, by.get((n, "no merge"))) if mode == "on" else None])
     return rows
 
 
 SCALING_HEADER = ["devices", "batching", "tokens/s", "ideal tokens/s", "efficiency",
-                  "mean batch", "token p50 ms", "token p99 ms", "errors", "gain vs off"]
+                  "mean batch", "token p50 ms", "token p99 ms", "errors", "gain vs off",
+                  "gain vs no merge"]
 
 
 def format_report(rep: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ from ..progress import Progress
 from ..report import machine
 from . import pipe
 from .analysis import Batch, analyse
-from .config import DEFAULT_TARGET, LoadConfig, draft_spec, target_spec
+from .config import BATCHING_MODES, DEFAULT_TARGET, LoadConfig, draft_spec, target_spec
 from .devices import Schedule, arrival_offsets, device_models, run_devices
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ async def run_load(cfg: LoadConfig, *, progress: bool | None = None) -> dict[str
     cloud = CloudNode(target, bind="tcp://127.0.0.1:0", transport=cfg.transport,
                       max_batch=cfg.max_batch if cfg.batching else 1,
                       max_wait_s=cfg.max_wait_s if cfg.batching else 0.0,
+                      merge_batches=cfg.merge_batches and cfg.batching,
                       max_sessions=max(1024, 2 * cfg.devices), max_queue=max(4096, 4 * cfg.devices),
                       timeout_s=max(15.0, cfg.timeout_s))
     async with cloud:
@@ -236,19 +237,23 @@ def no_running_loop(name: str, instead: str) -> None:
 
 
 def run_scaling(base: LoadConfig, devices: Sequence[int] = (1, 4, 16, 64, 256),
-                batching: Sequence[bool] = (True, False), *,
+                modes: Sequence[str] = BATCHING_MODES, *,
                 progress: bool | None = None) -> dict[str, Any]:
-    """One run per (devices, batching); each report keeps its summary only (no
-    per-device list, no raw samples)."""
+    """One run per (devices, batching mode: :data:`BATCHING_MODES`); each report
+    keeps its summary only (no per-device list, no raw samples)."""
+    unknown = set(modes) - set(BATCHING_MODES)
+    if unknown:
+        raise ValueError(f"unknown batching modes {sorted(unknown)}; known: {BATCHING_MODES}")
     points = []
-    for on in batching:
+    for mode in modes:
         for n in devices:
-            cfg = dataclasses.replace(base, devices=n, batching=on)
+            cfg = dataclasses.replace(base, devices=n, batching=mode != "off",
+                                      merge_batches=mode == "on")
             rep = run_load_sync(cfg, progress=progress)
             rep.pop("per_device", None)
             rep.pop("samples", None)
             points.append(rep)
-            log.info("%d devices, batching %s: %.0f tokens/s", n, on, rep["tokens_per_s"])
+            log.info("%d devices, batching %s: %.0f tokens/s", n, mode, rep["tokens_per_s"])
     return {"kind": "load-scaling", "base": base.to_dict(), "points": points,
             "machine": machine()}
 
