@@ -511,6 +511,9 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
                         for n, ms in outside)
             + ": about the same time, over a call that gets shorter as the devices spread "
               "over more replicas.")
+    bound = _turns_bound(rep)
+    if bound:
+        lines.append(bound)
     lines += [killed_sentence(rep.get("killed")), ""]
     return lines
 
@@ -526,6 +529,32 @@ def _outside_call(rep: dict[str, Any]) -> list[tuple[int, float]]:
     rows = c["draft_len"] + 1
     return [(p["replicas"], p["round_ms_p50"] - (a + b * c["devices"] / p["replicas"] * rows))
             for p in rep["points"] if p.get("round_ms_p50") is not None]
+
+
+def _turns_bound(rep: dict[str, Any]) -> str | None:
+    """What the cost model allows once a replica's devices cannot all be back
+    within a call's fixed cost ``a`` (``xcosd/nodes/merging.py``): its batches take
+    turns in two groups, each paying ``a``; for a synthetic target only."""
+    c = rep["config"]
+    costs = synthetic_costs(str(c["target"]))
+    goals = [(n, g) for n, g in GOALS.items() if n in c["replicas"]]
+    if costs is None or not goals or 1 not in c["replicas"]:
+        return None
+    a, b = 1e3 * costs[0], 1e3 * costs[1]  # ms
+    m = c["devices"] * (c["draft_len"] + 1)  # rows of every device's round
+    turns_1 = 2 * a + b * m
+    parts = []
+    for n, goal in goals:
+        turns_n = 2 * a + b * m / n
+        need = turns_1 / goal - (a + b * m / n)
+        parts.append(f"{n} replicas: turns cap the ratio at {turns_1 / turns_n:.2f}x, and "
+                     f"whole batches reach {goal:.1f}x only if the devices are back within "
+                     f"{need:.1f} ms of their verdicts")
+    return ("Where a replica's devices take longer than the fixed cost a to come back, its "
+            "batches take turns in two groups, each paying a: a cycle costs 2a + b·m "
+            f"({turns_1:.0f} ms for the {c['devices']} devices of one replica) where the "
+            f"ideal counts a + b·m. With one replica taking turns, "
+            + "; ".join(parts) + ".")
 
 
 def format_report(rep: dict[str, Any]) -> str:

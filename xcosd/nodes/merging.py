@@ -146,6 +146,11 @@ class MergePolicy:
             self._drop(s, now)
         return bool(self._expected)
 
+    def expected(self, now: float) -> int:
+        """How many sessions of the batch answered last a hold would wait for."""
+        self.pending(now)
+        return len(self._expected)
+
     def hold_until(self, now: float) -> float | None:
         """Until when the next batch waits for the answered sessions, or ``None``:
         nobody is pending, or merging does not pay."""

@@ -11,8 +11,13 @@ worker thread, so the event loop keeps moving bytes for every other session
 while the target computes (network I/O and compute overlap; while batch *k*
 computes, batch *k + 1* fills up, and when requests are queued as batch *k*
 finishes, batch *k + 1* starts in the thread before *k*'s verdicts are encoded and
-sent).
+sent, unless it should wait for *k*'s sessions: see ``merge`` below).
 
+* Merging (``merge``, :class:`~xcosd.nodes.merging.MergePolicy`): when the sessions
+  just answered come back sooner than a call's measured fixed cost, the queued
+  rounds wait for them (at most that cost after the verdicts went out), so that
+  closed-loop devices do not split into two groups that take turns in half
+  batches, each paying the fixed cost.
 * Fairness: a batch takes requests **round-robin across peers** (one per peer per
   pass; the rotation carries over to the next batch), so a peer with many
   sessions cannot fill every batch and push another peer's round behind its own;
@@ -420,6 +425,8 @@ class Scheduler:
             return self._form()
         merge = self.merge
         hold = merge.hold_until(time.perf_counter()) if merge is not None else None
+        if hold is not None and not self._room_for_answered():
+            hold = None
         if self.max_wait_s > 0 or hold is not None:
             deadline = self._oldest() + self.max_wait_s
             while not self._budget_reached() and not self._stopped:
@@ -523,7 +530,21 @@ class Scheduler:
         """Whether the queued rounds wait for the sessions just answered rather than
         start before their verdicts go out."""
         return (self.merge is not None and bool(self._queued) and not self._budget_reached()
-                and self.merge.hold_until(time.perf_counter()) is not None)
+                and self.merge.hold_until(time.perf_counter()) is not None
+                and self._room_for_answered())
+
+    def _room_for_answered(self) -> bool:
+        """Whether the sessions a hold would wait for fit in the batch beside the
+        queued rounds (by sessions, and by rows at the queued rounds' mean size): if
+        not, the batch fills up without them and holding only delays it."""
+        assert self.merge is not None
+        n = self.merge.expected(time.perf_counter())
+        if self._queued + n > self.max_batch:
+            return False
+        if self.max_batch_tokens is not None and self._queued:
+            per = self._queued_rows / self._queued
+            return self._queued_rows + per * n <= self.max_batch_tokens
+        return True
 
     def _launch(self, batch: list[ScoreNeeded]) -> _Launched:
         """Start ``batch``: in the worker thread (a task awaits it), or inline, now."""
