@@ -54,6 +54,14 @@ def test_sampling_section_reports_the_flat_row_and_the_batch_trend() -> None:
     assert "over the 2 row shapes at most 1.10 and 0.20 ms" in text
     assert "| 1 session | 64 sessions |" in text
     assert "T=1 0.50 -> 1.00, top-p 0.95 2.50 -> 5.00 ms" in text
+    assert "One call or row by row" not in text  # a report from before that measurement
+    vector = {"top-k 50": {"1": {"row_by_row_ms": 0.4, "one_call_ms": 0.3},
+                           "64": {"row_by_row_ms": 0.5, "one_call_ms": 0.6}}}
+    text = "\n".join(section_sampling({"vocab": 262_144, "warp": warp, "batch": batch,
+                                       "vector": vector}))
+    assert "| warper | 1 row | 64 rows |" in text and "| top-k 50 | 0.400 / 0.300 |" in text
+    assert "At 64 rows one call costs, per row, top-k 50 1.20x what" in text
+    assert "top-k 50 0.40 -> 0.50 row by row, 0.30 -> 0.60 in one call" in text
     assert section_sampling(None) == []
 
 

@@ -585,6 +585,30 @@ def section_sampling(sp: Any) -> list[str]:
               "passes over 1 MB of memory and a session's verification works on its own rows, "
               "so batching saves no per-row work on a CPU; a large batch's rows also stop "
               "fitting the caches.", ""]
+    vec = sp.get("vector")
+    if vec:
+        ns = list(next(iter(vec.values())))
+        vec_rows = [[label, *(f"{by[n]['row_by_row_ms']:.3f} / {by[n]['one_call_ms']:.3f}"
+                              for n in ns)] for label, by in vec.items()]
+        ratio = ", ".join(f"{label} {by[ns[-1]]['one_call_ms'] / by[ns[-1]]['row_by_row_ms']:.2f}x"
+                          for label, by in vec.items())
+        trend = "; ".join(
+            f"{label} {by[ns[0]]['row_by_row_ms']:.2f} -> {by[ns[-1]]['row_by_row_ms']:.2f} "
+            f"row by row, {by[ns[0]]['one_call_ms']:.2f} -> {by[ns[-1]]['one_call_ms']:.2f} "
+            "in one call" for label, by in vec.items())
+        lines += ["One call or row by row: ms per row of warping N `llm` rows (the rows one "
+                  "verification step reads across N sessions) with `warp` on each row in turn "
+                  "/ in one vectorised call on the N-row block (the same bits either way).", "",
+                  table(vec_rows, ["warper", *(f"{n} row{'s' if n != '1' else ''}" for n in ns)],
+                        markdown=True), "",
+                  f"At {ns[-1]} rows one call costs, per row, {ratio} what warping row by row "
+                  f"costs. Per row from {ns[0]} to {ns[-1]} rows (ms): {trend}. A vectorised "
+                  "call saves only the per-call overhead, tens of microseconds against a row's "
+                  "passes over 1 MB, and each of its passes runs over the whole block, which "
+                  "no longer fits the caches; so the cloud warps each session's rows as its "
+                  "verification reads them (and only those). Where a call's fixed cost "
+                  "dominates, as an accelerator's kernel launches do, one call per batch would "
+                  "pay; this machine has none to measure it on.", ""]
     return lines
 
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m xcosd.bench.sampling [--quick]
 
-Two measurements, on synthetic rows over 262,144 ids (Gemma-3's vocabulary size):
+Three measurements, on synthetic rows over 262,144 ids (Gemma-3's vocabulary size):
 
 * **warp ms per row** (median of repeated calls) of :func:`xcosd.sampling.warp` on one
   row, for top-p 0.95, top-k 50 and T=0.7, on four row shapes: ``flat`` (uniform
@@ -14,6 +14,10 @@ Two measurements, on synthetic rows over 262,144 ids (Gemma-3's vocabulary size)
   session's rows warped as its verification reads them,
   :class:`~xcosd.sampling.WarpedRows`) plus every session's verification (commit,
   accept test, bonus or rejection candidates), per batch and per session.
+* **one call or row by row**: ms per row of warping N ``llm`` rows (the rows one
+  verification step reads across N sessions) in one vectorised call,
+  ``warp(block)``, against :func:`~xcosd.sampling.warp` on each row in turn: whether
+  a batch's warping gets cheaper per row as the batch grows on this machine.
 
 Prints both tables and writes ``bench/out/sampling.json``. Wall times on a shared
 machine are noisy; the medians over repetitions are what is reported.
@@ -167,6 +171,28 @@ def batch_table(reps: int, rng: np.random.Generator, sessions: Sequence[int]
     return out
 
 
+def _row_by_row(block: np.ndarray, params: SamplingParams) -> list[np.ndarray]:
+    return [warp(r, params) for r in block]
+
+
+def vector_table(reps: int, rng: np.random.Generator, sessions: Sequence[int]
+                 ) -> dict[str, dict[str, Any]]:
+    """ms per row of warping ``n`` rows in one call and row by row, for each ``n``."""
+    block = rows("llm", max(sessions), rng)
+    out: dict[str, dict[str, Any]] = {}
+    for label, params in WARPERS.items():
+        if params.identity:
+            continue
+        out[label] = {}
+        for n in sessions:
+            sub = block[:n]
+            k = max(3, reps // n)
+            alone = _median_ms(functools.partial(_row_by_row, sub, params), k)
+            whole = _median_ms(functools.partial(warp, sub, params), k)
+            out[label][str(n)] = {"row_by_row_ms": alone / n, "one_call_ms": whole / n}
+    return out
+
+
 def format_tables(res: dict[str, Any]) -> str:
     lines = [f"warp ms per row, {VOCAB:,} ids (median; kept tokens in brackets)"]
     labels = [w for w in WARPERS if w != "T=1"]
@@ -183,6 +209,14 @@ def format_tables(res: dict[str, Any]) -> str:
         cells = "".join(f"{by[s]['ms_per_batch']:>10.1f} / {by[s]['ms_per_session']:>6.2f}"
                         for s in sessions)
         lines.append(f"{label:12s}{cells}")
+    if "vector" in res:
+        lines += ["", "warping N rows: ms per row, row by row / in one call"]
+        sessions = list(next(iter(res["vector"].values())))
+        lines.append(f"{'warper':12s}" + "".join(f"{s + ' rows':>18s}" for s in sessions))
+        for label, by in res["vector"].items():
+            cells = "".join(f"{by[s]['row_by_row_ms']:>8.3f} / {by[s]['one_call_ms']:>6.3f}"
+                            for s in sessions)
+            lines.append(f"{label:12s}{cells}")
     return "\n".join(lines)
 
 
@@ -194,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     reps = 5 if args.quick else 30
     sessions = SESSIONS[:3] if args.quick else SESSIONS
     res = {"machine": platform.platform(), "vocab": VOCAB, "warp": warp_table(reps, rng),
-           "batch": batch_table(2 * reps, rng, sessions)}
+           "batch": batch_table(2 * reps, rng, sessions),
+           "vector": vector_table(2 * reps, rng, sessions)}
     print(format_tables(res))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(res, indent=2))
