@@ -700,7 +700,10 @@ def replace_section(text: str, heading: str, section: list[str], before: tuple[s
 
 #: what ``--only`` can rewrite: name -> (heading prefix, the section, the headings
 #: it goes before when the file has none yet)
-SECTIONS = {"soak": ("## Soak", lambda: section_soak(_load("soak.json")),
+SECTIONS = {"scaling": ("## Scaling", lambda: section_scaling(_load("load_scaling.json")),
+                        ("## Replicas", "## Soak", "## Methods", "## Sizes used",
+                         MUTATION_HEADING)),
+            "soak": ("## Soak", lambda: section_soak(_load("soak.json")),
                      ("## Methods", REAL_PAIR_HEADING, "## Framework overhead", "## Sizes used",
                       MUTATION_HEADING)),
             "kv-batch": (KV_HEADING, lambda: section_kv(_load("kv_batch.json")),
