@@ -20,10 +20,12 @@ phone) keep the turns, which then overlap the devices' work with the target's.
 
 :class:`MergePolicy` measures both: ``a`` by a least-squares line through the
 recent calls' (rows, seconds), kept from the last window whose sizes varied
-enough to fit one; ``R`` as the median *fill time* of recent batches, from their
-verdicts going out to the last of their sessions being back (a batch whose
-sessions were not all back when the next verdicts went out counts as never
-filled: a hold waits for the last one, so that is the time it would cost). It
+enough to fit one; ``R`` as the *fill time* of recent batches, from their verdicts
+going out to the last of their sessions being back (a batch whose sessions were
+not all back when the next verdicts went out counts as never filled: a hold waits
+for the last one, so that is the time it would cost), taken at its
+:data:`FILL_QUANTILE` quantile: near the break-even a hold that the last session
+misses costs that session a whole batch more, so only a clear win is taken. It
 answers how long the batch should be held: until every answered session that is
 still open is back, and never longer than ``a`` after the answers went out, which
 bounds what a wrong guess can cost by what splitting costs (the ski-rental rule).
@@ -49,6 +51,8 @@ MIN_CALLS = 8
 MIN_SPREAD = 1.25
 #: fill times needed before one is estimated
 MIN_FILLS = 4
+#: the quantile of recent fill times that must beat the fixed cost
+FILL_QUANTILE = 0.9
 #: without a fit, one batch in this many is held to measure a larger one
 PROBE_EVERY = 32
 
@@ -131,11 +135,13 @@ class MergePolicy:
         return self._fixed
 
     def fill_time(self) -> float | None:
-        """The median seconds from a batch's verdicts to the last of its sessions
-        back (``inf`` when most were not all back before the next verdicts)."""
+        """Seconds within which :data:`FILL_QUANTILE` of recent batches had every
+        session back after their verdicts (``inf`` when more were not all back before
+        the next verdicts)."""
         if len(self._fills) < MIN_FILLS:
             return None
-        return float(statistics.median(tuple(self._fills)))
+        fills = sorted(self._fills)
+        return float(fills[min(len(fills) - 1, int(FILL_QUANTILE * len(fills)))])
 
     # -- deciding ---------------------------------------------------------------
 
