@@ -771,6 +771,47 @@ async def test_a_batch_waits_only_while_another_session_could_join() -> None:
 
 
 
+async def test_a_batch_is_held_only_for_sessions_that_fit_in_it() -> None:
+    """Holding the queued rounds for the sessions just answered pays only if they
+    can join the batch: beyond ``max_batch`` sessions or ``max_batch_tokens`` rows
+    the batch fills up without them, and holding would only delay it."""
+    target, reqs = _rounds([1, 2, 3])
+
+    async def deliver(session: Any, outcome: RoundOutcome) -> None:
+        pass
+
+    made: list[Scheduler] = []
+
+    def primed(**limits: Any) -> Scheduler:
+        sched = Scheduler(target, deliver, **limits)
+        made.append(sched)
+        assert sched.merge is not None
+        for rows in (5, 10, 20, 40, 5, 10, 20, 40):  # a = 30 ms, b = 1 ms a row
+            sched.merge.record_call(rows, 0.03 + 0.001 * rows)
+        for k in range(4):  # answered sessions come back within 2 ms
+            sched.merge.answered([k], float(k))
+            sched.merge.returned(k, k + 0.002)
+        sched.merge.answered([reqs[0].session, reqs[1].session], time.perf_counter())
+        sched.submit(reqs[2])  # 5 rows queued; the two answered ones would add 10
+        return sched
+
+    assert primed(max_batch=3)._holding()
+    assert not primed(max_batch=2)._holding()
+    assert primed(max_batch=8, max_batch_tokens=15)._holding()
+    assert not primed(max_batch=8, max_batch_tokens=14)._holding()
+    off = Scheduler(target, deliver, max_batch=3, merge=False)
+    off.submit(reqs[2])
+    assert off.merge is None and not off._holding()
+    # once the answered sessions are back (or ended), nobody is waited for
+    sched = primed(max_batch=3)
+    sched.free(reqs[0].session)  # what the node does when a session ends
+    assert sched._holding()  # the other one is still expected
+    sched.submit(reqs[1])
+    assert not sched._holding()
+    for s in (off, *made):
+        await s.close()
+
+
 async def test_the_next_batch_computes_while_verdicts_go_out() -> None:
     """With rounds already queued, the next batch starts in the worker thread before
     the last batch's verdicts are delivered: the thread computes while the loop
