@@ -196,6 +196,14 @@ def section_scaling(sc: Any) -> list[str]:
             "(both measured; `xcosd/nodes/merging.py`), changes throughput by "
             + ", ".join(f"{merged[n]:.2f}x at {n}" for n in sorted(merged))
             + " devices.")
+        full = [n for n in sorted(merged)
+                if max(on[n]["mean_batch_size"], plain[n]["mean_batch_size"])
+                < 0.6 * min(n, on[n]["config"]["max_batch"])]
+        if full:
+            para.append(
+                f"At {', '.join(map(str, full))} devices both modes' batches stop at the "
+                "cloud's row bound (`max_batch_tokens`, 256 rows by default) well short of "
+                "the device count: there is no room to merge, and the ratio is noise.")
     para.append(f"Errors over the whole sweep: {total_err}.")
     return ["## Scaling: devices x batching", "",
             f"Command: `{_rel(sc.get('command', 'xcosd bench load --scaling ...'))}` "
