@@ -193,6 +193,17 @@ def vector_table(reps: int, rng: np.random.Generator, sessions: Sequence[int]
     return out
 
 
+def _pairs(block: dict[str, dict[str, Any]], unit: str, width: int, first: str, first_w: int,
+           first_d: int, second: str, second_d: int) -> list[str]:
+    """A warper x N table whose cells are two figures, ``first / second``."""
+    ns = list(next(iter(block.values())))
+    out = [f"{'warper':12s}" + "".join(f"{n + ' ' + unit:>{width}s}" for n in ns)]
+    for label, by in block.items():
+        out.append(f"{label:12s}" + "".join(
+            f"{by[n][first]:>{first_w}.{first_d}f} / {by[n][second]:>6.{second_d}f}" for n in ns))
+    return out
+
+
 def format_tables(res: dict[str, Any]) -> str:
     lines = [f"warp ms per row, {VOCAB:,} ids (median; kept tokens in brackets)"]
     labels = [w for w in WARPERS if w != "T=1"]
@@ -203,20 +214,10 @@ def format_tables(res: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"cloud batch: warp + verify (xcosd-e, f32), sessions x {DRAFT + 1} rows, "
                  "ms per batch / per session")
-    sessions = list(next(iter(res["batch"].values())))
-    lines.append(f"{'warper':12s}" + "".join(f"{s + ' sess':>20s}" for s in sessions))
-    for label, by in res["batch"].items():
-        cells = "".join(f"{by[s]['ms_per_batch']:>10.1f} / {by[s]['ms_per_session']:>6.2f}"
-                        for s in sessions)
-        lines.append(f"{label:12s}{cells}")
+    lines += _pairs(res["batch"], "sess", 20, "ms_per_batch", 10, 1, "ms_per_session", 2)
     if "vector" in res:
         lines += ["", "warping N rows: ms per row, row by row / in one call"]
-        sessions = list(next(iter(res["vector"].values())))
-        lines.append(f"{'warper':12s}" + "".join(f"{s + ' rows':>18s}" for s in sessions))
-        for label, by in res["vector"].items():
-            cells = "".join(f"{by[s]['row_by_row_ms']:>8.3f} / {by[s]['one_call_ms']:>6.3f}"
-                            for s in sessions)
-            lines.append(f"{label:12s}{cells}")
+        lines += _pairs(res["vector"], "rows", 18, "row_by_row_ms", 8, 3, "one_call_ms", 3)
     return "\n".join(lines)
 
 
