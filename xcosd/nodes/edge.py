@@ -73,6 +73,7 @@ from ..transport.base import Connection
 from ..vocab import VocabMap, Vocabulary
 from ..wire.frames import Limits, decode_message, message_bytes
 from .drafter import Drafter
+from .inbox import Inbox
 from .stats import GenerationResult, GenerationStats
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,7 @@ class EdgeNode:
         self._recv_task: asyncio.Task[None] | None = None
         self._hb_task: asyncio.Task[None] | None = None
         self._control: asyncio.Queue[Message] = asyncio.Queue()
-        self._inboxes: dict[int, asyncio.Queue[Any]] = {}
+        self._inboxes: dict[int, Inbox] = {}
         #: each live generation's draft model session, by session id
         self._drafters: dict[int, Drafter] = {}
         #: the draft-length policy of the last generation that measured its costs
@@ -629,8 +630,7 @@ class EdgeNode:
         watch = _StopStrings(cfg.stop_strings, on_text)
         st = GenerationStats(method=es.method.name, codec=es.method.codec.name)
         trace: list[tuple[str, int]] = []
-        inbox: asyncio.Queue[Any] = asyncio.Queue()
-        self._inboxes[s] = inbox
+        inbox = self._inboxes[s] = Inbox()
         t0 = time.perf_counter()
         opened = False
         speculate = cfg.resolved_speculate()
@@ -651,6 +651,7 @@ class EdgeNode:
                         await self._open(es, inbox, st, trace, prompt_ids)
         finally:
             self._inboxes.pop(s, None)
+            inbox.close()
             if es.drafting.measure and es.drafting.step_s is not None:
                 self._learned = es.drafting
             if opened and self._connected and self._conn is not None:
@@ -703,7 +704,7 @@ class EdgeNode:
         if trace is not None:
             trace.append(("up", n))
 
-    async def _next(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
+    async def _next(self, es: EdgeSession, inbox: Inbox, st: GenerationStats,
                     trace: list[tuple[str, int]]) -> Message:
         """The next message for ``es``. An answer that is late is asked for again
         (same ``seq``: see the module docstring), up to ``answer_timeout_s``."""
@@ -714,11 +715,7 @@ class EdgeNode:
                 raise TimeoutError(f"session {es.s}: no answer from the cloud within "
                                    f"{self.answer_timeout_s:g} s")
             try:
-                if inbox.empty():
-                    async with asyncio.timeout(min(self.resend_after_s, left)):
-                        item = await inbox.get()
-                else:  # already here: no deadline to set up
-                    item = inbox.get_nowait()
+                item = await inbox.get(min(self.resend_after_s, left))
             except TimeoutError:
                 again = es.resend_last()
                 if again is not None:
@@ -751,7 +748,7 @@ class EdgeNode:
         await asyncio.sleep(delay)
         return min(1.0, delay * 2)
 
-    async def _open(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
+    async def _open(self, es: EdgeSession, inbox: Inbox, st: GenerationStats,
                     trace: list[tuple[str, int]], prompt_ids: np.ndarray | None) -> None:
         """Open (or re-open) ``es``: on a new connection or a lost session with a new
         ``open``; after ``busy`` with the same one again (nothing was generated, so
@@ -769,8 +766,7 @@ class EdgeNode:
                     await self._send(m, st, trace)
             except _ConnectionLost as lost:
                 await self._recover(lost.epoch)
-                while not inbox.empty():
-                    inbox.get_nowait()
+                inbox.clear()
                 msg = es.open()
                 continue
             except _SessionLost:
@@ -782,16 +778,15 @@ class EdgeNode:
                 continue
             return
 
-    async def _resume(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
+    async def _resume(self, es: EdgeSession, inbox: Inbox, st: GenerationStats,
                       trace: list[tuple[str, int]], epoch: int,
                       prompt_ids: np.ndarray | None) -> None:
         await self._recover(epoch)
-        while not inbox.empty():  # whatever the old connection left behind
-            inbox.get_nowait()
+        inbox.clear()  # whatever the old connection left behind
         st.resumes += 1
         await self._open(es, inbox, st, trace, prompt_ids)
 
-    async def _round(self, es: EdgeSession, inbox: asyncio.Queue[Any], st: GenerationStats,
+    async def _round(self, es: EdgeSession, inbox: Inbox, st: GenerationStats,
                      trace: list[tuple[str, int]], on_text: Callable[[str], None] | None,
                      speculate: bool = False) -> None:
         t = time.perf_counter()
@@ -846,7 +841,7 @@ class EdgeNode:
         job.add_done_callback(self._jobs.discard)
         return stop
 
-    async def _finish_round(self, es: EdgeSession, inbox: asyncio.Queue[Any],
+    async def _finish_round(self, es: EdgeSession, inbox: Inbox,
                             st: GenerationStats, trace: list[tuple[str, int]],
                             on_text: Callable[[str], None] | None,
                             before: tuple[float, int, int, int, int, int] | None,
