@@ -632,8 +632,23 @@ def sample_index(weights: np.ndarray, rng: np.random.Generator) -> int:
     Inverse-CDF on float64 running sums: one uniform per draw, so the number of random
     numbers consumed never depends on the vector (reproducible across sides).
     """
-    w, blocks, c, total = _prepare(weights)
-    return _draw(w, blocks, c, rng.random() * total)
+    w = np.asarray(weights)
+    n = w.shape[0]
+    if n > 4 * _SAMPLE_BLOCK:
+        w, blocks, c, total = _prepare(w)
+        return _draw(w, blocks, c, rng.random() * total)
+    # a short row (a small vocabulary's draft step): _prepare's and _draw's cumsum
+    # path inlined, the same operations in the same order (the same index)
+    c = w.cumsum(dtype=np.float64)
+    total = float(c[-1])
+    if not total > 0:
+        raise InvalidDistribution("cannot sample from a vector with no mass")
+    i = int(c.searchsorted(rng.random() * total, side="right"))
+    if i > n - 1:
+        i = n - 1
+    while i > 0 and w[i] <= 0:
+        i -= 1
+    return i
 
 
 def sample_many(weights: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -91,8 +91,9 @@ class SrDv(Method):
             pos = space.to_common[reply.ids]
             v = reply.values.astype(np.float64)
             q = np.where(pos >= 0, state.q_common[np.maximum(pos, 0)], 0.0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                alpha = np.where(v > 0, np.maximum(v - q, 0.0) / v, 0.0)
+            # max(v - q, 0) / v where v > 0, else 0 (divided only where it is
+            # defined: no floating-point state to switch around every reply)
+            alpha = np.divide(np.maximum(v - q, 0.0), v, out=np.zeros_like(v), where=v > 0)
             alpha[pos < 0] = 1.0  # V_O: q = 0
             hits = np.flatnonzero(rng.random(k) < alpha)
             if hits.size:

@@ -22,7 +22,7 @@ def restrict_to_common(q_draft: np.ndarray, common_draft_ids: np.ndarray) -> np.
     # gather the float32 values, total them in float64, scale in place: any
     # normalisation is exact as long as the same vector drafts, travels and resolves
     sub = np.asarray(q_draft, dtype=np.float32)[common_draft_ids]
-    z = float(sub.sum(dtype=np.float64))
+    z = float(np.add.reduce(sub, dtype=np.float64))  # ndarray.sum's own reduction
     if not z > 0:
         raise InvalidDistribution("the draft distribution has no mass on V_C")
     sub /= z

@@ -107,13 +107,17 @@ class ContextModel:
         out: list[np.ndarray] = []
         for session, new_ids in batch:
             new = [int(i) for i in new_ids]
-            self._check_ids(new)
+            if new:
+                self._check_ids(new)
             rows = np.empty((len(new) + 1, self.vocab.size), dtype=np.float32)
             ctx = session.ids
             base = len(ctx)
             ctx.extend(new)
-            for k in range(len(new) + 1):
+            for k in range(len(new)):
                 self._fill_row(_Prefix(ctx, base + k), rows[k])
+            # the last row's context is the whole list: no view needed (a drafting
+            # step scores exactly this one row)
+            self._fill_row(ctx, rows[len(new)])
             session.cached = len(ctx)
             out.append(rows)
         return out

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ..wire.frames import Buffer, frame_len, message_type
+from ..wire.frames import Buffer, message_bytes, message_type
 
 Direction = Literal["up", "down"]
 
@@ -53,9 +53,10 @@ class Meter:
     down: dict[str, Tally] = field(default_factory=dict)
 
     def record(self, direction: Direction, frames: Sequence[Buffer], overhead: int,
-               mtype: str | None = None) -> Tally:
-        """Count one message; ``overhead`` is the transport's framing bytes."""
-        payload = sum(frame_len(f) for f in frames)
+               mtype: str | None = None) -> None:
+        """Count one message; ``overhead`` is the transport's framing bytes. (Every
+        message passes here, so nothing is built that the counts do not need.)"""
+        payload = message_bytes(frames)
         t = mtype if mtype is not None else message_type(frames)
         side = self.up if direction == "up" else self.down
         tally = side.get(t)
@@ -65,7 +66,6 @@ class Meter:
         tally.frames += len(frames)
         tally.payload += payload
         tally.wire += payload + overhead
-        return Tally(1, len(frames), payload, payload + overhead)
 
     def total(self, direction: Direction) -> Tally:
         out = Tally()

@@ -176,11 +176,13 @@ class Readiness:
         if old is not None and not old.is_closed():
             old.remove_reader(self._fd)
 
-    async def wait(self, mask: int) -> None:
+    async def wait(self, mask: int, events: int | None = None) -> None:
         """Return once the socket is ready for ``mask`` (``POLLIN``/``POLLOUT``), or
-        :meth:`close` was called."""
+        :meth:`close` was called. ``events``: ``ZMQ_EVENTS`` as the caller just read
+        it, with no operation on the socket since (not asked again)."""
         loop = self._watch()
-        events = _events(self._sock)
+        if events is None:
+            events = _events(self._sock)
         self._wake(events)  # asking may have taken the edge another waiter sleeps on
         if events & mask:
             return
@@ -311,6 +313,10 @@ class ZmqConnection(Connection):
         self._writer: asyncio.Task[None] | None = None
         #: what went wrong handing over a queued message: raised by the next call
         self._error: TransportError | None = None
+        #: the loop this connection last sent in and its flusher (looked up once:
+        #: the weak map's lookup builds a weak reference, a cost every send paid)
+        self._flush_loop: asyncio.AbstractEventLoop | None = None
+        self._flush_to: _Flusher | None = None
 
     def framing_overhead(self, frames: Frames) -> int:
         """ZMTP's frame headers, and CURVE's box per frame when encrypted."""
@@ -350,7 +356,12 @@ class ZmqConnection(Connection):
         # metered when queued, as the TCP stream meters what it buffers
         self.meter.record("up", msg, self.framing_overhead(msg))
         if len(self._out) == 1 and self._writer is None:
-            _flusher().add(self)
+            loop = asyncio.get_running_loop()
+            flusher = self._flush_to
+            if flusher is None or self._flush_loop is not loop:
+                flusher = self._flush_to = _flusher()
+                self._flush_loop = loop
+            flusher.add(self)
 
     def _flush(self) -> None:
         """Hand the queue to ZeroMQ, in order, as far as it takes it now."""
@@ -399,13 +410,20 @@ class ZmqConnection(Connection):
             self._check_usable()
             try:
                 # asked first: a receive that finds nothing raises, which costs more
-                msg = _recv_parts(sock) if _events(sock) & _POLLIN else None
+                events = _events(sock)
+            except zmq.ZMQError as e:
+                raise self._recv_error(e) from e
+            if not events & _POLLIN:
+                # nothing received, so no edge swallowed since that answer: the wait
+                # (which wakes the other waiters it allows) starts from it
+                await self._ready.wait(_POLLIN, events)
+                continue
+            try:
+                msg = _recv_parts(sock)
             except zmq.Again:
                 msg = None
             except zmq.ZMQError as e:
-                if self._closed:
-                    raise TransportError("connection is closed", code="closed") from e
-                raise TransportError(f"recv failed: {e}", code="recv") from e
+                raise self._recv_error(e) from e
             finally:
                 self._ready.poke()
             if msg is None:
@@ -413,6 +431,11 @@ class ZmqConnection(Connection):
                 continue
             self.meter.record("down", msg, self.framing_overhead(msg))
             return msg
+
+    def _recv_error(self, e: zmq.ZMQError) -> TransportError:
+        if self._closed:
+            return TransportError("connection is closed", code="closed")
+        return TransportError(f"recv failed: {e}", code="recv")
 
     async def close(self) -> None:
         if self._closed:
