@@ -307,8 +307,10 @@ class Method:
 
     def draft_message(self, ids: np.ndarray, q_rows: list[np.ndarray], space: Space) -> Draft:
         """Uplink for drafts ``ids`` (target ids) drawn from ``q_rows`` (V_C order)."""
-        pos = space.to_common[ids]
-        q_values = np.array([q[p] for q, p in zip(q_rows, pos, strict=True)], dtype=np.float32)
+        pos = space.to_common[ids].tolist()
+        # .item: Python floats (exact for float32 values), not numpy scalars to inspect
+        q_values = np.array([q.item(p) for q, p in zip(q_rows, pos, strict=True)],
+                            dtype=np.float32)
         return Draft(ids=np.asarray(ids, dtype=np.int64), q_values=q_values)
 
     # -- server -------------------------------------------------------------

@@ -185,10 +185,13 @@ class Drafter:
         assert self.session is not None
         row = self.model.score([(self.session, [])])[0][-1]
         try:
-            # the TLI vector restrict_to_common(warp(row)), from the kept set only
-            q, support = restrict_kept_support(warp_kept(row, self.params),
-                                               self.vmap.common_draft_ids,
-                                               self.vmap.draft_to_common)
+            if self.params.identity:  # no warper: what warp_kept would hand back as is
+                q, support = restrict_to_common(row, self.vmap.common_draft_ids), None
+            else:
+                # the TLI vector restrict_to_common(warp(row)), from the kept set only
+                q, support = restrict_kept_support(warp_kept(row, self.params),
+                                                   self.vmap.common_draft_ids,
+                                                   self.vmap.draft_to_common)
         except InvalidDistribution:
             # The warped draft has no mass on V_C (greedy picked a draft-only
             # token, say): warp the draft's V_C part instead. Any proposal on V_C

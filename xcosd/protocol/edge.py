@@ -653,6 +653,7 @@ class EdgeSession:
         self._request_kind, self._last_sent = None, None
         self.round += 1
         emitted: list[int] = []
+        pieces: list[bytes] = []
         reason: FinishReason | None = None
         for t in new:
             if self.remaining <= 0:
@@ -660,14 +661,15 @@ class EdgeSession:
                 break
             emitted.append(t)
             self.token_ids.append(t)
-            self.text_bytes += self._piece(t, other)
+            pieces.append(self._piece(t, other))
             if t in self.stop_ids:
                 reason = FinishReason.STOP
                 break
         if reason is None and self.remaining <= 0:
             reason = FinishReason.LENGTH
-        text = self._utf8.decode(bytes(self._piece_bytes(emitted, other)),
-                                 final=reason is not None)
+        piece_bytes = b"".join(pieces)
+        self.text_bytes += piece_bytes
+        text = self._utf8.decode(piece_bytes, final=reason is not None)
         events: list[EdgeEvent] = [TokensEmitted(emitted, text), settled]
         if reason is not None:
             self._advance(EdgeStep.FINISHED)
@@ -681,9 +683,6 @@ class EdgeSession:
         if t in other:
             return other[t]
         return self.vmap.target.piece(t)
-
-    def _piece_bytes(self, ids: list[int], other: dict[int, bytes]) -> bytes:
-        return b"".join(self._piece(t, other) for t in ids)
 
     def _draft_ids(self, token: int, other: dict[int, bytes]) -> list[int]:
         """The draft spelling of a target token: its draft id in V_C, else its bytes

@@ -161,7 +161,7 @@ class Readiness:
         self._sock = sock
         self._fd = cast(int, sock.getsockopt(zmq.FD))
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[int, asyncio.Future[int | None]]] = []
 
     def _watch(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
@@ -176,21 +176,26 @@ class Readiness:
         if old is not None and not old.is_closed():
             old.remove_reader(self._fd)
 
-    async def wait(self, mask: int, events: int | None = None) -> None:
+    async def wait(self, mask: int, events: int | None = None) -> int | None:
         """Return once the socket is ready for ``mask`` (``POLLIN``/``POLLOUT``), or
         :meth:`close` was called. ``events``: ``ZMQ_EVENTS`` as the caller just read
-        it, with no operation on the socket since (not asked again)."""
+        it, with no operation on the socket since (not asked again).
+
+        Returns the ``ZMQ_EVENTS`` that woke it (``None`` after :meth:`close`). Only
+        an operation of the waiter's own kind can take readiness away again (a send
+        never takes a queued message), so a sole receiver that sees ``POLLIN`` here
+        may receive without asking a second time."""
         loop = self._watch()
         if events is None:
             events = _events(self._sock)
         self._wake(events)  # asking may have taken the edge another waiter sleeps on
         if events & mask:
-            return
-        fut: asyncio.Future[None] = loop.create_future()
+            return events
+        fut: asyncio.Future[int | None] = loop.create_future()
         item = (mask, fut)
         self._waiters.append(item)
         try:
-            await fut
+            return await fut
         finally:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(item)
@@ -210,7 +215,7 @@ class Readiness:
     def _wake(self, events: int) -> None:
         for mask, fut in self._waiters:
             if events & mask and not fut.done():
-                fut.set_result(None)
+                fut.set_result(events)
 
     def close(self) -> None:
         """Stop watching the descriptor (before the socket closes) and wake every
@@ -406,18 +411,22 @@ class ZmqConnection(Connection):
 
     async def recv(self) -> list[bytes]:
         sock = self._sock
+        events: int | None = None
         while True:
             self._check_usable()
-            try:
-                # asked first: a receive that finds nothing raises, which costs more
-                events = _events(sock)
-            except zmq.ZMQError as e:
-                raise self._recv_error(e) from e
+            if events is None or not events & _POLLIN:
+                try:
+                    # asked first: a receive that finds nothing raises, which costs more
+                    events = _events(sock)
+                except zmq.ZMQError as e:
+                    raise self._recv_error(e) from e
             if not events & _POLLIN:
                 # nothing received, so no edge swallowed since that answer: the wait
-                # (which wakes the other waiters it allows) starts from it
-                await self._ready.wait(_POLLIN, events)
+                # (which wakes the other waiters it allows) starts from it; what woke
+                # it is not asked again (this task is the only receiver)
+                events = await self._ready.wait(_POLLIN, events)
                 continue
+            events = None
             try:
                 msg = _recv_parts(sock)
             except zmq.Again:
@@ -530,13 +539,17 @@ class ZmqListener(Listener):
         """Every message ready, up to ``max_n``, after waiting for the first."""
         out: list[tuple[bytes, list[bytes] | None]] = []
         sock, record = self._sock, self.meter.record
+        woke: int | None = None  # what woke the wait (this task is the only receiver)
         while True:
             if self._closed:
                 raise TransportError("listener is closed", code="closed")
             assert self._ready is not None
             try:
-                # asked first: a receive that finds nothing raises, which costs more
-                while len(out) < max_n and _events(sock) & _POLLIN:
+                while len(out) < max_n:
+                    # asked first: a receive that finds nothing raises, which costs more
+                    events, woke = (_events(sock) if woke is None else woke), None
+                    if not events & _POLLIN:
+                        break
                     msg = _recv_parts(sock)
                     if len(msg) < 2:  # a routing id and no frames: nothing to deliver
                         continue
@@ -554,7 +567,7 @@ class ZmqListener(Listener):
                 self._ready.poke()
             if out:
                 return out
-            await self._ready.wait(_POLLIN)
+            woke = await self._ready.wait(_POLLIN)
 
     def _release(self) -> None:
         if self._ready is not None:
