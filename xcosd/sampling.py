@@ -638,8 +638,10 @@ def sample_index(weights: np.ndarray, rng: np.random.Generator) -> int:
         w, blocks, c, total = _prepare(w)
         return _draw(w, blocks, c, rng.random() * total)
     # a short row (a small vocabulary's draft step): _prepare's and _draw's cumsum
-    # path inlined, the same operations in the same order (the same index)
-    c = w.cumsum(dtype=np.float64)
+    # path inlined, the same operations in the same order (the same index); the
+    # row is widened first, which gives the same running sums as a cumsum that casts
+    # as it goes, in about half its time on a few hundred entries
+    c = np.add.accumulate(w.astype(np.float64))
     total = float(c[-1])
     if not total > 0:
         raise InvalidDistribution("cannot sample from a vector with no mass")

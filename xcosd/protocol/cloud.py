@@ -668,7 +668,8 @@ class CloudConnection:
                                 f"{self.config.limits.max_draft}", code="bad_field")
         if d and not m.drafts:
             raise ProtocolError(f"method {m.name} takes no drafts", code="bad_field")
-        if d and (int(draft.ids.max()) >= sp.target_size or np.any(sp.to_common[draft.ids] < 0)):
+        ids = draft.ids.tolist()
+        if d and (max(ids) >= sp.target_size or int(sp.to_common[draft.ids].min()) < 0):
             raise ProtocolError("a drafted id is not in V_C", code="bad_token")
         self._check_vectors(m, draft)
         # max_new_tokens binds the cloud too: a round may not start past it, nor draft
@@ -697,8 +698,7 @@ class CloudConnection:
         elif msg.token is not None:
             raise ProtocolError(f"session {sess.s}: no rejection to resolve in round "
                                 f"{sess.round}", code="bad_token")
-        req = ScoreNeeded(sess, sess.start_ids, sess.committed, append,
-                          [int(i) for i in draft.ids])
+        req = ScoreNeeded(sess, sess.start_ids, sess.committed, append, ids)
         sess.start_ids = None
         sess.committed += len(append)
         if sess.phase is CloudPhase.RESOLVING:
