@@ -6,12 +6,21 @@ waits for a request, then up to ``max_wait_s`` for more (never past ``max_batch`
 requests or ``max_batch_tokens`` rows, and not at all once every live session has
 a request queued: ``live`` counts them, and nobody else could join, so waiting
 would only delay a lone device's every round), and runs the whole batch as **one**
-:meth:`LanguageModel.score` call plus each session's verification in a single
-worker thread, so the event loop keeps moving bytes for every other session
-while the target computes (network I/O and compute overlap; while batch *k*
-computes, batch *k + 1* fills up, and when requests are queued as batch *k*
-finishes, batch *k + 1* starts in the thread before *k*'s verdicts are encoded and
-sent, unless it should wait for *k*'s sessions: see ``merge`` below).
+:meth:`LanguageModel.score` call in a single worker thread, so the event loop
+keeps moving bytes for every other session while the target computes (network
+I/O and compute overlap; while batch *k* computes, batch *k + 1* fills up, and
+when requests are queued as batch *k* finishes, batch *k + 1* starts in the
+thread before *k* is verified, unless it should wait for *k*'s sessions: see
+``merge`` below).
+
+* Verification streams: the loop verifies a scored batch session by session and
+  sends each verdict as soon as it is drawn, so the first devices are drafting
+  their next round while the last sessions are verified, and the thread (the
+  GPU) is free for the next call meanwhile instead of waiting for the CPU. The
+  time a batch's devices take to come back no longer includes the whole batch's
+  verification, which is what bounds how fast small batches (many replicas) can
+  cycle. A batch whose verification takes long (vocabulary-sized rows) yields the
+  loop a turn every :data:`VERIFY_SLICE_S`.
 
 * Merging (``merge``, :class:`~xcosd.nodes.merging.MergePolicy`): when the sessions
   just answered come back sooner than a call's measured fixed cost, the queued
@@ -86,12 +95,15 @@ INLINE_MAX_S = 0.005
 INLINE_CPU_SHARE = 0.5
 #: recent batches whose costs predict the next one's
 INLINE_WINDOW = 8
+#: verifying a batch's sessions on the loop, it yields a turn this often
+VERIFY_SLICE_S = 0.002
 
 
 def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[RoundOutcome]:
     """Bring each session's model context in step, score all of them in one call,
-    verify each round (warping the rows it reads). Runs in the worker thread (or
-    inline in sans-I/O tests).
+    verify each round (warping the rows it reads): :func:`score_rows`, then
+    :func:`verify_scored` for each session, in one go (sans-I/O drivers and
+    benchmarks; the :class:`Scheduler` runs the two halves apart).
 
     Isolation: only a failure of the batched model call itself is retried, session
     by session (the model call consumes no randomness). Verification runs exactly
@@ -99,7 +111,25 @@ def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[Roun
     included) fails that session alone, and its batch-mates draw their random
     numbers once, as if it had not been in their batch.
     """
-    out: dict[int, RoundOutcome] = {}
+    return [verify_scored(r.session, x)
+            for r, x in zip(batch, score_rows(model, batch), strict=True)]
+
+
+#: one session's share of a scored batch: its rows, or the outcome that failed it
+Scored = np.ndarray | RoundOutcome
+
+
+def verify_scored(session: CloudSession, scored: Scored) -> RoundOutcome:
+    """A session's outcome from its share of :func:`score_rows`."""
+    return _verify(session, scored) if isinstance(scored, np.ndarray) else scored
+
+
+def score_rows(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[Scored]:
+    """The model half of :func:`score_batch`: each session's context brought in step
+    and every session scored in one call; per session its rows (float32, owned by
+    the caller: they are read after the next call has started), or the outcome of a
+    failure that session alone had. No randomness is drawn here."""
+    out: dict[int, Scored] = {}
     prepared: list[tuple[int, ScoreNeeded]] = []
     for i, req in enumerate(batch):
         try:
@@ -125,9 +155,7 @@ def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[Roun
                     rows[i] = model.score([(r.session.handle, r.new_ids)])[0]
                 except Exception as e:
                     out[i] = _failed(e)
-    for i, r in prepared:
-        if i in rows:
-            out[i] = _verify(r.session, rows[i])
+    out.update(rows)
     return [out[i] for i in range(len(batch))]
 
 
@@ -309,11 +337,11 @@ class Scheduler:
             except Exception:
                 log.exception("freeing a model session failed")
 
-    def _job(self, batch: list[ScoreNeeded]) -> list[RoundOutcome]:
+    def _job(self, batch: list[ScoreNeeded]) -> list[Scored]:
         self._free_pending()
-        return score_batch(self.model, batch) if batch else []
+        return score_rows(self.model, batch) if batch else []
 
-    def _timed_job(self, batch: list[ScoreNeeded], inline: bool = False) -> list[RoundOutcome]:
+    def _timed_job(self, batch: list[ScoreNeeded], inline: bool = False) -> list[Scored]:
         """:meth:`_job`, timed, in the worker thread or (``inline``) on the loop."""
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
@@ -504,10 +532,10 @@ class Scheduler:
                     ahead = self._launch(batch)
                 current, ahead = ahead, None
                 try:
-                    outcomes = await current.outcomes()
+                    scored = await current.outcomes()
                 except Exception as e:  # a bug, or the thread is gone: fail these rounds,
                     log.exception("a batch of %d failed", len(current.batch))  # never hang
-                    outcomes = [_failed(e) for _ in current.batch]
+                    scored = [_failed(e) for _ in current.batch]
                 compute = time.perf_counter() - current.t0
                 self.stats.record(len(current.batch), compute, current.waits)
                 if self.merge is not None:
@@ -516,15 +544,31 @@ class Scheduler:
                 # the queued rounds start now, unless they wait for the ones just
                 # answered (a merge that pays: xcosd/nodes/merging.py)
                 ahead = None if self._holding() else self._launch_ahead()
-                for req, outcome in zip(current.batch, outcomes, strict=True):
-                    outcome.compute_s = compute
-                    try:
-                        await self.deliver(req.session, outcome)
-                    except Exception:
-                        log.exception("delivering a verdict failed")
+                await self._verify_and_deliver(current, scored)
         finally:
             if ahead is not None and ahead.task is not None:
                 ahead.task.cancel()  # its thread job, if started, is settled by stop()
+
+    async def _verify_and_deliver(self, current: _Launched, scored: list[Scored]) -> None:
+        """Verify each session of a scored batch and send its verdict at once, in
+        batch order, on the loop: the first devices draft their next round while
+        the rest are verified, and the worker thread is already free for the next
+        call (a GPU does not wait for the CPU's verification). Past
+        :data:`VERIFY_SLICE_S` of it the loop gets a turn, so a batch of costly
+        rows does not hold back the messages arriving meanwhile."""
+        slice_end = time.perf_counter() + VERIFY_SLICE_S
+        for req, item in zip(current.batch, scored, strict=True):
+            outcome = verify_scored(req.session, item)
+            now = time.perf_counter()
+            # what this verdict waited for: the call, and verification up to its own
+            outcome.compute_s = now - current.t0
+            try:
+                await self.deliver(req.session, outcome)
+            except Exception:
+                log.exception("delivering a verdict failed")
+            if now > slice_end:
+                await asyncio.sleep(0)
+                slice_end = time.perf_counter() + VERIFY_SLICE_S
 
     def _holding(self) -> bool:
         """Whether the queued rounds wait for the sessions just answered rather than
@@ -552,7 +596,7 @@ class Scheduler:
         waits = [t0 - r.enqueued_at for r in batch]
         if self._inline(sum(request_rows(r) for r in batch)):
             try:
-                done: list[RoundOutcome] | BaseException = self._timed_job(batch, inline=True)
+                done: list[Scored] | BaseException = self._timed_job(batch, inline=True)
             except Exception as e:
                 done = e
             return _Launched(batch, t0, waits, None, done)
@@ -579,10 +623,10 @@ class _Launched:
     batch: list[ScoreNeeded]
     t0: float
     waits: list[float]
-    task: asyncio.Task[list[RoundOutcome]] | None
-    done: list[RoundOutcome] | BaseException | None
+    task: asyncio.Task[list[Scored]] | None
+    done: list[Scored] | BaseException | None
 
-    async def outcomes(self) -> list[RoundOutcome]:
+    async def outcomes(self) -> list[Scored]:
         if self.task is not None:
             return await self.task
         if isinstance(self.done, BaseException):
