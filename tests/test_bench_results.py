@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xcosd.bench import streaming
 from xcosd.bench.results import (
     section_model_layer,
     section_overlap,
@@ -81,3 +82,21 @@ def test_overlap_section_reports_the_ratio_and_the_share_sent() -> None:
     assert "| T=1 | on | 112.0 | 1.12x | 0.25 | 3.12 | 200 | 25% | 224.0 |" in text
     assert section_overlap(None) == []
 
+
+
+def test_streaming_section_reports_the_ratio_and_the_efficiencies() -> None:
+    def setting(rounds: float) -> dict[str, Any]:
+        return {"rounds_per_s": rounds, "tokens_per_s": 4 * rounds, "mean_batch_size": 12.0,
+                "efficiency": rounds / 240.0, "errors": 0}
+
+    rep = {"target": "synthetic:131072:20:0.5", "devices": 48, "max_batch": 12,
+           "draft_len": 4, "top_k": 50, "passes": 2, "duration_s": 6.0, "warmup_s": 3.0,
+           "ideal_rounds_per_s": 240.0, "ratio": 1.18,
+           "settings": {"stream": setting(228.0), "no stream": setting(192.0)}}
+    text = "\n".join(streaming.section_lines(rep))
+    assert "| stream | 228.0 | 912.0 | 240.0 | 0.95 | 12.0 | 1.18x | 0 |" in text
+    assert "| no stream | 192.0 | 768.0 | 240.0 | 0.80 | 12.0 | 1.00x | 0 |" in text
+    assert "Streaming runs 1.18x the rounds/s of verifying in the worker (228.0 against " \
+           "192.0; efficiency 0.95 against 0.80" in text
+    assert streaming.section_lines(None) == []
+    assert streaming.ideal_rounds_per_s(12) == 12 / 0.05  # 20 ms + 0.5 ms x 60 rows

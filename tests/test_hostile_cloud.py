@@ -845,5 +845,46 @@ async def test_the_next_batch_computes_while_verdicts_go_out() -> None:
     assert delivered == [1, 2, 3] and sched.stats.batch_sizes == {1: 3}
 
 
+async def _delivery_order(stream: bool) -> tuple[list[tuple[int, int]], list[tuple[Any, ...]]]:
+    """One batch of three sessions through a scheduler: for each verdict delivered,
+    (its session, how many sessions were verified by then), and the outcomes."""
+    target, reqs = _rounds([1, 2, 3])
+    verified: list[int] = []
+    for req in reqs:
+        real = req.session.verify_rows
+
+        def counted(*a: Any, _s: int = req.session.s, _real: Any = real) -> RoundOutcome:
+            verified.append(_s)
+            return _real(*a)
+
+        req.session.verify_rows = counted  # type: ignore[method-assign, assignment]
+    seen: list[tuple[int, int]] = []
+    outcomes: list[tuple[Any, ...]] = []
+
+    async def deliver(session: Any, outcome: RoundOutcome) -> None:
+        seen.append((session.s, len(verified)))
+        outcomes.append(_summary(outcome))
+
+    sched = Scheduler(target, deliver, max_batch=3, max_wait_s=0.0, stream=stream)
+    await _verify_all(sched, reqs, lambda: len(seen) == 3)
+    assert sched.stats.batch_sizes == {3: 1}
+    assert sorted(verified) == [1, 2, 3]  # each session verified once
+    return seen, outcomes
+
+
+async def test_each_verdict_goes_out_as_soon_as_it_is_verified() -> None:
+    """Streaming (the default): the loop verifies a scored batch session by session
+    and delivers each verdict before it verifies the next, so the first devices
+    draft while the rest are verified. Without it (``stream=False``) the worker
+    thread verifies the whole batch, then the verdicts go out. The outcomes are the
+    same: the same random numbers, drawn elsewhere."""
+    streamed, out_streamed = await _delivery_order(True)
+    batched, out_batched = await _delivery_order(False)
+    assert streamed == [(1, 1), (2, 2), (3, 3)]
+    assert batched == [(1, 3), (2, 3), (3, 3)]
+    assert out_streamed == out_batched
+    assert all(o[4] for o in out_streamed)  # no session failed
+
+
 if __name__ == "__main__":
     _attacker_main(sys.argv[1:])

@@ -60,6 +60,9 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
                                "--live", "none", "--json", f"{out}/methods_truncated.json",
                                "--no-progress"]),
     ]
+    # verdicts streamed from the loop against a batch verified in the worker thread
+    s.append(("streaming", [PY, "-m", "xcosd.bench.streaming", "--json",
+                            f"{out}/streaming.json"]))
     # drafting while a verdict is in flight, on and off (sleeping synthetic models)
     s.append(("overlap", [PY, "-m", "xcosd.bench.overlap", "--json", f"{out}/overlap.json"]))
     # the soak (256 devices, faults throughout) for 240 s, its memory baseline at 120 s:

@@ -130,6 +130,9 @@ def _add_load(bsub: Any) -> None:
     p.add_argument("--no-merge", action="store_true",
                    help="the cloud never holds a partial batch for the sessions it just "
                         "answered (see xcosd/nodes/merging.py)")
+    p.add_argument("--no-stream", action="store_true",
+                   help="the cloud verifies each batch in its worker thread after the call "
+                        "and sends the verdicts afterwards (see xcosd/nodes/scheduler.py)")
     p.add_argument("--max-batch", type=positive_int, default=256, help="sessions per target call")
     p.add_argument("--max-wait-ms", type=nonneg_float, default=2.0,
                    help="how long a batch waits to fill up")
@@ -187,7 +190,7 @@ def load_config(args: argparse.Namespace) -> Any:
         generation=generation_config(args).replace(seed=None), duration_s=duration,
         warmup_s=args.warmup, generations=args.generations,
         warmup_generations=args.warmup_generations, batching=not args.no_batching,
-        merge_batches=not args.no_merge,
+        merge_batches=not args.no_merge, stream_verdicts=not args.no_stream,
         max_batch=args.max_batch, max_wait_s=args.max_wait_ms / 1e3, transport=args.transport,
         procs=args.procs, timeout_s=args.timeout, seed=args.seed,
         link_rate_mbps=args.link_mbps, rtt_ms=args.link_rtt_ms, connect=args.connect,

@@ -88,6 +88,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-merge", action="store_true",
                    help="start queued rounds as soon as the target is free, never "
                         "waiting for the sessions just answered (see xcosd/nodes/merging.py)")
+    p.add_argument("--no-stream", action="store_true",
+                   help="verify each batch in the worker thread after its call and send "
+                        "its verdicts afterwards, instead of verifying on the loop and "
+                        "sending each verdict as it is drawn (see xcosd/nodes/scheduler.py)")
     p.add_argument("--max-sessions", type=positive_int, default=1024,
                    help="open sessions at most")
     p.add_argument("--max-queue", type=positive_int, default=4096,
@@ -205,6 +209,7 @@ async def _serve(args: argparse.Namespace) -> int:
             transport="replica" if replica else args.transport, link=link_from_args(args),
             curve=None if replica else curve_server(args), max_batch=args.max_batch,
             max_batch_tokens=args.max_batch_tokens, merge_batches=not args.no_merge,
+            stream_verdicts=not args.no_stream,
             max_wait_s=args.max_wait_ms / 1000, max_sessions=args.max_sessions,
             max_queue=args.max_queue, max_draft=args.max_draft,
             max_message_bytes=int(args.max_message_mb * (1 << 20)),
@@ -259,6 +264,8 @@ def replica_argv(args: argparse.Namespace, backend: str, index: int) -> list[str
         argv += ["--methods", ",".join(args.methods)]
     if args.no_merge:
         argv.append("--no-merge")
+    if args.no_stream:
+        argv.append("--no-stream")
     if args.metrics_port is not None:
         port = args.metrics_port + index if args.metrics_port else 0
         argv += ["--metrics-port", str(port), "--metrics-host", args.metrics_host]

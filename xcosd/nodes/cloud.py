@@ -189,7 +189,10 @@ class CloudNode:
     ``max_batch``, ``max_wait_s``, ``max_batch_tokens`` (rows one batch scores:
     what bounds the batch a small round waits behind), ``merge_batches`` (a partial
     batch waits for the sessions just answered when that beats a second call:
-    ``xcosd/nodes/merging.py``). Limits: ``max_sessions``,
+    ``xcosd/nodes/merging.py``), ``stream_verdicts`` (the loop verifies a scored
+    batch session by session and sends each verdict at once while the worker thread
+    runs the next call; ``False``: the thread verifies the whole batch after its
+    call, the loop sends afterwards). Limits: ``max_sessions``,
     ``max_sessions_per_peer`` (default half of ``max_sessions``: no peer takes every
     session), ``max_queue``, ``max_draft``, ``max_message_bytes``, ``max_peer_queue`` (messages
     of one peer waiting to be served, and replies waiting to be sent to it).
@@ -205,6 +208,7 @@ class CloudNode:
                  transport: str = "zmq", link: LinkSpec | None = None, curve: Any = None,
                  max_batch: int = 32, max_wait_s: float = 0.002,
                  max_batch_tokens: int | None = 256, merge_batches: bool = True,
+                 stream_verdicts: bool = True,
                  max_sessions: int = 1024,
                  max_sessions_per_peer: int | None = None, max_queue: int = 4096, max_draft: int = 32,
                  max_message_bytes: int = 16 << 20, max_peer_queue: int = 1024,
@@ -242,7 +246,8 @@ class CloudNode:
         self._sched_opts: dict[str, Any] = {"max_batch": max_batch, "max_wait_s": max_wait_s,
                                             "max_queue": max_queue,
                                             "max_batch_tokens": max_batch_tokens,
-                                            "merge": merge_batches}
+                                            "merge": merge_batches,
+                                            "stream": stream_verdicts}
         self._listener: Listener | None = None
         self._scheduler: Scheduler | None = None
         self._peers: dict[bytes, _Peer] = {}

@@ -243,7 +243,8 @@ class Scheduler:
                  max_wait_s: float = 0.002, max_queue: int = 1024,
                  max_batch_tokens: int | None = None,
                  inline_max_s: float = INLINE_MAX_S,
-                 live: Callable[[], int] | None = None, merge: bool = True) -> None:
+                 live: Callable[[], int] | None = None, merge: bool = True,
+                 stream: bool = True) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_batch_tokens is not None and max_batch_tokens < 1:
@@ -261,6 +262,9 @@ class Scheduler:
         self.stats = BatchStats()
         #: when a partial batch waits for the sessions just answered (None: never)
         self.merge = MergePolicy() if merge else None
+        #: verify on the loop, sending each verdict as it is drawn (False: the worker
+        #: thread verifies the whole batch after its call, the loop then sends)
+        self.stream = stream
         #: (what it would cost the loop, its share of CPU time, rows) of recent batches
         self._costs: deque[tuple[float, float, int]] = deque(maxlen=INLINE_WINDOW)
         #: peer -> its requests, oldest first; a peer is here only while it has some
@@ -339,7 +343,9 @@ class Scheduler:
 
     def _job(self, batch: list[ScoreNeeded]) -> list[Scored]:
         self._free_pending()
-        return score_rows(self.model, batch) if batch else []
+        if not batch:
+            return []
+        return score_rows(self.model, batch) if self.stream else [*score_batch(self.model, batch)]
 
     def _timed_job(self, batch: list[ScoreNeeded], inline: bool = False) -> list[Scored]:
         """:meth:`_job`, timed, in the worker thread or (``inline``) on the loop."""

@@ -108,6 +108,9 @@ class LoadConfig:
     #: whether the cloud the tester starts holds a partial batch for the sessions it
     #: just answered when that pays (``xcosd/nodes/merging.py``)
     merge_batches: bool = True
+    #: whether that cloud verifies on its loop and sends each verdict as it is drawn
+    #: (``xcosd/nodes/scheduler.py``), or verifies each batch in its worker thread
+    stream_verdicts: bool = True
     transport: str = "zmq"
     #: device processes; ``None``: 1, or 0 when a model object keeps the devices here
     procs: int | None = None

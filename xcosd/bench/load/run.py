@@ -89,6 +89,7 @@ async def run_load(cfg: LoadConfig, *, progress: bool | None = None) -> dict[str
                       max_batch=cfg.max_batch if cfg.batching else 1,
                       max_wait_s=cfg.max_wait_s if cfg.batching else 0.0,
                       merge_batches=cfg.merge_batches and cfg.batching,
+                      stream_verdicts=cfg.stream_verdicts,
                       max_sessions=max(1024, 2 * cfg.devices), max_queue=max(4096, 4 * cfg.devices),
                       timeout_s=max(15.0, cfg.timeout_s))
     async with cloud:
