@@ -736,6 +736,9 @@ SECTIONS = {"scaling": ("## Scaling", lambda: section_scaling(_load("load_scalin
             "overlap": (OVERLAP_HEADING, lambda: section_overlap(_load("overlap.json")),
                         (KV_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
                          MUTATION_HEADING)),
+            "transport": ("## Framework overhead",
+                          lambda: section_transport(_load("transport.json")),
+                          (ROUNDS_HEADING, "## Codecs", "## Sizes used", MUTATION_HEADING)),
             "rounds": (ROUNDS_HEADING, lambda: section_rounds(_load("rounds.json")),
                        ("## Codecs", "## Sizes used", MUTATION_HEADING))}
 

@@ -179,8 +179,10 @@ class RoundVerified:
 
 
 Event = ScoreNeeded | SessionOpened | SessionClosed | Rejected | RoundVerified
-#: what :meth:`CloudConnection.receive` returns
-CloudOutput = Output[Event]
+class CloudOutput(Output[Event]):
+    """What :meth:`CloudConnection.receive` returns. A subclass, not the alias
+    ``Output[Event]``: calling a generic alias goes through ``typing`` (it sets
+    ``__orig_class__`` on every instance), a cost each message paid."""
 
 
 # ------------------------------------------------------------------- shared config

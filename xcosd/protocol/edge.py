@@ -97,8 +97,9 @@ class HandshakeDone:
     welcome: Welcome
 
 
-#: what :meth:`EdgeHandshake.receive` returns
-HandshakeOutput = Output[HandshakeDone]
+class HandshakeOutput(Output[HandshakeDone]):
+    """What :meth:`EdgeHandshake.receive` returns (a subclass: see
+    :class:`~xcosd.protocol.cloud.CloudOutput`)."""
 
 
 class EdgeHandshake:
@@ -278,8 +279,9 @@ class DraftNeeded:
 EdgeEvent = TokensEmitted | RoundSettled | Finished | SessionReady | Retry | DraftNeeded
 
 
-#: what :meth:`EdgeSession.receive` returns
-EdgeOutput = Output[EdgeEvent]
+class EdgeOutput(Output[EdgeEvent]):
+    """What :meth:`EdgeSession.receive` returns (a subclass: see
+    :class:`~xcosd.protocol.cloud.CloudOutput`)."""
 
 
 # ------------------------------------------------------------------------ phases
