@@ -16,11 +16,11 @@ thread before *k* is verified, unless it should wait for *k*'s sessions: see
 * Verification streams: the loop verifies a scored batch session by session and
   sends each verdict as soon as it is drawn, so the first devices are drafting
   their next round while the last sessions are verified, and the thread (the
-  GPU) is free for the next call meanwhile instead of waiting for the CPU. The
-  time a batch's devices take to come back no longer includes the whole batch's
-  verification, which is what bounds how fast small batches (many replicas) can
-  cycle. A batch whose verification takes long (vocabulary-sized rows) yields the
-  loop a turn every :data:`VERIFY_SLICE_S`.
+  GPU) is free for the next call meanwhile instead of waiting for the CPU: a
+  device's wait for its verdict no longer includes its batch-mates'
+  verification. A batch whose verification takes long (vocabulary-sized rows)
+  yields the loop a turn every :data:`VERIFY_SLICE_S`. ``stream=False`` keeps
+  the older order (the thread verifies the whole batch after its call).
 
 * Merging (``merge``, :class:`~xcosd.nodes.merging.MergePolicy`): when the sessions
   just answered come back sooner than a call's measured fixed cost, the queued
