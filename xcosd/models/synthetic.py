@@ -87,17 +87,14 @@ class SyntheticModel(ContextModel):
             out[self._ids] = rotated
 
     def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:
-        if not (self.a or self.b):  # a free model (a load test's draft): no clock
-            out = super().score(batch)
-            self.calls += 1
-            for r in out:
-                self.rows += r.shape[0]
-            return out
-        t0 = time.perf_counter()
+        free = not (self.a or self.b)  # a load test's draft: no clock to read
+        t0 = 0.0 if free else time.perf_counter()
         out = super().score(batch)
         n = sum(r.shape[0] for r in out)
         self.calls += 1
         self.rows += n
+        if free:
+            return out
         cost = self.a + self.b * n
         remaining = cost - (time.perf_counter() - t0)
         if remaining > 0:
