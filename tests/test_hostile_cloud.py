@@ -886,5 +886,40 @@ async def test_each_verdict_goes_out_as_soon_as_it_is_verified() -> None:
     assert all(o[4] for o in out_streamed)  # no session failed
 
 
+async def test_the_next_batch_reaches_the_thread_before_the_last_one_is_verified() -> None:
+    """A batch launched ahead is handed to the worker thread at once, not by a task
+    that first runs when the loop next turns: here the loop is held, without a turn,
+    while the first verdict is delivered, and the next batch's call must start in
+    the thread meanwhile (else the target idles while the loop verifies)."""
+    target, reqs = _rounds([1, 2, 3])
+    second_call = threading.Event()
+    calls: list[int] = []
+
+    class Counts:
+        """The target, recording its calls (a sleep sends them to the thread)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(target, name)
+
+        def score(self, batch: Sequence[tuple[Any, Sequence[int]]]) -> list[np.ndarray]:
+            calls.append(len(batch))
+            if len(calls) == 2:
+                second_call.set()
+            time.sleep(0.02)
+            return target.score(batch)
+
+    started_meanwhile: list[bool] = []
+
+    async def deliver(session: Any, outcome: RoundOutcome) -> None:
+        if not started_meanwhile:  # blocks the loop: no turn until the call starts
+            started_meanwhile.append(second_call.wait(5.0))
+        delivered.append(session.s)
+
+    delivered: list[int] = []
+    sched = Scheduler(Counts(), deliver, max_batch=1, max_wait_s=0.0, inline_max_s=0.0)
+    await _verify_all(sched, reqs, lambda: len(delivered) == 3)
+    assert started_meanwhile == [True]
+    assert delivered == [1, 2, 3] and calls == [1, 1, 1]
+
 if __name__ == "__main__":
     _attacker_main(sys.argv[1:])

@@ -66,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -97,6 +98,9 @@ INLINE_CPU_SHARE = 0.5
 INLINE_WINDOW = 8
 #: verifying a batch's sessions on the loop, it yields a turn this often
 VERIFY_SLICE_S = 0.002
+#: the longest the loop blocks, launching a batch into the idle worker thread, for
+#: the thread to start it (see :meth:`Scheduler._launch`)
+HANDOFF_MAX_S = 0.001
 
 
 def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[RoundOutcome]:
@@ -323,12 +327,17 @@ class Scheduler:
         """Run ``fn(*args)`` in the worker thread, after the work already handed to
         it: never concurrently with a batch, so ``fn`` may touch what a batch
         touches. The node's expensive follow-up requests come through here."""
+        return await asyncio.wrap_future(self._submit(fn, *args))
+
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Hand ``fn(*args)`` to the worker thread now (not when some task next runs:
+        the loop may be verifying for milliseconds before that)."""
         if self._closed:
             raise XcosdError("the scheduler is closed", code="internal")
         fut = self._executor.submit(fn, *args)
         self._jobs.add(fut)
         fut.add_done_callback(self._jobs.discard)
-        return await asyncio.wrap_future(fut)
+        return fut
 
     def _free_pending(self) -> None:
         while self._to_free:
@@ -347,8 +356,12 @@ class Scheduler:
             return []
         return score_rows(self.model, batch) if self.stream else [*score_batch(self.model, batch)]
 
-    def _timed_job(self, batch: list[ScoreNeeded], inline: bool = False) -> list[Scored]:
-        """:meth:`_job`, timed, in the worker thread or (``inline``) on the loop."""
+    def _timed_job(self, batch: list[ScoreNeeded], inline: bool = False,
+                   started: threading.Event | None = None) -> list[Scored]:
+        """:meth:`_job`, timed, in the worker thread or (``inline``) on the loop;
+        ``started`` is set as it begins."""
+        if started is not None:
+            started.set()
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self._job(batch)
@@ -606,7 +619,21 @@ class Scheduler:
             except Exception as e:
                 done = e
             return _Launched(batch, t0, waits, None, done)
-        task = asyncio.get_running_loop().create_task(self.run(self._timed_job, batch))
+        # submitted here, not from a task of its own: that task would first run when
+        # the loop next turns, after a slice of the previous batch's verification
+        idle = not self._jobs
+        started = threading.Event()
+        try:
+            task = asyncio.wrap_future(self._submit(self._timed_job, batch, False, started))
+        except Exception as e:  # closed, or the executor is gone: these rounds fail
+            return _Launched(batch, t0, waits, None, e)
+        if idle:
+            # Hand the thread the interpreter lock: the loop goes on to verify the
+            # last batch in Python, and a thread waiting for the lock gets it only
+            # when the loop blocks or after a switch interval (5 ms), with the
+            # target idle meanwhile. Blocking here lets it take the lock at once
+            # (bounded: a thread that is slow to be scheduled is not waited for).
+            started.wait(HANDOFF_MAX_S)
         return _Launched(batch, t0, waits, task, None)
 
     def _launch_ahead(self) -> _Launched | None:
@@ -629,7 +656,7 @@ class _Launched:
     batch: list[ScoreNeeded]
     t0: float
     waits: list[float]
-    task: asyncio.Task[list[Scored]] | None
+    task: asyncio.Future[list[Scored]] | None
     done: list[Scored] | BaseException | None
 
     async def outcomes(self) -> list[Scored]:
