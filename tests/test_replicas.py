@@ -33,7 +33,15 @@ import xcosd
 from xcosd.commands.serve import replica_argv
 from xcosd.errors import TransportError
 from xcosd.nodes import Broker
-from xcosd.transport.replica import HEARTBEAT, PROTOCOL, READY, RESET
+from xcosd.transport.replica import (
+    DATA,
+    GONE,
+    HEARTBEAT,
+    PROTOCOL,
+    READY,
+    RESET,
+    ReplicaListener,
+)
 
 from .helpers.waits import HANG_S, until
 from .session_pairs import greedy_decode, pair
@@ -199,6 +207,88 @@ async def test_a_broker_restart_mid_generation_loses_no_token() -> None:
         await broker.close()
         if restarted is not None:
             await restarted.close()
+
+
+@contextlib.asynccontextmanager
+async def back_end(**opts: Any) -> AsyncIterator[tuple[zmq.asyncio.Socket, ReplicaListener, bytes]]:
+    """A ROUTER speaking the broker's back-end protocol by hand, and a replica
+    listener registered with it (its routing id)."""
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.linger = 0
+    router.bind("tcp://127.0.0.1:0")
+    listener = await ReplicaListener.open(router.getsockopt_string(zmq.LAST_ENDPOINT),
+                                          context=ctx, **opts)
+    try:
+        rid, *ready = await asyncio.wait_for(router.recv_multipart(), HANG_S)
+        assert ready == [READY, PROTOCOL]
+        yield router, listener, rid
+    finally:
+        await listener.close()
+        router.close(linger=0)
+        ctx.term()
+
+
+async def take(listener: ReplicaListener, n: int) -> list[tuple[bytes, list[bytes] | None]]:
+    """The next ``n`` things the listener reports (over as many calls as it takes)."""
+    got: list[tuple[bytes, list[bytes] | None]] = []
+    while len(got) < n:
+        got += await asyncio.wait_for(listener.recv_many(64), HANG_S)
+    assert len(got) == n, got
+    return got
+
+
+async def test_a_replica_listener_reports_edges_in_order_and_answers_without_waiting() -> None:
+    """What the broker forwards comes out in order, the broker's own commands
+    handled on the way (a heartbeat is liveness only, GONE ends an edge it
+    served, GONE for an edge it never saw is nothing); a reply goes straight to
+    the socket (``send_nowait``), enveloped with the edge's routing id."""
+    async with back_end() as (router, listener, rid):
+        await router.send_multipart([rid, DATA, b"e0", b"h0", b"body0"])
+        await router.send_multipart([rid, HEARTBEAT])
+        await router.send_multipart([rid, DATA, b"e1", b"h1"])
+        await router.send_multipart([rid, GONE, b"never-seen"])
+        await router.send_multipart([rid, GONE, b"e0"])
+        await router.send_multipart([rid, DATA, b"e2", b"h2"])
+        assert await take(listener, 4) == [(b"e0", [b"h0", b"body0"]), (b"e1", [b"h1"]),
+                                           (b"e0", None), (b"e2", [b"h2"])]
+        assert listener.send_nowait(b"e1", [b"reply", memoryview(b"rows")])
+        got = await asyncio.wait_for(router.recv_multipart(), HANG_S)
+        while got[1] == HEARTBEAT:
+            got = await asyncio.wait_for(router.recv_multipart(), HANG_S)
+        assert got == [rid, DATA, b"e1", b"reply", b"rows"]
+        assert listener.meter.total("down").payload == len(b"reply") + len(b"rows")
+        assert listener.meter.total("up").messages == 3
+        with pytest.raises(TransportError):
+            listener.send_nowait(b"e1", [])
+
+
+async def test_a_reset_reports_every_served_edge_gone_before_what_came_after() -> None:
+    """RESET: the broker has forgotten this replica and handed its edges on. Each
+    edge it served is reported gone before the next edge message, and it
+    registers again."""
+    async with back_end() as (router, listener, rid):
+        for e in (b"e0", b"e1"):
+            await router.send_multipart([rid, DATA, e, b"h"])
+        assert [p for p, _ in await take(listener, 2)] == [b"e0", b"e1"]
+        await router.send_multipart([rid, RESET])
+        await router.send_multipart([rid, DATA, b"e2", b"h"])
+        assert await take(listener, 3) == [(b"e0", None), (b"e1", None), (b"e2", [b"h"])]
+        while (await asyncio.wait_for(router.recv_multipart(), HANG_S))[1] != READY:
+            pass  # heartbeats
+        assert listener.registrations == 2
+
+
+async def test_a_replica_whose_broker_falls_silent_reports_its_edges_gone_at_once() -> None:
+    """A broker silent past the timeout has forgotten this replica: its edges are
+    reported gone to the node now, while it waits for messages that will not
+    come, not whenever the broker speaks again."""
+    async with back_end(heartbeat_ivl=0.05, heartbeat_timeout=0.2) as (router, listener, rid):
+        await router.send_multipart([rid, DATA, b"e0", b"h"])
+        assert await take(listener, 1) == [(b"e0", [b"h"])]
+        # the router says nothing more: the waiting receive is woken to report e0
+        assert await asyncio.wait_for(listener.recv_many(64), HANG_S) == [(b"e0", None)]
+        assert listener.registrations >= 2
 
 
 async def test_a_silent_replica_is_forgotten_and_told_to_register_again() -> None:

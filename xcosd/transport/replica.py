@@ -45,10 +45,22 @@ import zmq
 import zmq.asyncio
 
 from ..errors import TransportError
-from ..wire.frames import DEFAULT_LIMITS, Limits
+from ..wire.frames import DEFAULT_LIMITS, Buffer, Limits
 from .base import Frames, Listener
 from .meter import Meter
-from .zeromq import COPY_THRESHOLD, shared_context, zmtp_overhead
+from .zeromq import (
+    _POLLIN,
+    COPY_THRESHOLD,
+    Readiness,
+    Received,
+    _as_zmq,
+    _send_parts,
+    _send_when_ready,
+    _socket,
+    recv_burst,
+    shared_context,
+    zmtp_overhead,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +89,12 @@ class ReplicaListener(Listener):
     does when a replica process dies. ``limits``: frames larger than
     ``limits.max_bytes`` are refused by ZeroMQ before they reach Python (plus room
     for the envelope).
+
+    It moves messages as :class:`~xcosd.transport.zeromq.ZmqListener` does, and for
+    the same reason (a replica answers a whole batch at once): the socket's own
+    non-blocking calls, no future per message; :meth:`send_nowait` hands a verdict
+    to ZeroMQ without a task, and :meth:`recv_many` takes every message waiting in
+    one wake-up.
     """
 
     def __init__(self, endpoint: str, *, hwm: int = 10_000,
@@ -95,8 +113,8 @@ class ReplicaListener(Listener):
         self.goodbye = goodbye
         #: edges this replica has served and not yet heard are gone
         self._peers: dict[bytes, None] = {}
-        #: peers to report gone from :meth:`recv`, before reading the socket again
-        self._gone: deque[bytes] = deque()
+        #: edges to report gone from :meth:`recv`, before reading the socket again
+        self._gone: deque[Received] = deque()
         #: times this replica said READY (1: never forgotten)
         self.registrations = 0
         #: READY sent and no word from the broker since: a RESET now answers a
@@ -105,7 +123,7 @@ class ReplicaListener(Listener):
         self._last_rx = time.monotonic()
         self._hb_task: asyncio.Task[None] | None = None
         self._closed = False
-        self._sock = (context or shared_context()).socket(zmq.DEALER)
+        self._sock = _socket(context or shared_context(), zmq.DEALER)
         try:
             self._sock.linger = 0
             self._sock.sndhwm = hwm
@@ -118,6 +136,7 @@ class ReplicaListener(Listener):
             self._sock.setsockopt(zmq.HEARTBEAT_TTL, int(heartbeat_timeout * 1000))
             self._sock.copy_threshold = copy_threshold
             self._sock.connect(endpoint)
+            self._ready = Readiness(self._sock)
         except zmq.ZMQError as e:
             self._sock.close(linger=0)
             raise TransportError(f"cannot connect to the broker at {endpoint}: {e}",
@@ -127,7 +146,7 @@ class ReplicaListener(Listener):
     async def open(cls, endpoint: str, **opts: object) -> ReplicaListener:
         """Connect, register with the broker and start heartbeating."""
         self = cls(endpoint, **opts)  # type: ignore[arg-type]
-        await self._register()
+        self._register()
         self._hb_task = asyncio.get_running_loop().create_task(
             self._heartbeat_loop(), name="xcosd-replica-heartbeat")
         return self
@@ -137,66 +156,93 @@ class ReplicaListener(Listener):
         only between the broker and this replica)."""
         return zmtp_overhead(frames)
 
-    async def _register(self) -> None:
+    def _command(self, parts: list[Buffer]) -> None:
+        """A control message, sent if the pipe takes it now: one that does not is
+        dropped (a full pipe already tells the broker this replica is alive, and a
+        READY that got lost is sent again after ``heartbeat_timeout``)."""
+        try:
+            _send_parts(self._sock, parts)
+        except zmq.Again:
+            pass
+        finally:
+            self._ready.poke()
+
+    def _register(self) -> None:
         self._last_rx = time.monotonic()
         self._registering = True
         self.registrations += 1
-        with contextlib.suppress(zmq.Again):
-            await self._sock.send_multipart([READY, PROTOCOL], flags=zmq.NOBLOCK)
+        self._command([READY, PROTOCOL])
 
     def _forget_peers(self) -> None:
         """Report every edge as gone: the broker has handed them to other replicas."""
-        self._gone.extend(self._peers)
+        self._gone.extend((peer, None) for peer in self._peers)
         self._peers.clear()
 
-    async def send(self, peer: bytes, frames: Frames) -> None:
+    def _try_send(self, peer: bytes, msg: list[Buffer]) -> bool:
+        """One non-blocking send; whether it went (``False``: the pipe is full)."""
         if self._closed:
             raise TransportError("listener is closed", code="closed")
-        if not frames:
-            raise TransportError("a message needs at least one frame", code="bad_frame")
         try:
-            await self._sock.send_multipart([DATA, peer, *frames], copy=False)
+            _send_parts(self._sock, [DATA, peer, *msg])
+        except zmq.Again:
+            return False
         except zmq.ZMQError as e:
             raise TransportError(f"send failed: {e}", code="closed" if self._closed
                                  else "send") from e
-        self.meter.record("down", frames, self.framing_overhead(frames))
+        finally:
+            self._ready.poke()
+        self.meter.record("down", msg, self.framing_overhead(msg))
+        return True
 
-    async def recv(self) -> tuple[bytes, list[bytes] | None]:
-        while True:
-            if self._closed:
-                raise TransportError("listener is closed", code="closed")
-            if self._gone:
-                return self._gone.popleft(), None
-            try:
-                msg = await self._sock.recv_multipart()
-            except (zmq.ZMQError, asyncio.CancelledError) as e:
-                if self._closed:
-                    raise TransportError("listener is closed", code="closed") from e
-                if isinstance(e, asyncio.CancelledError):
-                    raise
-                raise TransportError(f"recv failed: {e}", code="recv") from e
-            cmd = msg[0]
-            if cmd == RESET:
-                # a RESET only says the broker does not know this replica: liveness
-                # comes from its other messages, so a READY that got lost is sent
-                # again after heartbeat_timeout
-                if not self._registering:
-                    log.warning("the broker at %s does not know this replica; registering "
-                                "again", self.endpoint)
-                    self._forget_peers()
-                    await self._register()
-                continue
-            self._last_rx = time.monotonic()
-            self._registering = False
-            if cmd == DATA and len(msg) >= 3:
-                peer, frames = msg[1], msg[2:]
-                self._peers[peer] = None
-                self.meter.record("up", frames, self.framing_overhead(frames))
-                return peer, frames
-            if cmd == GONE and len(msg) == 2 and msg[1] in self._peers:
-                del self._peers[msg[1]]
-                return msg[1], None
-            # HEARTBEAT (and anything malformed): liveness only
+    def send_nowait(self, peer: bytes, frames: Frames) -> bool:
+        """Send without waiting when the pipe to the broker has room; ``False``
+        (nothing sent) when it is full."""
+        if not frames:
+            raise TransportError("a message needs at least one frame", code="bad_frame")
+        return self._try_send(peer, _as_zmq(frames))
+
+    async def send(self, peer: bytes, frames: Frames) -> None:
+        """Send, waiting while the pipe to the broker is full (bound it with a
+        timeout)."""
+        if not frames:
+            raise TransportError("a message needs at least one frame", code="bad_frame")
+        msg = _as_zmq(frames)
+        if not self._try_send(peer, msg):
+            await _send_when_ready(self._ready, lambda: self._try_send(peer, msg))
+
+    async def recv(self) -> Received:
+        return (await self.recv_many(1))[0]
+
+    async def recv_many(self, max_n: int) -> list[Received]:
+        """Every edge message and departure ready, up to ``max_n``, in the order they
+        came, after waiting for the first; the broker's commands are handled here."""
+        return await recv_burst(self._sock, self._ready, max_n, self._received,
+                                lambda: self._closed, self._gone)
+
+    def _received(self, msg: list[bytes]) -> Received | None:
+        """What one message from the broker means for the node, if anything."""
+        cmd = msg[0]
+        if cmd == RESET:
+            # a RESET only says the broker does not know this replica: liveness
+            # comes from its other messages, so a READY that got lost is sent
+            # again after heartbeat_timeout
+            if not self._registering:
+                log.warning("the broker at %s does not know this replica; registering "
+                            "again", self.endpoint)
+                self._forget_peers()
+                self._register()
+            return None
+        self._last_rx = time.monotonic()
+        self._registering = False
+        if cmd == DATA and len(msg) >= 3:
+            peer, frames = msg[1], msg[2:]
+            self._peers[peer] = None
+            self.meter.record("up", frames, self.framing_overhead(frames))
+            return peer, frames
+        if cmd == GONE and len(msg) == 2 and msg[1] in self._peers:
+            del self._peers[msg[1]]
+            return msg[1], None
+        return None  # HEARTBEAT (and anything malformed): liveness only
 
     async def close_peer(self, peer: bytes) -> None:
         """The node gave up on ``peer`` (silent past its timeout): forget it here."""
@@ -210,11 +256,10 @@ class ReplicaListener(Listener):
                 log.warning("no word from the broker at %s for %.1fs; registering again",
                             self.endpoint, self.heartbeat_timeout)
                 self._forget_peers()
-                await self._register()
+                self._register()
+                self._ready.wake(_POLLIN)  # a receiver asleep reports the gone edges
                 continue
-            # a full pipe already tells the broker this replica is alive
-            with contextlib.suppress(zmq.Again):
-                await self._sock.send_multipart([HEARTBEAT], flags=zmq.NOBLOCK)
+            self._command([HEARTBEAT])
 
     async def close(self) -> None:
         if self._closed:
@@ -225,13 +270,13 @@ class ReplicaListener(Listener):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._hb_task
             self._hb_task = None
+        linger = 0
         if self.goodbye:
             with contextlib.suppress(zmq.ZMQError):
-                await self._sock.send_multipart([BYE], flags=zmq.NOBLOCK)
-            # let the I/O thread write it before the socket goes (bounded)
-            self._sock.close(linger=100)
-        else:
-            self._sock.close(linger=0)
+                self._command([BYE])
+            linger = 100  # let the I/O thread write it before the socket goes (bounded)
+        self._ready.close()
+        self._sock.close(linger=linger)
 
 
 __all__ = ["BYE", "DATA", "GONE", "HEARTBEAT", "HEARTBEAT_IVL", "HEARTBEAT_TIMEOUT", "PROTOCOL",

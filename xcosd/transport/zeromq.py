@@ -188,7 +188,7 @@ class Readiness:
         loop = self._watch()
         if events is None:
             events = _events(self._sock)
-        self._wake(events)  # asking may have taken the edge another waiter sleeps on
+        self.wake(events)  # asking may have taken the edge another waiter sleeps on
         if events & mask:
             return events
         fut: asyncio.Future[int | None] = loop.create_future()
@@ -210,9 +210,12 @@ class Readiness:
             events = _events(self._sock)
         except zmq.ZMQError:  # closed under us: wake everyone, they see why
             events = _POLLIN | _POLLOUT
-        self._wake(events)
+        self.wake(events)
 
-    def _wake(self, events: int) -> None:
+    def wake(self, events: int) -> None:
+        """Wake the waiters for ``events`` (a ``POLLIN``/``POLLOUT`` mask), ready
+        or not: each looks again (a receiver with something to report that is not
+        on the socket)."""
         for mask, fut in self._waiters:
             if events & mask and not fut.done():
                 fut.set_result(events)
@@ -237,6 +240,50 @@ async def _send_when_ready(ready: Readiness, try_send: Callable[[], bool]) -> No
             return
         await asyncio.sleep(delay)
         delay = min(SEND_RETRY_MAX_S, delay * 2)
+
+
+#: what a listener reports: a peer's message, or ``None`` once the peer is gone
+Received = tuple[bytes, list[bytes] | None]
+
+
+async def recv_burst(sock: zmq.Socket[Any], ready: Readiness, max_n: int,
+                     take: Callable[[list[bytes]], Received | None],
+                     is_closed: Callable[[], bool],
+                     backlog: deque[Received] | None = None) -> list[Received]:
+    """A listener's ``recv_many``: every message ready on ``sock``, up to ``max_n``,
+    each turned by ``take`` into what the node is told (``None``: nothing), after
+    waiting for the first. ``backlog``: what to report before the next message is
+    read (``take`` may add to it: what a message implies comes before the next).
+    One wake-up and one readiness check per burst, not per message."""
+    out: list[Received] = []
+    woke: int | None = None  # what woke the wait (the caller is the only receiver)
+    while True:
+        if is_closed():
+            raise TransportError("listener is closed", code="closed")
+        try:
+            while len(out) < max_n:
+                if backlog:
+                    out.append(backlog.popleft())
+                    continue
+                # asked first: a receive that finds nothing raises, which costs more
+                events, woke = (_events(sock) if woke is None else woke), None
+                if not events & _POLLIN:
+                    break
+                item = take(_recv_parts(sock))
+                if item is not None:
+                    out.append(item)
+        except zmq.Again:
+            pass
+        except zmq.ZMQError as e:
+            if not out:
+                if is_closed():
+                    raise TransportError("listener is closed", code="closed") from e
+                raise TransportError(f"recv failed: {e}", code="recv") from e
+        finally:
+            ready.poke()
+        if out:
+            return out
+        woke = await ready.wait(_POLLIN)
 
 
 class _Flusher:
@@ -532,42 +579,21 @@ class ZmqListener(Listener):
             assert self._ready is not None
             await _send_when_ready(self._ready, lambda: self._try_send(peer, msg))
 
-    async def recv(self) -> tuple[bytes, list[bytes] | None]:
+    async def recv(self) -> Received:
         return (await self.recv_many(1))[0]
 
-    async def recv_many(self, max_n: int) -> list[tuple[bytes, list[bytes] | None]]:
+    async def recv_many(self, max_n: int) -> list[Received]:
         """Every message ready, up to ``max_n``, after waiting for the first."""
-        out: list[tuple[bytes, list[bytes] | None]] = []
-        sock, record = self._sock, self.meter.record
-        woke: int | None = None  # what woke the wait (this task is the only receiver)
-        while True:
-            if self._closed:
-                raise TransportError("listener is closed", code="closed")
-            assert self._ready is not None
-            try:
-                while len(out) < max_n:
-                    # asked first: a receive that finds nothing raises, which costs more
-                    events, woke = (_events(sock) if woke is None else woke), None
-                    if not events & _POLLIN:
-                        break
-                    msg = _recv_parts(sock)
-                    if len(msg) < 2:  # a routing id and no frames: nothing to deliver
-                        continue
-                    frames = msg[1:]
-                    record("up", frames, self.framing_overhead(frames))
-                    out.append((msg[0], frames))
-            except zmq.Again:
-                pass
-            except zmq.ZMQError as e:
-                if not out:
-                    if self._closed:
-                        raise TransportError("listener is closed", code="closed") from e
-                    raise TransportError(f"recv failed: {e}", code="recv") from e
-            finally:
-                self._ready.poke()
-            if out:
-                return out
-            woke = await self._ready.wait(_POLLIN)
+        assert self._ready is not None
+        return await recv_burst(self._sock, self._ready, max_n, self._take,
+                                lambda: self._closed)
+
+    def _take(self, msg: list[bytes]) -> Received | None:
+        if len(msg) < 2:  # a routing id and no frames: nothing to deliver
+            return None
+        frames = msg[1:]
+        self.meter.record("up", frames, self.framing_overhead(frames))
+        return msg[0], frames
 
     def _release(self) -> None:
         if self._ready is not None:
