@@ -18,6 +18,10 @@ the transports keep that law.
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,14 +29,16 @@ import pytest
 import xcosd
 from xcosd.errors import TransportError
 from xcosd.methods import LOSSLESS, Space
+from xcosd.nodes import Broker
 from xcosd.sampling import SamplingParams, warp
 from xcosd.transport import LinkSpec
 from xcosd.vocab import VocabMap
 
 from .helpers.law import bigram_law, check_law, committed_row
-from .helpers.waits import HANG_S
+from .helpers.waits import HANG_S, until
 from .session_pairs import close_pair, closed_sessions_settle, pair
 
+ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "c"
 TOKENS = 5
 DRAFT_LEN = 4
@@ -201,3 +207,72 @@ async def test_speculation_over_sockets_keeps_the_law() -> None:
     used = sum(r.stats.speculated_used for r in results)
     assert used > 0.4 * N, (used, sum(r.stats.speculated for r in results))
 
+
+
+async def _replica_process(broker: Broker) -> asyncio.subprocess.Process:
+    """A replica of the test pair's target in its own process (tests/helpers/replica_main.py)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.helpers.replica_main", broker.back_endpoint,
+        cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+async def test_a_replica_killed_behind_the_broker_keeps_the_law() -> None:
+    """Two replica processes behind a broker, four edges spread over them; halfway
+    through N_FAULTS sampled generations (xcosd-e, K = 1, M = 3) one replica process
+    is killed (SIGKILL) and a fresh one joins. The generations of its edges resume
+    on a live replica; the law of the 5-token sequence is the target's (built to
+    catch TV 0.1 at one step)."""
+    _, draft = pair()
+    rounds = 0
+    kill = asyncio.Event()
+
+    def on_round(_obs: object) -> None:
+        nonlocal rounds
+        rounds += 1
+        if rounds == N_FAULTS // 2:
+            kill.set()
+
+    per_edge = N_FAULTS // 4
+    async with Broker(front="tcp://127.0.0.1:0") as broker:
+        procs = [await _replica_process(broker), await _replica_process(broker)]
+        try:
+            await until(lambda: broker.stats()["replicas_live"] == 2, "two replicas")
+            edges = [xcosd.EdgeNode(draft=draft, connect=broker.endpoint, heartbeat_s=0.05,
+                                    timeout_s=HANG_S, connect_timeout_s=HANG_S,
+                                    resend_after_s=0.5, on_round=on_round)
+                     for _ in range(4)]
+            for e in edges:
+                await e.start()
+            try:
+                pinned = Counter(broker.pinned().values())
+                assert sorted(pinned.values()) == [2, 2]  # each replica serves two edges
+                gen = asyncio.gather(*[
+                    edges[i % 4].generate(PROMPT, max_new_tokens=TOKENS, seed=90_000 + i,
+                                          method="xcosd-e", K=1, M=3, draft_len=DRAFT_LEN)
+                    for i in range(4 * per_edge)])
+                waiter = asyncio.ensure_future(kill.wait())
+                await asyncio.wait({gen, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                assert kill.is_set() and not gen.done(), "the run ended before the kill"
+                victim = procs.pop(0)
+                victim.send_signal(signal.SIGKILL)  # its sessions and caches are gone
+                await victim.wait()
+                procs.append(await _replica_process(broker))
+                results = await gen
+                resumed_edges = sum(e.resumes > 0 for e in edges)
+            finally:
+                for e in edges:
+                    await e.close()
+        finally:
+            for p in procs:
+                if p.returncode is None:
+                    p.send_signal(signal.SIGKILL)
+                    await p.wait()
+        assert broker.stats()["replicas_lost"].get("unreachable", 0) >= 1
+    seqs = np.array([r.token_ids for r in results], dtype=np.int64)
+    assert seqs.shape == (4 * per_edge, TOKENS)
+    assert resumed_edges == 2  # the killed replica's two edges, and only they
+    # the killed replica's edges had about half the generations in flight
+    assert sum(r.stats.resumes > 0 for r in results) > N_FAULTS // 4
+    report = check_law(seqs, _law())
+    assert report.ok, str(report)
