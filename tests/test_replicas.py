@@ -516,5 +516,27 @@ def test_scale_report_renders_and_its_ideal_matches_the_cost_model() -> None:
     text = "\n".join(section_lines(rep))
     assert "1 of 1 ratio goals met" in text and "No replica was killed" in text
     # a round's time outside its call: 379 - (20 + 0.5 * 128 * 5), 209 - (20 + 0.5 * 64 * 5)
-    assert "39 ms with 1 replica, 29 ms with 2 replicas" in text
+    assert ("39 ms with 1 replica (10 % of its round), 29 ms with 2 replicas (14 % of its "
+            "round): it shrinks more slowly than the call") in text
+    assert "The controls" not in text  # a report without them says nothing of them
+    # the controls: 2 x 980 alone, 1,950 without a broker, 1,900 behind it
+    points[0].update(efficiency=0.9, devices=128)
+    rep["controls"] = [
+        {"replicas": 2, "kind": "alone", "devices": 64, "tokens_per_s": 980.0, "ratio": 1.96,
+         "ideal_tokens_per_s": 1000.0, "efficiency": 0.98, "round_ms_p50": 200.0,
+         "machine_busy": 0.25},
+        {"replicas": 2, "kind": "no-broker", "devices": 128, "tokens_per_s": 1950.0,
+         "ratio": 1.95, "ideal_tokens_per_s": 2000.0, "efficiency": 0.975,
+         "round_ms_p50": 205.0, "machine_busy": 0.5, "sharing_cost": 1 - 1950 / 1960,
+         "broker_cost": 1 - 1900 / 1950}]
+    text = "\n".join(section_lines(rep))
+    assert "| 2 | one replica alone | 64 | 980 | 1,960 | 1.96 |" in text
+    assert "2 x 980 = 1,960 tokens/s (1.96x)" in text
+    assert "alone delivers 0.98 of the cost model's best where the one serving all 128 " \
+           "delivers 0.90" in text
+    assert "costs 1 % (2 clouds without a broker: 1,950 tokens/s, 1.95x), the broker 3 %" in text
+    rep["controls"][1].update(sharing_cost=-0.01, broker_cost=0.004)  # gains are noise
+    text = "\n".join(section_lines(rep))
+    assert "costs nothing measurable (2 clouds" in text and "broker nothing measurable" in text
+    assert "2 clouds, no broker" in format_report(rep)
     assert section_lines(None)[2].endswith("is missing.")

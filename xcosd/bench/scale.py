@@ -17,9 +17,18 @@ device in every batch of its replica). Replicas cannot beat it: splitting the
 devices only saves the per-row cost, never the per-call cost ``a``.
 
 Throughput counts the tokens of the rounds that end inside the measured window
-(after a warm-up). The killed run gives every device a fixed number of
-generations, kills one replica process (SIGKILL) mid-run, and compares every output
-with the target's own greedy decode: a lost or repeated token would show there.
+(after a warm-up).
+
+Two controls say where the rest of a ratio goes, for each N above 1: *alone*, one
+replica serving its ``D / N`` devices with nothing else running (times N: what N
+replicas that cost each other nothing would reach), and *no broker*, N plain
+``xcosd serve`` clouds side by side with the devices spread over them (the N-replica
+point without the broker: what the broker costs). Between them, what N replicas
+cost each other by sharing the machine's cores and the devices' process.
+
+The killed run gives every device a fixed number of generations, kills one replica
+process (SIGKILL) mid-run, and compares every output with the target's own greedy
+decode: a lost or repeated token would show there.
 The broker process starts the killed replica again, as it would in service.
 """
 
@@ -28,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 import re
@@ -44,7 +54,7 @@ from ..nodes import EdgeNode, RoundObserved
 from .load.config import PROMPTS
 from .report import OUT_DIR, machine, table
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: where ``xcosd bench scale`` writes by default (and the results generator reads)
 OUT_FILE = OUT_DIR / "scale.json"
 #: 20 ms per target call plus 0.5 ms per scored row, sleeping
@@ -78,6 +88,8 @@ class ScaleConfig:
     kill_generations: int = 3
     kill_after_s: float = 3.0
     timeout_s: float = 120.0
+    #: the controls (module docstring) for each replica count above 1
+    controls: bool = True
 
     def __post_init__(self) -> None:
         if self.devices < 1 or not self.replicas or min(self.replicas) < 1:
@@ -106,14 +118,16 @@ def synthetic_costs(target: str) -> tuple[float, float] | None:
     return float(parts[2]) / 1e3, float(parts[3]) / 1e3
 
 
-def ideal_tokens_per_s(cfg: ScaleConfig, replicas: int) -> float | None:
-    """The cost model's best with ``replicas`` replicas (module docstring), for a
-    synthetic target; ``None`` for any other."""
+def ideal_tokens_per_s(cfg: ScaleConfig, replicas: int,
+                       devices: int | None = None) -> float | None:
+    """The cost model's best with ``replicas`` replicas (module docstring) serving
+    ``devices`` (default: ``cfg.devices``), for a synthetic target; ``None`` for
+    any other."""
     costs = synthetic_costs(cfg.target)
     if costs is None:
         return None
     a, b = costs
-    per = cfg.devices / replicas
+    per = (cfg.devices if devices is None else devices) / replicas
     rows = cfg.draft_len + 1
     return replicas * per * rows / (a + b * per * rows)
 
@@ -148,11 +162,16 @@ def _free_port() -> int:
 
 class Cluster:
     """``xcosd serve --replicas N`` in a child process, watched through the lines
-    it prints: the replica pids, and how many replicas the broker has live."""
+    it prints: the replica pids, and how many replicas the broker has live.
+    ``broker=False``: a plain ``xcosd serve`` (one cloud, no broker), live once it
+    says it is serving."""
 
-    def __init__(self, cfg: ScaleConfig, replicas: int) -> None:
+    def __init__(self, cfg: ScaleConfig, replicas: int, *, broker: bool = True) -> None:
+        if not broker and replicas != 1:
+            raise ValueError("a cloud without a broker is one replica")
         self.cfg = cfg
         self.replicas = replicas
+        self.broker = broker
         self.endpoint = f"tcp://127.0.0.1:{_free_port()}"
         self.lines: list[str] = []
         self.live = 0
@@ -167,9 +186,10 @@ class Cluster:
 
     async def start(self) -> Cluster:
         c = self.cfg
+        replicas = ["--replicas", str(self.replicas)] if self.broker else []
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "xcosd", "serve", "--replicas", str(self.replicas),
-            "--bind", self.endpoint, "--target", c.target, "--max-batch", str(c.max_batch),
+            sys.executable, "-m", "xcosd", "serve", *replicas, "--bind", self.endpoint,
+            "--target", c.target, "--max-batch", str(c.max_batch),
             "--max-batch-tokens", str(c.max_batch_tokens), "--max-wait-ms", repr(c.max_wait_ms),
             "--max-sessions", str(max(1024, 4 * c.devices)),
             "--max-queue", str(max(4096, 8 * c.devices)),
@@ -186,6 +206,8 @@ class Cluster:
             self.lines.append(line)
             if m := re.match(r"replicas live: (\d+)", line):
                 self.live = int(m.group(1))
+            elif not self.broker and line.startswith("serving "):
+                self.live = 1
             self._changed.set()
 
     async def wait_live(self, n: int) -> None:
@@ -271,25 +293,30 @@ class _WindowEnded(Exception):
 
 
 @contextlib.asynccontextmanager
-async def _devices(cfg: ScaleConfig, endpoint: str) -> AsyncIterator[list[EdgeNode]]:
-    """``cfg.devices`` connected edges; the first builds the V_C map, the rest reuse it."""
+async def _devices(cfg: ScaleConfig, endpoints: list[str],
+                   devices: int | None = None) -> AsyncIterator[list[EdgeNode]]:
+    """``devices`` (default ``cfg.devices``) connected edges, device ``i`` to
+    ``endpoints[i % len(endpoints)]``; the first builds the V_C map, the rest reuse
+    it (every endpoint serves the same target)."""
     from ..models import SyntheticModel, load_model
 
     target = load_model(cfg.target, a=0.0, b=0.0)
     draft = SyntheticModel(target.vocab, skew=0.9, name="synthetic-draft")
     gen = cfg.generation()
     edges: list[EdgeNode] = []
+    n = cfg.devices if devices is None else devices
 
-    def make(vmap: Any = None) -> EdgeNode:
-        return EdgeNode(draft, endpoint, config=gen, target_vocab=target.vocab, vocab_map=vmap,
-                        busy_retry_s=0.01, name="bench-scale")
+    def make(i: int, vmap: Any = None) -> EdgeNode:
+        return EdgeNode(draft, endpoints[i % len(endpoints)], config=gen,
+                        target_vocab=target.vocab, vocab_map=vmap, busy_retry_s=0.01,
+                        name="bench-scale")
 
     try:
-        first = make()
+        first = make(0)
         await first.start()
         edges.append(first)
-        for i in range(1, cfg.devices, 32):
-            batch = [make(first.vocab_map) for _ in range(i, min(cfg.devices, i + 32))]
+        for i in range(1, n, 32):
+            batch = [make(k, first.vocab_map) for k in range(i, min(n, i + 32))]
             edges.extend(batch)
             await asyncio.gather(*(e.start() for e in batch))
         yield edges
@@ -297,9 +324,21 @@ async def _devices(cfg: ScaleConfig, endpoint: str) -> AsyncIterator[list[EdgeNo
         await asyncio.gather(*(e.close() for e in edges), return_exceptions=True)
 
 
-async def _throughput(cfg: ScaleConfig, replicas: int) -> dict[str, Any]:
-    """One point: ``replicas`` replicas, closed loop, tokens in the window."""
-    async with Cluster(cfg, replicas) as cluster, _devices(cfg, cluster.endpoint) as edges:
+async def _throughput(cfg: ScaleConfig, replicas: int, *, kind: str = "broker",
+                      devices: int | None = None) -> dict[str, Any]:
+    """One point, closed loop, tokens in the window: ``replicas`` replicas behind
+    the broker (``kind`` ``broker``), one replica behind the broker serving
+    ``devices`` (``alone``), or ``replicas`` clouds without a broker (``no-broker``)."""
+    n = cfg.devices if devices is None else devices
+    async with contextlib.AsyncExitStack() as stack:
+        if kind == "no-broker":
+            clusters = [await stack.enter_async_context(Cluster(cfg, 1, broker=False))
+                        for _ in range(replicas)]
+        else:
+            clusters = [await stack.enter_async_context(
+                Cluster(cfg, 1 if kind == "alone" else replicas))]
+        edges = await stack.enter_async_context(
+            _devices(cfg, [c.endpoint for c in clusters], n))
         go = time.monotonic() + 0.05
         w0, w1 = go + cfg.warmup_s, go + cfg.warmup_s + cfg.duration_s
         tokens = rounds = errors = resumes = 0
@@ -344,9 +383,11 @@ async def _throughput(cfg: ScaleConfig, replicas: int) -> dict[str, Any]:
         await asyncio.gather(*(device(i, e) for i, e in enumerate(edges)))
         await watcher
         round_s.sort()
-    ideal = ideal_tokens_per_s(cfg, replicas)
+    ideal = (ideal_tokens_per_s(cfg, 1, n) if kind == "alone"
+             else ideal_tokens_per_s(cfg, replicas, n))
     tps = tokens / cfg.duration_s
-    return {"replicas": replicas, "tokens": tokens, "rounds": rounds,
+    return {"replicas": replicas, "kind": kind, "devices": n, "tokens": tokens,
+            "rounds": rounds,
             "tokens_per_s": tps, "ideal_tokens_per_s": ideal,
             "efficiency": tps / ideal if ideal else None,
             "round_ms_p50": 1e3 * round_s[len(round_s) // 2] if round_s else None,
@@ -361,7 +402,7 @@ async def _killed(cfg: ScaleConfig) -> dict[str, Any]:
     reference = load_model(cfg.target, a=0.0, b=0.0)
     want = {p: greedy_reference(reference, p, cfg.max_new_tokens) for p in PROMPTS}
     async with Cluster(cfg, cfg.kill_replicas) as cluster, \
-            _devices(cfg, cluster.endpoint) as edges:
+            _devices(cfg, [cluster.endpoint]) as edges:
         records: list[dict[str, Any]] = []
 
         async def device(i: int, e: EdgeNode) -> None:
@@ -426,12 +467,32 @@ async def run_scale(cfg: ScaleConfig, *, log: Any = None) -> dict[str, Any]:
         goal = GOALS.get(p["replicas"])
         p["goal_ratio"] = goal
         p["meets_goal"] = None if goal is None or p["ratio"] is None else p["ratio"] >= goal
+    controls = []
+    for n in (cfg.replicas if cfg.controls else ()):
+        if n < 2 or cfg.devices % n:
+            continue
+        alone = await _throughput(cfg, n, kind="alone", devices=cfg.devices // n)
+        free = await _throughput(cfg, n, kind="no-broker")
+        measured = next(p for p in points if p["replicas"] == n)
+        for c in (alone, free):
+            total = c["tokens_per_s"] * (n if c is alone else 1)
+            c["ratio"] = total / base if base else None
+        # the shares of the way from N x alone down to the measured point
+        alone_n = n * alone["tokens_per_s"]
+        free["sharing_cost"] = 1 - free["tokens_per_s"] / alone_n if alone_n else None
+        free["broker_cost"] = (1 - measured["tokens_per_s"] / free["tokens_per_s"]
+                               if free["tokens_per_s"] else None)
+        controls += [alone, free]
+        if log is not None:
+            log(f"controls for {n}: one replica with {cfg.devices // n} devices alone "
+                f"{alone['tokens_per_s']:,.0f} tokens/s, {n} clouds without a broker "
+                f"{free['tokens_per_s']:,.0f} tokens/s")
     killed = await _killed(cfg) if cfg.kill else None
     if killed is not None and log is not None:
         log(f"killed run: {killed['exact']}/{killed['generations']} exact, "
             f"{killed['sessions_resumed']} sessions resumed")
     return {"schema_version": SCHEMA_VERSION, "kind": "scale", "config": cfg.to_dict(),
-            "points": points, "killed": killed, "machine": machine()}
+            "points": points, "controls": controls, "killed": killed, "machine": machine()}
 
 
 def run_scale_sync(cfg: ScaleConfig, *, log: Any = None) -> dict[str, Any]:
@@ -444,18 +505,80 @@ SCALE_HEADER = ["replicas", "tokens/s", "ratio", "goal", "ideal tok/s", "ideal r
                 "resumes"]
 
 
+def _f(v: float | None, spec: str) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def _busy(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.0f}%"
+
+
+def _pct(v: float | None) -> str:
+    """A share lost, as a percentage; one within rounding of none (or a gain, which
+    on a shared machine is noise) says so."""
+    if v is None:
+        return "n/a"
+    return "nothing measurable" if v < 0.005 else f"{100 * v:.0f} %"
+
+
 def scale_rows(rep: dict[str, Any]) -> list[list[Any]]:
     """The table of :func:`format_report` (and of docs/RESULTS.md), one row a point."""
-    def f(v: float | None, spec: str) -> str:
-        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-    return [[p["replicas"], f(p["tokens_per_s"], ",.0f"), f(p["ratio"], ".2f"),
-             f(p["goal_ratio"], ".1f"), f(p["ideal_tokens_per_s"], ",.0f"),
-             f(p["ideal_ratio"], ".2f"), f(p["efficiency"], ".2f"), f(p["round_ms_p50"], ".1f"),
-             f(100 * p["machine_busy"] if p.get("machine_busy") is not None else None, ".0f")
-             + ("%" if p.get("machine_busy") is not None else ""),
-             f(p.get("devices_cores"), ".2f"), p["errors"], p["resumes"]]
+    return [[p["replicas"], _f(p["tokens_per_s"], ",.0f"), _f(p["ratio"], ".2f"),
+             _f(p["goal_ratio"], ".1f"), _f(p["ideal_tokens_per_s"], ",.0f"),
+             _f(p["ideal_ratio"], ".2f"), _f(p["efficiency"], ".2f"), _f(p["round_ms_p50"], ".1f"),
+             _busy(p.get("machine_busy")),
+             _f(p.get("devices_cores"), ".2f"), p["errors"], p["resumes"]]
             for p in rep["points"]]
+
+
+CONTROL_HEADER = ["replicas", "control", "devices", "tokens/s", "as N replicas", "ratio",
+                  "ideal tok/s", "efficiency", "round p50 ms", "machine busy"]
+
+
+def control_rows(rep: dict[str, Any]) -> list[list[Any]]:
+    """The controls' table: one row a control (empty for a report without them)."""
+    rows = []
+    for c in rep.get("controls") or []:
+        n, alone = c["replicas"], c["kind"] == "alone"
+        rows.append([n, "one replica alone" if alone else f"{n} clouds, no broker",
+                     c["devices"], _f(c["tokens_per_s"], ",.0f"),
+                     _f(c["tokens_per_s"] * (n if alone else 1), ",.0f"), _f(c["ratio"], ".2f"),
+                     _f(c["ideal_tokens_per_s"], ",.0f"), _f(c["efficiency"], ".2f"),
+                     _f(c["round_ms_p50"], ".1f"), _busy(c.get("machine_busy"))])
+    return rows
+
+
+def controls_sentence(rep: dict[str, Any]) -> str | None:
+    """Where each ratio goes, from the controls: N x alone, then sharing the
+    machine (no broker), then the broker (the measured point)."""
+    controls = rep.get("controls") or []
+    points = {p["replicas"]: p for p in rep["points"]}
+    one = points.get(1)
+    parts = []
+    for n in sorted({c["replicas"] for c in controls}):
+        alone = next((c for c in controls if c["replicas"] == n and c["kind"] == "alone"), None)
+        free = next((c for c in controls if c["replicas"] == n and c["kind"] == "no-broker"),
+                    None)
+        measured = points.get(n)
+        if alone is None or free is None or measured is None:
+            continue
+        text = (f"{n} replicas: with nothing shared they would reach {n} x "
+                f"{alone['tokens_per_s']:,.0f} = {n * alone['tokens_per_s']:,.0f} tokens/s "
+                f"({_f(alone['ratio'], '.2f')}x)")
+        if alone.get("efficiency") is not None and one and one.get("efficiency") is not None:
+            text += (f", since one replica serving {alone['devices']} devices alone delivers "
+                     f"{alone['efficiency']:.2f} of the cost model's best where the one serving "
+                     f"all {one.get('devices', rep['config']['devices'])} delivers "
+                     f"{one['efficiency']:.2f}")
+        text += (f"; sharing the machine's cores and the devices' process costs "
+                 f"{_pct(free.get('sharing_cost'))} ({n} clouds without a broker: "
+                 f"{free['tokens_per_s']:,.0f} tokens/s, {_f(free['ratio'], '.2f')}x), the "
+                 f"broker {_pct(free.get('broker_cost'))} ({measured['tokens_per_s']:,.0f} "
+                 "behind it)")
+        parts.append(text)
+    if not parts:
+        return None
+    return "The controls (same run): " + "; ".join(parts) + "."
 
 
 def killed_sentence(k: dict[str, Any] | None) -> str:
@@ -507,28 +630,42 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
             "devices' drafting and sampling, the broker's two hops, verification and the "
             "state machines, and a half batch's wait when a replica's devices split into two "
             "alternating batches) was "
-            + ", ".join(f"{ms:.0f} ms with {n} replica{'s' if n > 1 else ''}"
-                        for n, ms in outside)
-            + ": about the same time, over a call that gets shorter as the devices spread "
-              "over more replicas.")
+            + ", ".join(f"{ms:.0f} ms with {n} replica{'s' if n > 1 else ''} "
+                        f"({100 * ms / r:.0f} % of its round)" for n, ms, r in outside)
+            + (": it shrinks more slowly than the call as the devices spread over more "
+               "replicas, so its share of a round grows"
+               if all(x[1] / x[2] < y[1] / y[2] for x, y in itertools.pairwise(outside))
+               and len(outside) > 1 else "")
+            + ".")
     bound = _turns_bound(rep)
     if bound:
         lines.append(bound)
+    crow = control_rows(rep)
+    if crow:
+        lines += ["", table(crow, CONTROL_HEADER, markdown=True), ""]
+        lines.append("*one replica alone*: one replica behind the broker serving its share "
+                     "of the devices, nothing else running (*as N replicas*: times N); "
+                     "*N clouds, no broker*: N plain `xcosd serve` processes at once, the "
+                     "devices spread over them. *ratio*: to the 1-replica point above.")
+        sentence = controls_sentence(rep)
+        if sentence:
+            lines.append(sentence)
     lines += [killed_sentence(rep.get("killed")), ""]
     return lines
 
 
-def _outside_call(rep: dict[str, Any]) -> list[tuple[int, float]]:
-    """(replicas, ms) of each point's median round minus the call a full batch of its
-    devices costs, for a synthetic target; empty for any other."""
+def _outside_call(rep: dict[str, Any]) -> list[tuple[int, float, float]]:
+    """(replicas, ms, round ms) of each point: its median round, and that minus the
+    call a full batch of its devices costs, for a synthetic target; empty for any
+    other."""
     c = rep["config"]
     costs = synthetic_costs(str(c["target"]))
     if costs is None:
         return []
     a, b = 1e3 * costs[0], 1e3 * costs[1]  # ms
     rows = c["draft_len"] + 1
-    return [(p["replicas"], p["round_ms_p50"] - (a + b * c["devices"] / p["replicas"] * rows))
-            for p in rep["points"] if p.get("round_ms_p50") is not None]
+    return [(p["replicas"], p["round_ms_p50"] - (a + b * c["devices"] / p["replicas"] * rows),
+             p["round_ms_p50"]) for p in rep["points"] if p.get("round_ms_p50") is not None]
 
 
 def _turns_bound(rep: dict[str, Any]) -> str | None:
@@ -559,11 +696,15 @@ def _turns_bound(rep: dict[str, Any]) -> str | None:
 
 def format_report(rep: dict[str, Any]) -> str:
     """The report as text (what ``xcosd bench scale`` prints)."""
-    return "\n".join([table(scale_rows(rep), SCALE_HEADER), "",
-                      killed_sentence(rep.get("killed"))])
+    out = [table(scale_rows(rep), SCALE_HEADER), ""]
+    crow = control_rows(rep)
+    if crow:
+        out += [table(crow, CONTROL_HEADER), ""]
+    return "\n".join([*out, killed_sentence(rep.get("killed"))])
 
 
-__all__ = ["DEFAULT_TARGET", "GOALS", "OUT_FILE", "SCALE_HEADER", "SCHEMA_VERSION", "Cluster",
-           "ScaleConfig", "format_report", "greedy_reference", "ideal_tokens_per_s",
+__all__ = ["CONTROL_HEADER", "DEFAULT_TARGET", "GOALS", "OUT_FILE", "SCALE_HEADER",
+           "SCHEMA_VERSION", "Cluster", "ScaleConfig", "control_rows", "controls_sentence",
+           "format_report", "greedy_reference", "ideal_tokens_per_s",
            "killed_sentence", "run_scale", "run_scale_sync", "scale_rows", "section_lines",
            "synthetic_costs"]

@@ -371,9 +371,11 @@ SCALE_TARGET = "synthetic:256:20:0.5"
 def _add_scale(bsub: Any) -> None:
     p = bsub.add_parser("scale", help="throughput against 1, 2, 4 ... replicas, and a kill",
                         description="Closed-loop devices against `xcosd serve --replicas N` "
-                                    "for each N: tokens/s and the ratio to one replica; then a "
-                                    "run in which a replica process is killed, every output "
-                                    "checked against the target's greedy decode.")
+                                    "for each N: tokens/s and the ratio to one replica; the "
+                                    "controls (one replica serving its share of the devices "
+                                    "alone, N clouds without a broker); then a run in which a "
+                                    "replica process is killed, every output checked against "
+                                    "the target's greedy decode.")
     p.add_argument("-n", "--devices", type=positive_int, default=128, help="edge devices")
     p.add_argument("--replicas", default="1,2,4", metavar="N,N,...",
                    help="replica counts to measure")
@@ -390,6 +392,8 @@ def _add_scale(bsub: Any) -> None:
                    help="rows per target call")
     p.add_argument("--max-wait-ms", type=nonneg_float, default=2.0,
                    help="how long a batch waits to fill up")
+    p.add_argument("--no-controls", action="store_true",
+                   help="skip the controls (one replica alone, N clouds without a broker)")
     p.add_argument("--no-kill", action="store_true", help="skip the killed-replica run")
     p.add_argument("--kill-replicas", type=positive_int, default=2,
                    help="replicas in the killed run (one is killed)")
@@ -428,7 +432,7 @@ def run_scale(args: argparse.Namespace) -> int:
         method=args.method, draft_len=args.draft_len, max_new_tokens=args.max_new_tokens,
         warmup_s=args.warmup, duration_s=args.duration, max_batch=args.max_batch,
         max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
-        kill=not args.no_kill, kill_replicas=args.kill_replicas,
+        controls=not args.no_controls, kill=not args.no_kill, kill_replicas=args.kill_replicas,
         kill_generations=args.kill_generations, kill_after_s=args.kill_after)
     rep = run_scale_sync(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
     rep["command"] = "xcosd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "xcosd bench scale"
