@@ -386,12 +386,12 @@ def test_replica_command_line_carries_the_servers_settings() -> None:
         "serve", "--replicas", "3", "--target", "synthetic:64:1:0.5", "--max-batch", "64",
         "--max-batch-tokens", "512", "--methods", "xcosd,xcosd-e", "--metrics-port", "9100",
         "--link-rtt-ms", "5"])
-    argv = replica_argv(args, "tcp://127.0.0.1:7000", 2)
+    argv = replica_argv(args, "tcp://127.0.0.1:7000", 2, ["--join-curve-secret", "r.key_secret"])
     assert argv[:6] == [sys.executable, "-m", "xcosd", "serve", "--join", "tcp://127.0.0.1:7000"]
     flat = " ".join(argv)
     for part in ("--target synthetic:64:1:0.5", "--max-batch 64", "--max-batch-tokens 512",
                  "--methods xcosd,xcosd-e", "--metrics-port 9102", "--link-rtt-ms 5.0",
-                 f"--parent-pid {os.getpid()}"):
+                 f"--parent-pid {os.getpid()}", "--join-curve-secret r.key_secret"):
         assert part in flat, part
 
 
@@ -429,6 +429,38 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextlib.asynccontextmanager
+async def serve_process(*argv: str) -> AsyncIterator[list[str]]:
+    """``xcosd serve ARGV`` as a user runs it; yields the lines it prints (stderr),
+    kept up to date. Stopped with SIGINT (a Ctrl-C) on exit, which must end it with
+    status 0."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "xcosd", "serve", *argv,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    lines: list[str] = []
+
+    async def read() -> None:
+        assert proc.stderr is not None
+        async for raw in proc.stderr:
+            lines.append(raw.decode(errors="replace").rstrip())
+
+    reader = asyncio.create_task(read())
+    try:
+        yield lines
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(proc.wait(), HANG_S)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(reader, HANG_S)
+    assert proc.returncode == 0, "\n".join(lines[-20:])
+
+
 async def test_serve_replicas_survives_a_killed_replica_process() -> None:
     """``xcosd serve --replicas 2`` as a user runs it; one replica process is killed
     (SIGKILL) mid-generation, its edges resume on the other and it is started again."""
@@ -438,22 +470,12 @@ async def test_serve_replicas_survives_a_killed_replica_process() -> None:
     target = load_model(spec)
     draft = SyntheticModel(target.vocab, skew=0.9, name="draft")
     endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "xcosd", "serve", "--replicas", "2", "--target", spec,
-        "--bind", endpoint, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    lines: list[str] = []
+    async with serve_process("--replicas", "2", "--target", spec, "--bind", endpoint) as lines:
 
-    async def read() -> None:
-        assert proc.stderr is not None
-        async for raw in proc.stderr:
-            lines.append(raw.decode(errors="replace").rstrip())
+        def pids() -> list[int]:
+            return [int(m.group(1)) for ln in lines
+                    if (m := re.search(r"started \(pid (\d+)\)", ln))]
 
-    reader = asyncio.create_task(read())
-
-    def pids() -> list[int]:
-        return [int(m.group(1)) for ln in lines if (m := re.search(r"started \(pid (\d+)\)", ln))]
-
-    try:
         await until(lambda: "replicas live: 2 (joined 2, lost 0)" in lines, "two replicas")
         n = 200
         want = synthetic_greedy(target, "ab", n)
@@ -482,18 +504,6 @@ async def test_serve_replicas_survives_a_killed_replica_process() -> None:
         finally:
             for e in edges:
                 await e.close()
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            await asyncio.wait_for(proc.wait(), HANG_S)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(reader, HANG_S)
-    assert proc.returncode == 0, "\n".join(lines[-20:])
 
 
 def test_scale_report_renders_and_its_ideal_matches_the_cost_model() -> None:
@@ -540,3 +550,112 @@ def test_scale_report_renders_and_its_ideal_matches_the_cost_model() -> None:
     assert "costs nothing measurable (2 clouds" in text and "broker nothing measurable" in text
     assert "2 clouds, no broker" in format_report(rep)
     assert section_lines(None)[2].endswith("is missing.")
+
+
+# ------------------------------------------------------------ CURVE on the back end
+
+
+async def test_a_back_end_with_curve_admits_only_the_replica_keys_it_allows() -> None:
+    """A rogue replica (a key not on the back end's list, the plain transport, or a
+    key the front end admits as a device) never joins: no edge is pinned to it and
+    every output comes from the allowed replica, exact."""
+    from xcosd.transport import CurveClient, CurveServer, KeyPair
+
+    target, draft = pair()
+    want = greedy_decode(target, "ab", 40)
+    front, back, device, good, rogue = (KeyPair.generate() for _ in range(5))
+    async with Broker(front="tcp://127.0.0.1:0",
+                      curve=CurveServer(front, {device.public}),
+                      back_curve=CurveServer(back, {good.public})) as broker:
+
+        async def join(curve: CurveClient | None) -> xcosd.CloudNode:
+            return await xcosd.CloudNode(target=target, bind=broker.back_endpoint,
+                                         transport="replica", timeout_s=HANG_S,
+                                         curve=curve).start()
+
+        rogues = [await join(CurveClient(rogue, back.public)), await join(None),
+                  await join(CurveClient(device, back.public))]
+        allowed: xcosd.CloudNode | None = None
+        edges: list[xcosd.EdgeNode] = []
+        try:
+            # a loopback handshake takes milliseconds: had any been admitted, it
+            # would have joined (and taken the first edges: the least loaded) by now
+            await asyncio.sleep(0.5)
+            assert broker.stats()["replicas_joined"] == 0
+            allowed = await join(CurveClient(good, back.public))
+            await until(lambda: broker.stats()["replicas_live"] == 1, "the allowed replica")
+            edges = [await xcosd.EdgeNode(draft=draft, connect=broker.endpoint, temperature=0.0,
+                                          timeout_s=HANG_S,
+                                          curve=CurveClient(device, front.public)).start()
+                     for _ in range(3)]
+            results = await asyncio.gather(*(e.generate("ab", max_new_tokens=40) for e in edges))
+            assert [r.token_ids for r in results] == [want] * 3
+            assert {e.server_id for e in edges} == {allowed.server_id}
+            st = broker.stats()
+            assert st["replicas_joined"] == 1 and st["bad_messages"] == 0
+            assert all(r.stats()["sessions_opened"] == 0 for r in rogues)
+        finally:
+            for e in edges:
+                await e.close()
+            for c in [*rogues, *([allowed] if allowed else [])]:
+                await c.close()
+
+
+async def test_a_replica_takes_a_curve_client_not_a_server_key() -> None:
+    from xcosd.transport import CurveServer, KeyPair, listen
+
+    with pytest.raises(TransportError, match="CurveClient"):
+        await listen("tcp://127.0.0.1:1", transport="replica",
+                     curve=CurveServer(KeyPair.generate()))
+
+
+def test_curve_options_of_broker_and_replica_that_do_not_go_together(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from xcosd.cli import main
+    from xcosd.transport import KeyPair
+
+    pub, sec = KeyPair.generate().save(tmp_path, "k")
+    cases = [
+        (["serve", "--backend-curve-secret", str(sec)], "needs --replicas"),
+        (["serve", "--replicas", "0", "--backend-curve-secret", str(sec)], "admits no replica"),
+        (["serve", "--replicas", "1", "--backend-curve-allow", str(tmp_path)],
+         "needs --backend-curve-secret"),
+        (["serve", "--join", "tcp://127.0.0.1:7000", "--join-curve-secret", str(sec)],
+         "go together"),
+        (["serve", "--replicas", "1", "--join-curve-secret", str(sec),
+          "--join-curve-server-key", str(pub)], "needs --join"),
+    ]
+    for argv, says in cases:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and says in capsys.readouterr().err, argv
+
+
+async def test_serve_replicas_with_a_curve_back_end_serves_exactly(tmp_path: Any) -> None:
+    """``xcosd serve --replicas 1 --backend-curve-secret``: the replica the broker
+    process starts joins with a key made for it; its key files are gone at exit."""
+    import glob
+    import tempfile
+
+    from xcosd.models import SyntheticModel, load_model
+    from xcosd.transport import KeyPair
+
+    _pub, sec = KeyPair.generate().save(tmp_path, "back")
+    spec = "synthetic:256"
+    target = load_model(spec)
+    draft = SyntheticModel(target.vocab, skew=0.9, name="draft")
+    pattern = os.path.join(tempfile.gettempdir(), "xcosd-replica-keys-*")
+    before = set(glob.glob(pattern))
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    async with serve_process("--replicas", "1", "--target", spec, "--bind", endpoint,
+                             "--backend-curve-secret", str(sec)) as lines:
+        await until(lambda: "replicas live: 1 (joined 1, lost 0)" in lines, "the replica")
+        assert len(set(glob.glob(pattern)) - before) == 1  # its keys, while it runs
+        e = await xcosd.EdgeNode(draft=draft, connect=endpoint, temperature=0.0,
+                                 target_vocab=target.vocab, timeout_s=HANG_S).start()
+        try:
+            r = await e.generate("ab", max_new_tokens=50)
+        finally:
+            await e.close()
+        assert r.token_ids == synthetic_greedy(target, "ab", 50)
+    assert set(glob.glob(pattern)) - before == set()

@@ -15,7 +15,10 @@ Replicas (docs/NODES.md, "Replicas"):
 ``--replicas N`` runs a :class:`~xcosd.nodes.Broker` on ``--bind`` in this process
 and N replica processes, each ``xcosd serve --join BACKEND`` with the same target
 and limits; one that exits is started again. ``--join`` runs one CloudNode on the
-``replica`` transport.
+``replica`` transport. ``--backend-curve-secret`` puts CURVE on the broker's back
+end (replica keys from ``--backend-curve-allow``; its own replicas get a key made
+at start); a replica that joins one gives ``--join-curve-secret`` and
+``--join-curve-server-key``.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
 from .options import (
@@ -127,6 +132,16 @@ def add_parser(sub: Any) -> None:
                         "(instead of binding --bind)")
     g.add_argument("--replica-timeout", type=positive_float, default=5.0,
                    help="seconds of silence after which the broker forgets a replica")
+    g.add_argument("--backend-curve-secret", default=None, type=existing_file, metavar="FILE",
+                   help="the broker's back-end key file (NAME.key_secret): CURVE on the back "
+                        "end, so only allowed replicas join (its own replicas get a key of "
+                        "their own)")
+    g.add_argument("--backend-curve-allow", default=None, metavar="DIR",
+                   help="directory of the replica keys (NAME.key) that may --join")
+    g.add_argument("--join-curve-secret", default=None, type=existing_file, metavar="FILE",
+                   help="this replica's key file (NAME.key_secret), for a back end with CURVE")
+    g.add_argument("--join-curve-server-key", default=None, type=existing_file, metavar="FILE",
+                   help="the broker back end's public key file (NAME.key)")
     # a replica the broker process started leaves with it
     g.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     add_loop_args(p)
@@ -144,6 +159,20 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError("replicas work over ZeroMQ: --transport tcp does not apply")
     if args.join is not None and args.curve_secret:
         raise UsageError("--curve-secret belongs on the broker (--replicas), not on a replica")
+    if args.backend_curve_secret and args.replicas is None:
+        raise UsageError("--backend-curve-secret is the broker's: it needs --replicas")
+    if args.backend_curve_allow and not args.backend_curve_secret:
+        raise UsageError("--backend-curve-allow needs --backend-curve-secret")
+    if args.backend_curve_allow and not os.path.isdir(args.backend_curve_allow):
+        raise UsageError(f"--backend-curve-allow: directory {args.backend_curve_allow!r} "
+                         "does not exist")
+    if args.replicas == 0 and args.backend_curve_secret and not args.backend_curve_allow:
+        raise UsageError("--replicas 0 with --backend-curve-secret admits no replica: "
+                         "name their keys with --backend-curve-allow")
+    if bool(args.join_curve_secret) != bool(args.join_curve_server_key):
+        raise UsageError("--join-curve-secret and --join-curve-server-key go together")
+    if args.join_curve_secret and args.join is None:
+        raise UsageError("--join-curve-secret is a replica's: it needs --join")
     if args.replicas == 0:
         return  # the broker loads no model
     check_model(args.target, "--target")
@@ -162,6 +191,46 @@ def curve_server(args: argparse.Namespace) -> Any:
     keys = KeyPair.load(args.curve_secret)
     allow = load_allowlist(args.curve_allow) if args.curve_allow else set()
     return CurveServer(keys, allow, allow_any=args.curve_allow_any)
+
+
+def backend_curve_server(args: argparse.Namespace) -> Any:
+    """The broker's back-end CURVE settings (``None``: a plain back end)."""
+    if not args.backend_curve_secret:
+        return None
+    from ..transport import CurveServer, KeyPair, load_allowlist
+
+    allow = load_allowlist(args.backend_curve_allow) if args.backend_curve_allow else set()
+    return CurveServer(KeyPair.load(args.backend_curve_secret), allow)
+
+
+def join_curve_client(args: argparse.Namespace) -> Any:
+    """A replica's CURVE settings for its broker's back end (``None``: plain)."""
+    if not args.join_curve_secret:
+        return None
+    from ..transport import CurveClient
+
+    return CurveClient.from_files(args.join_curve_secret, args.join_curve_server_key)
+
+
+@contextlib.contextmanager
+def own_replica_keys(back_curve: Any) -> Iterator[list[str]]:
+    """The ``--join-curve-*`` arguments of the replicas this process starts: a key
+    pair of their own, made now and admitted by ``back_curve``, in a directory only
+    this user can read, removed on exit. Empty for a plain back end."""
+    if back_curve is None:
+        yield []
+        return
+    from ..transport import KeyPair
+
+    own = KeyPair.generate()
+    back_curve.admit(own.public)
+    d = tempfile.mkdtemp(prefix="xcosd-replica-keys-")  # mode 0700
+    try:
+        _pub, secret = own.save(d, "replica")
+        server, _ = KeyPair(back_curve.keys.public).save(d, "backend")
+        yield ["--join-curve-secret", str(secret), "--join-curve-server-key", str(server)]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -207,7 +276,8 @@ async def _serve(args: argparse.Namespace) -> int:
     async with _stopping(args.parent_pid) as stop, CloudNode(
             target=target, bind=args.join if replica else args.bind,
             transport="replica" if replica else args.transport, link=link_from_args(args),
-            curve=None if replica else curve_server(args), max_batch=args.max_batch,
+            curve=join_curve_client(args) if replica else curve_server(args),
+            max_batch=args.max_batch,
             max_batch_tokens=args.max_batch_tokens, merge_batches=not args.no_merge,
             stream_verdicts=not args.no_stream,
             max_wait_s=args.max_wait_ms / 1000, max_sessions=args.max_sessions,
@@ -249,17 +319,19 @@ _STOP_TIMEOUT_S = 10.0
 _WATCH_S = 0.1
 
 
-def replica_argv(args: argparse.Namespace, backend: str, index: int) -> list[str]:
+def replica_argv(args: argparse.Namespace, backend: str, index: int,
+                 curve: Sequence[str] = ()) -> list[str]:
     """The command line of replica ``index`` (from 0): ``xcosd serve --join`` with
-    this command's target, batching, limits, liveness, methods and link. Its
-    metrics port is ``--metrics-port`` + ``index`` (0: each picks a free one)."""
+    this command's target, batching, limits, liveness, methods and link, and
+    ``curve`` (:func:`own_replica_keys`). Its metrics port is ``--metrics-port`` +
+    ``index`` (0: each picks a free one)."""
     argv = [sys.executable, "-m", "xcosd", "serve", "--join", backend,
             "--target", args.target, "--max-batch", str(args.max_batch),
             "--max-batch-tokens", str(args.max_batch_tokens),
             "--max-wait-ms", repr(args.max_wait_ms), "--max-sessions", str(args.max_sessions),
             "--max-queue", str(args.max_queue), "--max-draft", str(args.max_draft),
             "--max-message-mb", repr(args.max_message_mb), "--heartbeat", repr(args.heartbeat),
-            "--timeout", repr(args.timeout), "--parent-pid", str(os.getpid())]
+            "--timeout", repr(args.timeout), "--parent-pid", str(os.getpid()), *curve]
     if args.methods:
         argv += ["--methods", ",".join(args.methods)]
     if args.no_merge:
@@ -348,39 +420,41 @@ class Replicas:
 async def _broker(args: argparse.Namespace) -> int:
     from ..nodes import Broker
 
-    async with _stopping() as stop, Broker(
-            front=args.bind, back=args.backend or "tcp://127.0.0.1:0",
-            replica_timeout_s=args.replica_timeout,
-            edge_timeout_s=max(60.0, 2 * args.timeout),
-            max_message_bytes=int(args.max_message_mb * (1 << 20)),
-            curve=curve_server(args)) as broker:
-        print(f"broker: edges connect to {broker.endpoint}, replicas join at "
-              f"{broker.back_endpoint}; starting {args.replicas} replicas of {args.target}",
-              file=sys.stderr, flush=True)
-        replicas = Replicas(args.replicas,
-                            lambda i: replica_argv(args, broker.back_endpoint, i), stop)
-        replicas.start()
-        live = 0
-        next_stats = time.monotonic() + args.stats_every
-        try:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), _WATCH_S)
-                s = broker.stats()
-                if s["replicas_live"] != live:
-                    # one line per change: what an operator (or a script) waits for
-                    live = s["replicas_live"]
-                    print(f"replicas live: {live} (joined {s['replicas_joined']}, lost "
-                          f"{sum(s['replicas_lost'].values())})", file=sys.stderr, flush=True)
-                if args.stats_every and time.monotonic() >= next_stats:
-                    next_stats += args.stats_every
-                    print(f"replicas {live}  edges {s['edges']}  to replicas "
-                          f"{s['to_replicas']}  to edges {s['to_edges']}  dropped "
-                          f"{s['dropped_replica_full'] + s['dropped_edge_full']}",
-                          file=sys.stderr, flush=True)
-        finally:
-            await replicas.stop()
-        stats = broker.stats()
+    back_curve = backend_curve_server(args)
+    with own_replica_keys(back_curve) as keys:
+        async with _stopping() as stop, Broker(
+                front=args.bind, back=args.backend or "tcp://127.0.0.1:0",
+                replica_timeout_s=args.replica_timeout,
+                edge_timeout_s=max(60.0, 2 * args.timeout),
+                max_message_bytes=int(args.max_message_mb * (1 << 20)),
+                curve=curve_server(args), back_curve=back_curve) as broker:
+            print(f"broker: edges connect to {broker.endpoint}, replicas join at "
+                  f"{broker.back_endpoint}; starting {args.replicas} replicas of {args.target}",
+                  file=sys.stderr, flush=True)
+            replicas = Replicas(args.replicas,
+                                lambda i: replica_argv(args, broker.back_endpoint, i, keys), stop)
+            replicas.start()
+            live = 0
+            next_stats = time.monotonic() + args.stats_every
+            try:
+                while not stop.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), _WATCH_S)
+                    s = broker.stats()
+                    if s["replicas_live"] != live:
+                        # one line per change: what an operator (or a script) waits for
+                        live = s["replicas_live"]
+                        print(f"replicas live: {live} (joined {s['replicas_joined']}, lost "
+                              f"{sum(s['replicas_lost'].values())})", file=sys.stderr, flush=True)
+                    if args.stats_every and time.monotonic() >= next_stats:
+                        next_stats += args.stats_every
+                        print(f"replicas {live}  edges {s['edges']}  to replicas "
+                              f"{s['to_replicas']}  to edges {s['to_edges']}  dropped "
+                              f"{s['dropped_replica_full'] + s['dropped_edge_full']}",
+                              file=sys.stderr, flush=True)
+            finally:
+                await replicas.stop()
+            stats = broker.stats()
     stats["replica_restarts"] = replicas.restarts
     print(json.dumps(stats, indent=2, default=str), file=sys.stderr)
     return 0

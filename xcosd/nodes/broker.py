@@ -55,7 +55,7 @@ from typing import Any
 import zmq
 
 from ..errors import TransportError
-from ..transport.curve import ZAP_DOMAIN, CurveServer, apply_server
+from ..transport.curve import REPLICA_ZAP_DOMAIN, ZAP_DOMAIN, CurveServer, apply_server
 from ..transport.replica import (
     BYE,
     DATA,
@@ -120,7 +120,11 @@ class Broker:
     per-edge pipe bound, ``back_hwm`` the per-replica one. ``max_message_bytes``: the
     largest frame an edge may send (ZeroMQ drops a peer that sends more, as on a
     plain cloud). ``curve``: a :class:`~xcosd.transport.CurveServer` for the front
-    end (the back end is plain: keep it on a trusted network).
+    end (its allowlist: device keys). ``back_curve``: one for the back end (its
+    allowlist: the replica keys that may join; ``back_curve.admit`` adds one while
+    serving). Without it the back end is plain ZeroMQ, and whoever reaches it can
+    join as a replica and answer edges: keep it on loopback or a trusted network,
+    or turn it on.
     """
 
     def __init__(self, front: str = "tcp://127.0.0.1:5555", back: str = "tcp://127.0.0.1:0",
@@ -130,7 +134,8 @@ class Broker:
                  hwm: int = 1000, back_hwm: int = 10_000, max_parked: int = 1024,
                  max_parked_bytes: int = 64 << 20, park_s: float = 10.0,
                  max_message_bytes: int = 16 << 20,
-                 curve: CurveServer | None = None) -> None:
+                 curve: CurveServer | None = None,
+                 back_curve: CurveServer | None = None) -> None:
         if heartbeat_s <= 0 or replica_timeout_s <= heartbeat_s:
             raise ValueError("need 0 < heartbeat_s < replica_timeout_s, got "
                              f"{heartbeat_s} and {replica_timeout_s}")
@@ -149,6 +154,7 @@ class Broker:
         self.park_s = park_s
         self.max_message_bytes = max_message_bytes
         self.curve = curve
+        self.back_curve = back_curve
         self._ctx: zmq.Context[Any] | None = None
         self._auth: Any = None
         self._front: zmq.Socket[Any] | None = None
@@ -226,14 +232,19 @@ class Broker:
         try:
             self._front = self._socket(self.hwm, self.max_message_bytes)
             self._back = self._socket(self.back_hwm, MAX_BACK_FRAME)
-            if self.curve is not None:
+            if self.curve is not None or self.back_curve is not None:
                 from zmq.auth.thread import ThreadAuthenticator
 
                 self._auth = ThreadAuthenticator(self._ctx)
                 self._auth.start()
-                self._auth.configure_curve_callback(domain=ZAP_DOMAIN,
-                                                    credentials_provider=self.curve)
-                apply_server(self._front, self.curve)
+            # each end its own ZAP domain and allowlist: a device key admits no
+            # replica, a replica key no device
+            for sock, curve, domain in ((self._front, self.curve, ZAP_DOMAIN),
+                                        (self._back, self.back_curve, REPLICA_ZAP_DOMAIN)):
+                if curve is not None:
+                    self._auth.configure_curve_callback(domain=domain,
+                                                        credentials_provider=curve)
+                    apply_server(sock, curve, domain)
             self._front_endpoint = self._bind(self._front, self.front)
             self._back_endpoint = self._bind(self._back, self.back)
         except BaseException:

@@ -185,7 +185,9 @@ class CloudNode:
     ``target``: any :class:`~xcosd.models.LanguageModel`. ``bind``: a ZeroMQ-style
     endpoint (``tcp://127.0.0.1:0`` picks a free port; read :attr:`endpoint`).
     ``transport``: ``zmq`` (default), ``tcp`` or ``memory``. ``link``: emulate a link
-    on every peer. ``curve``: a :class:`~xcosd.transport.CurveServer`. Batching:
+    on every peer. ``curve``: a :class:`~xcosd.transport.CurveServer` (on the
+    ``replica`` transport a :class:`~xcosd.transport.CurveClient`: a replica is the
+    client of its broker's back end). Batching:
     ``max_batch``, ``max_wait_s``, ``max_batch_tokens`` (rows one batch scores:
     what bounds the batch a small round waits behind), ``merge_batches`` (a partial
     batch waits for the sessions just answered when that beats a second call:

@@ -9,7 +9,9 @@ takes ``hwm``, ``heartbeat_ivl``, ``heartbeat_timeout``, ``copy_threshold`` and
 
 ``listen(broker_back_end, transport="replica")`` serves as one replica behind a
 :class:`~xcosd.nodes.broker.Broker` (:mod:`xcosd.transport.replica`); edges connect
-to the broker's front end with ``zmq``, so there is no ``replica`` connection.
+to the broker's front end with ``zmq``, so there is no ``replica`` connection. A
+replica is the client of the broker's back end: its ``curve=`` is a
+:class:`CurveClient` (its key pair and the back end's public key).
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ async def listen(endpoint: str, transport: str = "zmq", **opts: Any) -> Listener
     if kind == "replica":
         from .replica import ReplicaListener
 
-        if opts.pop("curve", None) is not None:
-            raise TransportError("CURVE belongs on the broker's front end, not on a replica",
-                                 code="endpoint")
+        curve = opts.get("curve")
+        if curve is not None and not isinstance(curve, CurveClient):
+            raise TransportError("a replica connects to the broker's back end: its curve= is "
+                                 "a CurveClient (its key pair and the back end's public key)",
+                                 code="curve")
         return await ReplicaListener.open(endpoint, **opts)
     if kind == "zmq":
         from .zeromq import ZmqListener

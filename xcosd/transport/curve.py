@@ -25,6 +25,9 @@ from ..errors import TransportError
 
 #: ZAP domain the cloud's ROUTER announces; the allowlist applies to it
 ZAP_DOMAIN = "xcosd"
+#: ZAP domain of a broker's back end: its own allowlist, of replica keys, so a
+#: device key never admits a replica nor a replica key a device
+REPLICA_ZAP_DOMAIN = "xcosd-replicas"
 
 
 def _z85(key: bytes | str) -> bytes:
@@ -151,11 +154,11 @@ class CurveClient:
         return cls(KeyPair.load(secret_file), KeyPair.load(server_key_file).public)
 
 
-def apply_server(sock: zmq.Socket, curve: CurveServer) -> None:
+def apply_server(sock: zmq.Socket, curve: CurveServer, domain: str = ZAP_DOMAIN) -> None:
     sock.curve_secretkey = curve.keys.require_secret()
     sock.curve_publickey = curve.keys.public
     sock.curve_server = True
-    sock.zap_domain = ZAP_DOMAIN.encode()
+    sock.zap_domain = domain.encode()
 
 
 def apply_client(sock: zmq.Socket, curve: CurveClient) -> None:

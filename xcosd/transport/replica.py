@@ -47,6 +47,7 @@ import zmq.asyncio
 from ..errors import TransportError
 from ..wire.frames import DEFAULT_LIMITS, Buffer, Limits
 from .base import Frames, Listener
+from .curve import CurveClient, apply_client
 from .meter import Meter
 from .zeromq import (
     _POLLIN,
@@ -88,7 +89,9 @@ class ReplicaListener(Listener):
     of the departure from the closed connection or the missing heartbeats, as it
     does when a replica process dies. ``limits``: frames larger than
     ``limits.max_bytes`` are refused by ZeroMQ before they reach Python (plus room
-    for the envelope).
+    for the envelope). ``curve``: a :class:`~xcosd.transport.CurveClient` (this
+    replica's key pair, the back end's public key) for a broker whose back end has
+    CURVE on; a broker admits only the replica keys it allows.
 
     It moves messages as :class:`~xcosd.transport.zeromq.ZmqListener` does, and for
     the same reason (a replica answers a whole batch at once): the socket's own
@@ -102,6 +105,7 @@ class ReplicaListener(Listener):
                  heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
                  limits: Limits = DEFAULT_LIMITS, copy_threshold: int = COPY_THRESHOLD,
                  meter: Meter | None = None, goodbye: bool = True,
+                 curve: CurveClient | None = None,
                  context: zmq.asyncio.Context | None = None) -> None:
         if heartbeat_ivl <= 0 or heartbeat_timeout <= heartbeat_ivl:
             raise ValueError("need 0 < heartbeat_ivl < heartbeat_timeout, got "
@@ -135,6 +139,8 @@ class ReplicaListener(Listener):
             self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(heartbeat_timeout * 1000))
             self._sock.setsockopt(zmq.HEARTBEAT_TTL, int(heartbeat_timeout * 1000))
             self._sock.copy_threshold = copy_threshold
+            if curve is not None:
+                apply_client(self._sock, curve)
             self._sock.connect(endpoint)
             self._ready = Readiness(self._sock)
         except zmq.ZMQError as e:
