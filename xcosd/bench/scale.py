@@ -611,7 +611,8 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
              f"devices (greedy, {c['method']}, draft length {c['draft_len']}, "
              f"{c['max_new_tokens']} tokens per generation) against `xcosd serve --replicas N` "
              f"with target `{c['target']}`; {c['duration_s']:g} s measured after "
-             f"{c['warmup_s']:g} s warm-up, on {m.get('nproc', '?')} cores.", "",
+             f"{c['warmup_s']:g} s warm-up, on {m.get('nproc', '?')} cores"
+             + (f" ({m['cpu_model']})" if m.get("cpu_model") else "") + ".", "",
              table(scale_rows(rep), SCALE_HEADER, markdown=True), ""]
     lines.append("*machine busy*: the share of all cores busy during the window (every "
                  "process on the machine); *devices cores*: the cores the devices' process used. "
