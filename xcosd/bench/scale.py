@@ -330,13 +330,13 @@ async def _throughput(cfg: ScaleConfig, replicas: int, *, kind: str = "broker",
     the broker (``kind`` ``broker``), one replica behind the broker serving
     ``devices`` (``alone``), or ``replicas`` clouds without a broker (``no-broker``)."""
     n = cfg.devices if devices is None else devices
+    serving = 1 if kind == "alone" else replicas  # the replicas the devices spread over
     async with contextlib.AsyncExitStack() as stack:
         if kind == "no-broker":
             clusters = [await stack.enter_async_context(Cluster(cfg, 1, broker=False))
                         for _ in range(replicas)]
         else:
-            clusters = [await stack.enter_async_context(
-                Cluster(cfg, 1 if kind == "alone" else replicas))]
+            clusters = [await stack.enter_async_context(Cluster(cfg, serving))]
         edges = await stack.enter_async_context(
             _devices(cfg, [c.endpoint for c in clusters], n))
         go = time.monotonic() + 0.05
@@ -383,8 +383,7 @@ async def _throughput(cfg: ScaleConfig, replicas: int, *, kind: str = "broker",
         await asyncio.gather(*(device(i, e) for i, e in enumerate(edges)))
         await watcher
         round_s.sort()
-    ideal = (ideal_tokens_per_s(cfg, 1, n) if kind == "alone"
-             else ideal_tokens_per_s(cfg, replicas, n))
+    ideal = ideal_tokens_per_s(cfg, serving, n)
     tps = tokens / cfg.duration_s
     return {"replicas": replicas, "kind": kind, "devices": n, "tokens": tokens,
             "rounds": rounds,

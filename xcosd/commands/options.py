@@ -169,6 +169,12 @@ def existing_file(s: str) -> str:
     return s
 
 
+def existing_dir(s: str) -> str:
+    if not Path(s).is_dir():
+        raise argparse.ArgumentTypeError(f"directory {s!r} does not exist")
+    return s
+
+
 # --------------------------------------------------------------------------- groups
 
 

@@ -45,6 +45,7 @@ from .options import (
     check_curve_transport,
     check_model,
     endpoint,
+    existing_dir,
     existing_file,
     link_from_args,
     method_list,
@@ -112,7 +113,8 @@ def add_parser(sub: Any) -> None:
                    help="comma-separated methods to serve (default: all)")
     p.add_argument("--curve-secret", default=None, type=existing_file,
                    help="server key file (NAME.key_secret): turns CURVE on")
-    p.add_argument("--curve-allow", default=None, help="directory of allowed device keys")
+    p.add_argument("--curve-allow", default=None, type=existing_dir,
+                   help="directory of allowed device keys")
     p.add_argument("--curve-allow-any", action="store_true",
                    help="encrypt without authenticating devices")
     p.add_argument("--metrics-port", type=nonneg_int, default=None,
@@ -136,7 +138,7 @@ def add_parser(sub: Any) -> None:
                    help="the broker's back-end key file (NAME.key_secret): CURVE on the back "
                         "end, so only allowed replicas join (its own replicas get a key of "
                         "their own)")
-    g.add_argument("--backend-curve-allow", default=None, metavar="DIR",
+    g.add_argument("--backend-curve-allow", default=None, type=existing_dir, metavar="DIR",
                    help="directory of the replica keys (NAME.key) that may --join")
     g.add_argument("--join-curve-secret", default=None, type=existing_file, metavar="FILE",
                    help="this replica's key file (NAME.key_secret), for a back end with CURVE")
@@ -163,9 +165,6 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError("--backend-curve-secret is the broker's: it needs --replicas")
     if args.backend_curve_allow and not args.backend_curve_secret:
         raise UsageError("--backend-curve-allow needs --backend-curve-secret")
-    if args.backend_curve_allow and not os.path.isdir(args.backend_curve_allow):
-        raise UsageError(f"--backend-curve-allow: directory {args.backend_curve_allow!r} "
-                         "does not exist")
     if args.replicas == 0 and args.backend_curve_secret and not args.backend_curve_allow:
         raise UsageError("--replicas 0 with --backend-curve-secret admits no replica: "
                          "name their keys with --backend-curve-allow")
@@ -179,8 +178,6 @@ def check(args: argparse.Namespace) -> None:
     check_curve_transport(args, bool(args.curve_secret))
     if (args.curve_allow or args.curve_allow_any) and not args.curve_secret:
         raise UsageError("--curve-allow and --curve-allow-any need --curve-secret")
-    if args.curve_allow and not os.path.isdir(args.curve_allow):
-        raise UsageError(f"--curve-allow: directory {args.curve_allow!r} does not exist")
 
 
 def curve_server(args: argparse.Namespace) -> Any:
@@ -197,10 +194,9 @@ def backend_curve_server(args: argparse.Namespace) -> Any:
     """The broker's back-end CURVE settings (``None``: a plain back end)."""
     if not args.backend_curve_secret:
         return None
-    from ..transport import CurveServer, KeyPair, load_allowlist
+    from ..transport import CurveServer
 
-    allow = load_allowlist(args.backend_curve_allow) if args.backend_curve_allow else set()
-    return CurveServer(KeyPair.load(args.backend_curve_secret), allow)
+    return CurveServer.from_files(args.backend_curve_secret, args.backend_curve_allow or ())
 
 
 def join_curve_client(args: argparse.Namespace) -> Any:
