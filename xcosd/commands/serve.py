@@ -36,6 +36,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
+from ..transport.fds import raise_fd_limit
 from .options import (
     UsageError,
     add_link_args,
@@ -230,6 +231,7 @@ def own_replica_keys(back_curve: Any) -> Iterator[list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    raise_fd_limit()  # a descriptor per device connection (xcosd.transport.fds)
     if args.replicas is not None:
         return run_main(_broker(args), args.uvloop)
     return run_main(_serve(args), args.uvloop)

@@ -8,7 +8,13 @@ Why these socket options:
   leaving room for many in-flight rounds; a full queue makes ``send`` wait.
 * ``LINGER 0`` — closing never blocks on unsent data.
 * ZMTP heartbeats (``HEARTBEAT_IVL``/``TIMEOUT``/``TTL``) drop dead links that TCP
-  would keep half-open for minutes.
+  would keep half-open for minutes. libzmq pings at a fixed interval whatever the
+  traffic, so their cost grows with the connections, not the idle ones: at the
+  interval of 5 s (:data:`ZMTP_HEARTBEAT_IVL`, timeout 15 s) a cloud of 2,000
+  devices pays about a fifth of what one second cost, when the pings and pongs
+  took a quarter of each round's CPU. Whether a peer is alive is the nodes'
+  business anyway (the edge's pings when idle, the cloud's session timeout);
+  these only reclaim the link itself.
 * ``MAXMSGSIZE`` = the frame-codec limit: ZeroMQ drops a peer that sends a larger
   frame before the bytes reach Python. libzmq checks each frame, not the message:
   a message of many frames under the limit is received whole, and its total is
@@ -53,14 +59,24 @@ from .meter import Meter
 #: lock, to release the buffer): measured against copying, it loses at 100 KB,
 #: breaks even near 256 KB and wins from 1 MB
 COPY_THRESHOLD = 256 * 1024
+#: seconds between ZMTP pings on each connection, and the silence (also the TTL the
+#: pings carry) after which libzmq drops the link (see the module docstring)
+ZMTP_HEARTBEAT_IVL = 5.0
+ZMTP_HEARTBEAT_TIMEOUT = 15.0
 _ctx: zmq.asyncio.Context | None = None
 
 
 def shared_context() -> zmq.asyncio.Context:
-    """One process-wide context for sockets that need no ZAP handler."""
+    """One process-wide context for sockets that need no ZAP handler.
+
+    Its socket cap is libzmq's own ceiling, not its default of 1,023: a process that
+    runs many edge devices holds one DEALER per device, and at the default its
+    1,024th device fails with ``Too many open files`` long before the descriptors
+    run out. The descriptors stay the bound (see :mod:`xcosd.transport.fds`)."""
     global _ctx
     if _ctx is None or _ctx.closed:
         _ctx = zmq.asyncio.Context()
+        _ctx.set(zmq.MAX_SOCKETS, _ctx.get(zmq.SOCKET_LIMIT))
     return _ctx
 
 
@@ -334,8 +350,10 @@ class ZmqConnection(Connection):
     that had gone straight to ZeroMQ would have been.
     """
 
-    def __init__(self, endpoint: str, *, hwm: int = 1000, heartbeat_ivl: float = 1.0,
-                 heartbeat_timeout: float = 5.0, limits: Limits = DEFAULT_LIMITS,
+    def __init__(self, endpoint: str, *, hwm: int = 1000,
+                 heartbeat_ivl: float = ZMTP_HEARTBEAT_IVL,
+                 heartbeat_timeout: float = ZMTP_HEARTBEAT_TIMEOUT,
+                 limits: Limits = DEFAULT_LIMITS,
                  copy_threshold: int = COPY_THRESHOLD, curve: CurveClient | None = None,
                  meter: Meter | None = None, reconnect_ivl: float = 0.1,
                  context: zmq.asyncio.Context | None = None) -> None:
@@ -510,8 +528,10 @@ class ZmqConnection(Connection):
 class ZmqListener(Listener):
     """A ROUTER bound to ``endpoint``; peers are ZeroMQ routing ids."""
 
-    def __init__(self, endpoint: str, *, hwm: int = 1000, heartbeat_ivl: float = 1.0,
-                 heartbeat_timeout: float = 5.0, limits: Limits = DEFAULT_LIMITS,
+    def __init__(self, endpoint: str, *, hwm: int = 1000,
+                 heartbeat_ivl: float = ZMTP_HEARTBEAT_IVL,
+                 heartbeat_timeout: float = ZMTP_HEARTBEAT_TIMEOUT,
+                 limits: Limits = DEFAULT_LIMITS,
                  copy_threshold: int = COPY_THRESHOLD, curve: CurveServer | None = None,
                  meter: Meter | None = None) -> None:
         self.meter = meter if meter is not None else Meter()

@@ -36,6 +36,7 @@ import numpy as np
 from ...errors import BusyError, ProtocolError, TransportError, XcosdError
 from ...models.base import LanguageModel
 from ...nodes import EdgeNode, RoundObserved
+from ...transport.fds import raise_fd_limit
 from ...vocab import VocabMap, Vocabulary
 from . import pipe
 from .config import LoadConfig, draft_spec, target_spec
@@ -312,6 +313,7 @@ def worker_main() -> None:
     The job names the draft and the target by spec (the parent resolved the
     defaults): a model object cannot travel, which is why a run whose draft is one
     keeps its devices in-process (:class:`~xcosd.bench.load.config.LoadConfig`)."""
+    raise_fd_limit()  # a DEALER and a TCP socket per device (xcosd.transport.fds)
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write to the result pipe
     cfg_dict, endpoint, ids, draft_name, target_name = pipe.read(inp)

@@ -28,6 +28,7 @@ import numpy as np
 
 from ...models.base import LanguageModel, Session
 from ...nodes import CloudNode
+from ...transport.fds import raise_fd_limit
 from ..progress import Progress
 from ..report import machine
 from . import pipe
@@ -77,7 +78,10 @@ async def run_load(cfg: LoadConfig, *, progress: bool | None = None) -> dict[str
     A coroutine, so a caller already inside an event loop (a notebook, a service,
     a pytest-asyncio test) awaits it there; :func:`run_load_sync` is the entry for
     code without one. With ``cfg.connect`` no cloud is started and the cloud's
-    fields of the report are ``None`` (nothing here observed it)."""
+    fields of the report are ``None`` (nothing here observed it). The process's
+    soft limit on open descriptors is raised first (:mod:`xcosd.transport.fds`):
+    the cloud started here holds a connection per device."""
+    raise_fd_limit()
     if cfg.connect is not None:
         return await _measure(cfg, cfg.connect, None, None, progress)
     from ...models import load_model
