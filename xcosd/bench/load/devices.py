@@ -178,10 +178,11 @@ async def _generation(idx: int, k: int, edge: EdgeNode, cfg: LoadConfig, sched: 
                            "message": None, "cut": False, "busy_retries": 0, "resumes": 0,
                            "up_bytes": 0, "down_bytes": 0}
     try:
-        res = await asyncio.wait_for(
-            edge.generate(prompts[(idx + k) % len(prompts)],
-                          seed=cfg.seed * 1_000_003 + idx * 10_007 + k),
-            max(0.0, start + cfg.timeout_s - time.monotonic()))
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the generation
+        # in a task of its own, one more task per generation for thousands of devices
+        async with asyncio.timeout(max(0.0, start + cfg.timeout_s - time.monotonic())):
+            res = await edge.generate(prompts[(idx + k) % len(prompts)],
+                                      seed=cfg.seed * 1_000_003 + idx * 10_007 + k)
         st = res.stats
         rec.update(tokens=st.tokens, busy_retries=st.busy_retries, resumes=st.resumes,
                    up_bytes=st.uplink_bytes, down_bytes=st.downlink_bytes)
