@@ -565,9 +565,11 @@ async def test_rounds_bench_reports_rounds_against_the_bare_echo() -> None:
     text report names them. Speed is not asserted."""
     from xcosd.bench.transport import format_rounds, run_rounds
 
-    res = await run_rounds(True, 1, ["ar"], ["zmq", "tcp"], devices=2, duration_s=0.3,
-                           warmup_s=0.1, n_echo=200)
-    assert res["devices"] == 2 and set(res["results"]) == {"ar zmq", "ar tcp"}
+    res = await run_rounds(True, 1, ["ar"], ["zmq", "tcp"], devices=2, many=3,
+                           duration_s=0.3, warmup_s=0.1, n_echo=200)
+    assert res["devices"] == 2 and res["many_devices"] == 3
+    assert set(res["results"]) == {"ar zmq", "ar tcp", "xcosd-e zmq, 3 devices"}
+    assert [r["devices"] for r in res["results"].values()] == [2, 2, 3]
     for r in res["results"].values():
         [p] = r["passes"]
         assert p["echo_msgs_per_s"] > 0 and p["errors"] == 0

@@ -519,7 +519,7 @@ def section_rounds(rr: Any) -> list[str]:
     (``python -m xcosd.bench.transport --rounds``)."""
     if rr is None:
         return [ROUNDS_HEADING, "", "bench/out/rounds.json is missing.", ""]
-    rows = [[name, f"{r['rounds_per_s']:,.0f}",
+    rows = [[name, f"{r.get('devices', rr['devices']):,}", f"{r['rounds_per_s']:,.0f}",
              _f(statistics.median(p["tokens_per_s"] for p in r["passes"]), ",.0f"),
              f"{r['echo_msgs_per_s']:,.0f}", f"{r['ratio']:.2f}",
              " ".join(f"{p['ratio']:.2f}" for p in r["passes"])]
@@ -537,8 +537,8 @@ def section_rounds(rr: Any) -> list[str]:
              "before and after each load run in the same process: the ratio is rounds/s over "
              f"echo messages/s, the median over {rr['repeats']} passes (each pass's ratio "
              "listed).", "",
-             table(rows, ["method / transport", "rounds/s", "tokens/s", "echo msgs/s", "ratio",
-                          "per pass"], markdown=True), ""]
+             table(rows, ["method / transport", "devices", "rounds/s", "tokens/s",
+                          "echo msgs/s", "ratio", "per pass"], markdown=True), ""]
     e = rr["results"].get("xcosd-e zmq")
     if e is not None:
         lines += [f"xcosd-e over ZeroMQ runs {e['ratio']:.2f}x the bare echo's message rate "
@@ -546,6 +546,18 @@ def section_rounds(rr: Any) -> list[str]:
                   "state machine, the target call through the scheduler and the device's "
                   "drafting and sampling, all in Python; the echo is one `recv` and one "
                   "`send` in a loop.", ""]
+    many = rr.get("many_devices")
+    big = rr["results"].get(f"xcosd-e zmq, {many} devices") if many else None
+    if e is not None and big is not None:
+        errors = sum(p["errors"] for p in big["passes"])
+        lines += [f"With {many:,} devices in the one device process the same round runs "
+                  f"{big['rounds_per_s']:,.0f} rounds/s, {big['ratio']:.2f}x the echo and "
+                  f"{big['rounds_per_s'] / e['rounds_per_s']:.2f} of the rate at "
+                  f"{rr['devices']} devices, with "
+                  f"{'no error' if not errors else f'{errors} errors'}: a process holds a ZeroMQ socket "
+                  "and descriptors for each device (xcosd/transport/fds.py), and ZMTP "
+                  "pings each connection every 5 s, not every second "
+                  "(xcosd/transport/zeromq.py).", ""]
     return lines
 
 

@@ -27,8 +27,10 @@ method and transport, drafting a fixed 4 tokens a round (the adaptive length wou
 draft up to 16 against a free target: fewer, longer rounds, which is right for
 tokens/s but hides the cost of a round). Each load run is bracketed by two echo runs, and its ratio
 is its rounds/s over their mean: the bare echo is the yardstick of what this
-machine gives a Python process that minute. Medians over ``--repeat`` passes;
-writes ``bench/out/rounds.json``. ``--profile`` also profiles the cloud's
+machine gives a Python process that minute. One more point runs xcosd-e over
+ZeroMQ with :data:`MANY_DEVICES` devices from the one device process (``--many``):
+what a load test of thousands of devices costs a round. Medians over ``--repeat``
+passes; writes ``bench/out/rounds.json``. ``--profile`` also profiles the cloud's
 process (cProfile) during the xcosd-e / zmq runs and prints where its time goes.
 """
 
@@ -63,6 +65,11 @@ WINDOW = 64
 NULL_TARGET = "synthetic:256:0.01:0.001"
 #: the devices of the rounds benchmark
 DEVICES = 64
+#: and of its one many-device point (xcosd-e over ZeroMQ): a load test of thousands
+#: of devices from one device process
+MANY_DEVICES = 2000
+#: warm-up of the many-device point: its devices' handshakes take a few seconds
+MANY_WARMUP_S = 4.0
 METHODS = ("xcosd-e", "ar")
 TRANSPORTS = ("zmq", "tcp")
 STACKS = ("zmq", "tcp", "memory")
@@ -225,34 +232,43 @@ async def load_rounds(method: str, transport: str, duration_s: float, warmup_s: 
 async def run_rounds(quick: bool, repeat: int, methods: Sequence[str] = METHODS,
                      transports: Sequence[str] = TRANSPORTS,
                      profile: cProfile.Profile | None = None, *, devices: int = DEVICES,
-                     duration_s: float | None = None, warmup_s: float | None = None,
+                     many: int = MANY_DEVICES, duration_s: float | None = None,
+                     warmup_s: float | None = None,
                      n_echo: int | None = None) -> dict[str, Any]:
     """The rounds benchmark (see the module docstring); ``profile`` records the
-    cloud's process during the xcosd-e / zmq runs. The keywords shrink it (a test)."""
+    cloud's process during the xcosd-e / zmq runs at ``devices``. ``many``: the
+    devices of the xcosd-e / zmq point named ``"xcosd-e zmq, {many} devices"`` (0:
+    none). The other keywords shrink it (a test)."""
     n_echo = n_echo or (4000 if quick else 10000)
     duration, warmup = (2.0, 1.0) if quick else (4.0, 1.5)
     duration = duration if duration_s is None else duration_s
     warmup = warmup if warmup_s is None else warmup_s
     await bare_echo_rate(n_echo // 4)  # warm the context and the loop
-    configs = [(m, t) for t in transports for m in methods]
-    passes: dict[str, list[dict[str, Any]]] = {f"{m} {t}": [] for m, t in configs}
+    configs = [(f"{m} {t}", m, t, devices, warmup) for t in transports for m in methods]
+    if many:
+        configs.append((f"xcosd-e zmq, {many} devices", "xcosd-e", "zmq", many,
+                        max(warmup, MANY_WARMUP_S) if warmup_s is None else warmup))
+    passes: dict[str, list[dict[str, Any]]] = {c[0]: [] for c in configs}
     for _ in range(max(1, repeat)):
-        for m, t in configs:
+        for name, m, t, n, warm in configs:
             before = await bare_echo_rate(n_echo)
-            prof = profile if (m, t) == ("xcosd-e", "zmq") else None
-            r = await load_rounds(m, t, duration, warmup, prof, devices)
+            prof = profile if (m, t, n) == ("xcosd-e", "zmq", devices) else None
+            r = await load_rounds(m, t, duration, warm, prof, n)
             after = await bare_echo_rate(n_echo)
             r["echo_msgs_per_s"] = (before + after) / 2
             r["ratio"] = r["rounds_per_s"] / r["echo_msgs_per_s"]
-            passes[f"{m} {t}"].append(r)
+            r["devices"] = n
+            passes[name].append(r)
     results = {}
     for name, ps in passes.items():
         results[name] = {
+            "devices": ps[0]["devices"],
             "rounds_per_s": statistics.median(p["rounds_per_s"] for p in ps),
             "echo_msgs_per_s": statistics.median(p["echo_msgs_per_s"] for p in ps),
             "ratio": statistics.median(p["ratio"] for p in ps),
             "passes": ps}
-    return {"kind": "rounds", "devices": devices, "target": NULL_TARGET, "window": WINDOW,
+    return {"kind": "rounds", "devices": devices, "many_devices": many,
+            "target": NULL_TARGET, "window": WINDOW,
             "duration_s": duration, "warmup_s": warmup, "repeats": max(1, repeat),
             "results": results}
 
@@ -260,11 +276,11 @@ async def run_rounds(quick: bool, repeat: int, methods: Sequence[str] = METHODS,
 def format_rounds(res: dict[str, Any]) -> str:
     lines = [f"\n{res['devices']} closed-loop devices, target {res['target']}, against the bare "
              f"pyzmq echo ({res['window']} in flight); median of {res['repeats']} pass(es)",
-             f"{'method / transport':<20}{'rounds/s':>10}{'echo msgs/s':>13}{'ratio':>8}"
+             f"{'method / transport':<32}{'rounds/s':>10}{'echo msgs/s':>13}{'ratio':>8}"
              f"{'  per pass'}"]
     for name, r in res["results"].items():
         per = " ".join(f"{p['ratio']:.2f}" for p in r["passes"])
-        lines.append(f"{name:<20}{r['rounds_per_s']:>10,.0f}{r['echo_msgs_per_s']:>13,.0f}"
+        lines.append(f"{name:<32}{r['rounds_per_s']:>10,.0f}{r['echo_msgs_per_s']:>13,.0f}"
                      f"{r['ratio']:>8.2f}  {per}")
     return "\n".join(lines)
 
@@ -289,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"with --rounds: methods (default {','.join(METHODS)})")
     ap.add_argument("--transports", default=",".join(TRANSPORTS),
                     help=f"with --rounds: transports (default {','.join(TRANSPORTS)})")
+    ap.add_argument("--many", type=int, default=MANY_DEVICES,
+                    help=f"with --rounds: the devices of the xcosd-e / zmq point run from "
+                         f"one device process besides the {DEVICES} (default {MANY_DEVICES}; "
+                         f"0: none)")
     args = ap.parse_args(argv)
     repeat = args.repeat if args.repeat is not None else (1 if args.quick else 3)
     runner: Any = asyncio.run
@@ -301,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds:
         prof = cProfile.Profile() if args.profile else None
         res = runner(run_rounds(args.quick, repeat, args.methods.split(","),
-                                args.transports.split(","), profile=prof))
+                                args.transports.split(","), profile=prof, many=args.many))
         res.update(loop=loop_name, machine=machine())
         print(format_rounds(res))
         out = ROUNDS_OUT.with_name("rounds_uvloop.json") if args.uvloop else ROUNDS_OUT
