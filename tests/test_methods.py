@@ -109,6 +109,44 @@ def test_srdv_counts_trials_and_fallbacks():
     assert fb and all(r.round_trips >= 2 for r in fb)
 
 
+@pytest.mark.parametrize("k", [1, 20, 64, 65, 300])
+def test_srdv_candidates_are_tested_as_the_formula_says(k: int) -> None:
+    """``first_accepted`` (one by one up to 64 candidates, one vectorised pass past
+    that) accepts exactly the candidate the acceptance rule names: the first with
+    ``u < max(p - q, 0) / p`` (1 on V_O, 0 where ``p`` is 0), in float64 from the
+    float32 values; ties ``u == alpha`` and zero values included."""
+    from xcosd.methods.sr_dv import first_accepted
+
+    rng = np.random.default_rng(k)
+    size = 400
+    common = rng.random(size) < 0.7
+    space = Space.from_mask(common)
+    checked = hits = 0
+    for t in range(300):
+        q = rng.dirichlet(np.full(space.common_ids.shape[0], 0.3)).astype(np.float32)
+        ids = rng.integers(0, size, k)
+        if t % 3 == 0:  # V_C candidates the draft covers: none can be accepted
+            ids = rng.choice(space.common_ids, k)
+        values = rng.dirichlet(np.full(size, 0.3)).astype(np.float32)[ids]
+        values[rng.random(k) < 0.1] = 0.0
+        pos = space.to_common[ids]
+        if t % 3 == 0:
+            q[pos] = np.maximum(q[pos], values)
+        q_at = np.where(pos >= 0, q[np.maximum(pos, 0)], 0.0).astype(np.float64)
+        alpha = [1.0 if p < 0 else (max(float(v) - qa, 0.0) / float(v) if v > 0 else 0.0)
+                 for p, v, qa in zip(pos.tolist(), values.tolist(), q_at.tolist(), strict=True)]
+        u = rng.random(k)
+        # some uniforms exactly at alpha: u < alpha is then false
+        tie = rng.random(k) < 0.1
+        u[tie] = np.asarray(alpha)[tie]
+        want = next((i for i in range(k) if u[i] < alpha[i]), None)
+        got = first_accepted(CandidatesReply(ids=ids, values=values), q, space, u)
+        assert got == want
+        checked += 1
+        hits += got is not None
+    assert checked == 300 and 0 < hits < 300
+
+
 def test_uhlm_skips_confident_positions():
     size = 6
     common = np.array([True, True, True, False, False, False])

@@ -36,6 +36,42 @@ from .base import (
 from .commit import committed_hybrid
 from .hybrid_resampling import hybrid_payload, hybrid_resolve, sample_other
 
+#: replies of at most this many candidates are tested one by one, stopping at the
+#: first accepted (most rejections are settled by their first candidate or two, and
+#: a dozen numpy calls on a few values cost more than that); longer ones in one
+#: vectorised pass
+SCALAR_CANDIDATES = 64
+
+
+def first_accepted(reply: CandidatesReply, q_common: np.ndarray, space: Space,
+                   u: np.ndarray) -> int | None:
+    """The index of the first candidate accepted (``u[i] < alpha(y_i)``), ``None``
+    when none is. ``u``: one uniform per candidate, drawn whether or not it is
+    looked at, so the device's random stream never depends on where the first
+    acceptance falls. Both paths compute ``alpha`` in float64 from the same float32
+    values, so they accept the same candidate."""
+    k = int(reply.ids.shape[0])
+    pos = space.to_common[reply.ids]
+    if k <= SCALAR_CANDIDATES:
+        vals, us = reply.values.tolist(), u.tolist()
+        for i, p in enumerate(pos.tolist()):
+            if p < 0:  # V_O: q = 0
+                a = 1.0
+            else:
+                v = vals[i]
+                a = max(v - q_common.item(p), 0.0) / v if v > 0 else 0.0
+            if us[i] < a:
+                return i
+        return None
+    v = reply.values.astype(np.float64)
+    q = np.where(pos >= 0, q_common[np.maximum(pos, 0)], 0.0)
+    # max(v - q, 0) / v where v > 0, else 0 (divided only where it is
+    # defined: no floating-point state to switch around every reply)
+    alpha = np.divide(np.maximum(v - q, 0.0), v, out=np.zeros_like(v), where=v > 0)
+    alpha[pos < 0] = 1.0  # V_O: q = 0
+    hits = np.flatnonzero(u < alpha)
+    return int(hits[0]) if hits.size else None
+
 
 class SrDv(Method):
     name = "xcosd-e"
@@ -88,17 +124,10 @@ class SrDv(Method):
         if isinstance(reply, CandidatesReply):
             state.candidate_rounds += 1
             k = int(reply.ids.shape[0])
-            pos = space.to_common[reply.ids]
-            v = reply.values.astype(np.float64)
-            q = np.where(pos >= 0, state.q_common[np.maximum(pos, 0)], 0.0)
-            # max(v - q, 0) / v where v > 0, else 0 (divided only where it is
-            # defined: no floating-point state to switch around every reply)
-            alpha = np.divide(np.maximum(v - q, 0.0), v, out=np.zeros_like(v), where=v > 0)
-            alpha[pos < 0] = 1.0  # V_O: q = 0
-            hits = np.flatnonzero(rng.random(k) < alpha)
-            if hits.size:
-                state.trials += int(hits[0]) + 1
-                return int(reply.ids[hits[0]])
+            hit = first_accepted(reply, state.q_common, space, rng.random(k))
+            if hit is not None:
+                state.trials += hit + 1
+                return int(reply.ids[hit])
             state.trials += k
             if state.candidate_rounds < self.M:
                 return Request(RequestKind.MORE)
