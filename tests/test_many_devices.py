@@ -94,3 +94,38 @@ async def test_load_test_of_more_devices_than_libzmq_s_default_cap() -> None:
     assert rep["devices"] == MANY
     assert rep["rounds"] > MANY  # every device is past its first round
     assert rep["per_device_tokens_per_s"]["min"] > 0  # none starved
+
+
+def test_out_of_descriptors_is_a_typed_error_that_names_the_limit() -> None:
+    """A process whose descriptors run out gets a ``TransportError`` (code
+    ``connect``) saying which limit, not a bare ZMQError. In a child process with a
+    soft limit of 64."""
+    code = textwrap.dedent("""
+        import asyncio, resource
+        from xcosd.errors import TransportError
+        from xcosd.transport import connect, listen
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+
+        async def main():
+            lst = await listen("tcp://127.0.0.1:0", transport="zmq")
+            conns = []
+            try:
+                for _ in range(200):
+                    conns.append(await connect(lst.endpoint, transport="zmq"))
+            except TransportError as e:
+                assert e.code == "connect", e.code
+                assert "descriptors" in str(e) and "64" in str(e), str(e)
+                print("refused after", len(conns))
+            else:
+                print("never refused")
+            for c in conns:
+                await c.close()
+            await lst.close()
+
+        asyncio.run(main())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("refused after"), out.stdout

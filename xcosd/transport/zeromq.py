@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -52,6 +53,7 @@ from ..errors import TransportError
 from ..wire.frames import DEFAULT_LIMITS, Buffer, Limits
 from .base import Connection, Frames, Listener
 from .curve import ZAP_DOMAIN, CurveClient, CurveServer, apply_client, apply_server
+from .fds import fd_limit
 from .meter import Meter
 
 #: frames at least this large are sent without a copy. A zero-copy send has a
@@ -152,8 +154,18 @@ SEND_RETRY_MAX_S = 0.05
 
 def _socket(ctx: zmq.Context[Any], kind: int) -> zmq.Socket[Any]:
     """A plain (blocking-API) socket in ``ctx``, which may be a ``zmq.asyncio``
-    context (a CURVE listener's, whose ZAP handler runs on the loop)."""
-    return cast("zmq.Socket[Any]", ctx.socket(kind, socket_class=zmq.Socket))
+    context (a CURVE listener's, whose ZAP handler runs on the loop). Out of
+    descriptors or sockets, a :class:`TransportError` that says which limit."""
+    try:
+        return cast("zmq.Socket[Any]", ctx.socket(kind, socket_class=zmq.Socket))
+    except zmq.ZMQError as e:
+        if e.errno != errno.EMFILE:
+            raise TransportError(f"cannot open a ZeroMQ socket: {e}", code="connect") from e
+        raise TransportError(
+            f"cannot open another ZeroMQ socket: {e} (each connection takes a socket and "
+            f"descriptors; this process may open {fd_limit()} descriptors and its context "
+            f"{ctx.get(zmq.MAX_SOCKETS)} sockets: see xcosd/transport/fds.py)",
+            code="connect") from e
 
 
 def _events(sock: zmq.Socket[Any]) -> int:
