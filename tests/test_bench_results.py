@@ -22,9 +22,20 @@ def test_rounds_section_reports_the_ratio_to_the_echo() -> None:
            "results": {"xcosd-e zmq": {"rounds_per_s": 1_600.0, "echo_msgs_per_s": 10_000.0,
                                        "ratio": 0.16, "passes": passes}}}
     text = "\n".join(section_rounds(rep))
-    assert "| xcosd-e zmq | 1,600 | 6,400 | 10,000 | 0.16 | 0.15 0.17 0.16 |" in text
+    assert "| xcosd-e zmq | 64 | 1,600 | 6,400 | 10,000 | 0.16 | 0.15 0.17 0.16 |" in text
     assert "0.16x the bare echo's message rate (goal: 0.3x)" in text
+    assert "devices in the one device process" not in text  # no many-device point
     assert section_rounds(None)[2] == "bench/out/rounds.json is missing."
+    # the many-device point: its own row, and a sentence that counts its errors
+    many = [{**p, "errors": e} for p, e in zip(passes, (0, 2, 1), strict=True)]
+    rep["many_devices"] = 2000
+    rep["results"]["xcosd-e zmq, 2000 devices"] = {
+        "devices": 2000, "rounds_per_s": 1_200.0, "echo_msgs_per_s": 10_000.0,
+        "ratio": 0.12, "passes": many}
+    text = "\n".join(section_rounds(rep))
+    assert "| xcosd-e zmq, 2000 devices | 2,000 | 1,200 |" in text
+    assert ("With 2,000 devices in the one device process the same round runs 1,200 "
+            "rounds/s, 0.12x the echo and 0.75 of the rate at 64 devices, with 3 errors") in text
 
 
 def test_model_layer_section_judges_the_slower_model() -> None:
