@@ -106,6 +106,17 @@ def check_consistent(rep: dict, *, measured: bool = True) -> None:
         1 + rep["accepted"] / rep["rounds"] if rep["rounds"] else 0.0)
     assert set(rep["errors"]) == {"timeout", "busy", "protocol", "transport", "other"}
     assert rep["errors_total"] == sum(rep["errors"].values())
+    c = rep["cpu"]  # measured over the window: duration mode, not merged, Linux
+    if rep["config"]["duration_s"] is None or rep.get("sources") is not None:
+        assert c is None
+    if c is not None:
+        d = c["devices"]
+        assert d["processes"] == max(1, rep["config"]["procs"]) and d["cores"] >= 0
+        assert 0.0 <= d["loop_busy"] <= 1.5 and d["loop_busy"] <= d["cores"] / d["processes"] + 0.1
+        assert (d["us_per_round"] is None) == (rep["rounds"] == 0)
+        # the cloud's side: only for a cloud this run started outside the devices' process
+        assert c["shared"] == (rep["cloud_observed"] and rep["config"]["procs"] == 0)
+        assert (c["cloud"] is not None) == (rep["cloud_observed"] and not c["shared"])
     if rep["machine"] is not None:  # a merged report keeps each source's instead
         for k in ("nproc", "cpu_model", "python", "numpy"):
             assert k in rep["machine"]
@@ -129,6 +140,7 @@ async def test_duration_run_in_process() -> None:
     check_consistent(rep, measured=False)
     assert rep["errors_total"] == 0  # generations cut at the window's end are no errors
     assert rep["window_s"] == pytest.approx(1.0)
+    assert rep["cpu"] is None or (rep["cpu"]["shared"] and rep["cpu"]["cloud"] is None)
     g = rep["generations"]
     assert g["started"] >= g["measured_completed"] + g["cut_at_end"]
     assert rep["ttft_ms"]["count"] <= g["started"]
@@ -136,6 +148,54 @@ async def test_duration_run_in_process() -> None:
         check_ideal(rep, batch=3)
     else:
         assert rep["ideal"] is None
+
+
+async def test_the_window_s_cpu_of_the_devices_and_of_the_cloud() -> None:
+    """A device process and the cloud started here: each side's CPU over the window,
+    per round and as its loop thread's busy share; the text report says it, and warns
+    when the load generator itself was the limit."""
+    from xcosd.bench.load import cpu
+
+    cfg = LoadConfig(devices=4, target="synthetic:256:0.01:0.001", duration_s=1.5,
+                     warmup_s=0.5, procs=1, generation=GenerationConfig(max_new_tokens=16))
+    rep = await run_load(cfg, progress=False)
+    check_consistent(rep)
+    c = rep["cpu"]
+    assert c is not None and not c["shared"] and c["window_s"] == pytest.approx(1.5, rel=0.2)
+    for side in (c["devices"], c["cloud"]):
+        assert side["processes"] == 1 and side["cores"] > 0 and side["us_per_round"] > 0
+        assert side["us_per_round"] == pytest.approx(
+            1e6 * side["cores"] * c["window_s"] / rep["rounds"])
+    text = format_report(rep)
+    assert "  cpu: devices " in text and "; cloud " in text
+    assert ("load generator was saturated" in text) == (c["devices"]["loop_busy"] >= 0.9)
+    # the warning is the busiest loop thread's, at cpu.SATURATED
+    busy = {**c, "devices": {**c["devices"], "loop_busy": cpu.SATURATED}}
+    assert "saturated (a device loop busy 90%" in cpu.describe(busy)
+    idle = {**c, "devices": {**c["devices"], "loop_busy": 0.5}}
+    assert "saturated" not in cpu.describe(idle)
+
+
+def test_cpu_samples_a_thread_of_this_process() -> None:
+    """``/proc`` read right: CPU spent in this thread shows in both its counters."""
+    import os
+    import threading
+
+    from xcosd.bench.load import cpu
+
+    me = (os.getpid(), threading.get_native_id())
+    before = cpu.sample(*me)
+    if before is None:
+        pytest.skip("no /proc (not Linux)")
+    t = time.process_time()
+    while time.process_time() - t < 0.2:
+        pass
+    after = cpu.sample(*me)
+    assert after is not None and after[0] - before[0] >= 0.15 and after[1] - before[1] >= 0.15
+    assert cpu.sample(*me) is not None and cpu.sample(me[0], 1 << 30) is None  # no such thread
+    side = cpu.side([before], [after], 0.2, 10)
+    assert side is not None and side["loop_busy"] >= 0.75 and side["processes"] == 1
+    assert cpu.side([before], [None], 0.2, 10) is None
 
 
 async def test_generations_run_in_process_with_batching() -> None:

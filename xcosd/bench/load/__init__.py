@@ -30,6 +30,8 @@ What is measured, in the shape ``wrk``/``ghz``/``vllm bench serve`` print:
 * the cloud (one this run started): batch-size histogram and queue wait of the
   batches that end inside the window, compute time and busy fraction;
 * bytes per token up and down (wire bytes of the rounds in the window), acceptance;
+* the CPU the device processes and the cloud started here spent in the window, per
+  round and as their event loops' busy share (a saturated load generator is said);
 * errors by class over the whole run: ``timeout``, ``busy``, ``protocol``,
   ``transport``, ``other``.
 
@@ -45,6 +47,8 @@ The modules, one job each: :mod:`~xcosd.bench.load.config` (:class:`LoadConfig`,
 :mod:`~xcosd.bench.load.pipe` (the framing between the processes),
 :mod:`~xcosd.bench.load.run` (the cloud, the processes, the scaling sweep),
 :mod:`~xcosd.bench.load.analysis` (window, percentiles, ideal: the JSON report),
+:mod:`~xcosd.bench.load.cpu` (the CPU each side spent in the window: is the load
+generator the limit?),
 :mod:`~xcosd.bench.load.merge` (several generators' reports as one) and
 :mod:`~xcosd.bench.load.report` (the report as text).
 """

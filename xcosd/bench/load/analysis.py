@@ -180,6 +180,7 @@ def analyse(cfg: LoadConfig, records: list[dict[str, Any]],
         "drafted": drafted,
         "accepted": accepted,
         "cloud_observed": observed,
+        "cpu": None,  # the runner measures it over the window (xcosd/bench/load/cpu.py)
         "errors": errors,
         "errors_total": sum(errors.values()),
         "error_messages": messages,

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from .config import DEFAULT_PERCENTILES, batching_mode, generation_settings, percentile_key
+from .cpu import describe as describe_cpu
 
 
 def _gain(p: dict[str, Any], other: dict[str, Any] | None) -> float | None:
@@ -95,6 +96,8 @@ def format_report(rep: dict[str, Any]) -> str:
             + (" ..." if len(hist) > 12 else ""))
     else:
         lines.append("  cloud: not observed (a cloud this run did not start)")
+    if rep.get("cpu") is not None:
+        lines.append(describe_cpu(rep["cpu"]))
     lines.append("  errors: " + ", ".join(f"{k} {v}" for k, v in rep["errors"].items())
                  + f" (total {rep['errors_total']})")
     idl = rep.get("ideal")

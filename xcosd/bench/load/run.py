@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +33,7 @@ from ...nodes import CloudNode
 from ...transport.fds import raise_fd_limit
 from ..progress import Progress
 from ..report import machine
-from . import pipe
+from . import cpu, pipe
 from .analysis import Batch, analyse
 from .config import BATCHING_MODES, DEFAULT_TARGET, LoadConfig, draft_spec, target_spec
 from .devices import Schedule, arrival_offsets, device_models, run_devices
@@ -122,26 +124,79 @@ async def _measure(cfg: LoadConfig, endpoint: str, cloud: CloudNode | None,
             return cloud.counters["emitted_tokens"], cloud.counters["errors_sent"]
         return tally[0], 0
 
-    if cfg.procs == 0:
-        async def wait_go() -> Schedule:
-            return schedule()
+    # the processes whose CPU the window is measured on: (pid, loop thread id)
+    here = (os.getpid(), threading.get_native_id())
+    device_pids: list[tuple[int, int]] = [here] if cfg.procs == 0 else []
+    cloud_pids = [here] if cloud is not None and cfg.procs != 0 else []
+    sampler = (asyncio.ensure_future(_window_cpu(cfg, go_at, device_pids, cloud_pids))
+               if cfg.duration_s is not None else None)
+    try:
+        if cfg.procs == 0:
+            async def wait_go() -> Schedule:
+                return schedule()
 
-        draft, tv = await asyncio.to_thread(device_models, cfg)
-        task = asyncio.ensure_future(run_devices(cfg, endpoint, devices, wait_go, draft=draft,
-                                                 target_vocab=tv, tally=tally))
-        await _watch(task, cfg, bar, go_at, counts)
-        records = task.result()
-    else:
-        records = await _run_procs(cfg, endpoint, devices, schedule, bar, go_at, counts)
+            draft, tv = await asyncio.to_thread(device_models, cfg)
+            task = asyncio.ensure_future(run_devices(cfg, endpoint, devices, wait_go,
+                                                     draft=draft, target_vocab=tv,
+                                                     tally=tally))
+            await _watch(task, cfg, bar, go_at, counts)
+            records = task.result()
+        else:
+            records = await _run_procs(cfg, endpoint, devices, schedule, bar, go_at, counts,
+                                       device_pids)
+        samples = await sampler if sampler is not None else None
+    finally:
+        if sampler is not None and not sampler.done():
+            sampler.cancel()
     bar.close()
     scheduled = len(arrival_offsets(cfg)) if cfg.request_rate is not None else None
     go = go_at[0] if go_at else t_run
     if cloud is None or target is None:
-        return analyse(cfg, records, None, None, None, go, None, scheduled=scheduled)
-    batch_stats = cloud.batch_stats
-    waits = list(batch_stats.queue_waits) if batch_stats is not None else None
-    return analyse(cfg, records, target.calls, waits, cloud.stats(), go,
-                   _target_costs(target.inner), scheduled=scheduled)
+        rep = analyse(cfg, records, None, None, None, go, None, scheduled=scheduled)
+    else:
+        batch_stats = cloud.batch_stats
+        waits = list(batch_stats.queue_waits) if batch_stats is not None else None
+        rep = analyse(cfg, records, target.calls, waits, cloud.stats(), go,
+                      _target_costs(target.inner), scheduled=scheduled)
+    rep["cpu"] = _cpu_report(samples, rep["rounds"], shared=cloud is not None
+                             and cfg.procs == 0)
+    return rep
+
+
+#: what the window's CPU sampler hands back: the devices' and the cloud's samples
+#: at the window's start and end, and the window's measured length
+_CpuSamples = tuple[list[Any], list[Any], list[Any], list[Any], float]
+
+
+async def _window_cpu(cfg: LoadConfig, go_at: list[float], device_pids: list[tuple[int, int]],
+                      cloud_pids: list[tuple[int, int]]) -> _CpuSamples:
+    """Sample the CPU of the devices' processes and of the cloud started here at the
+    measured window's start and end (duration mode; see :mod:`.cpu`)."""
+    while not go_at:
+        await asyncio.sleep(0.01)
+    assert cfg.duration_s is not None
+    start = go_at[0] + cfg.warmup_s
+    await asyncio.sleep(max(0.0, start - time.monotonic()))
+    dev0 = [cpu.sample(p, t) for p, t in device_pids]
+    cl0 = [cpu.sample(p, t) for p, t in cloud_pids]
+    t0 = time.monotonic()
+    await asyncio.sleep(max(0.0, start + cfg.duration_s - time.monotonic()))
+    dev1 = [cpu.sample(p, t) for p, t in device_pids]
+    cl1 = [cpu.sample(p, t) for p, t in cloud_pids]
+    return dev0, dev1, cl0, cl1, time.monotonic() - t0
+
+
+def _cpu_report(samples: _CpuSamples | None, rounds: int, *,
+                shared: bool) -> dict[str, Any] | None:
+    """The report's ``cpu`` field (docs/LOAD.md); ``None`` when not measured."""
+    if samples is None:
+        return None
+    dev0, dev1, cl0, cl1, window = samples
+    devices = cpu.side(dev0, dev1, window, rounds)
+    if devices is None:
+        return None
+    return {"window_s": window, "devices": devices,
+            "cloud": cpu.side(cl0, cl1, window, rounds) if cl0 else None, "shared": shared}
 
 
 def _planned_s(cfg: LoadConfig) -> float:
@@ -162,7 +217,11 @@ async def _watch(task: asyncio.Future[Any], cfg: LoadConfig, bar: Progress,
 
 async def _run_procs(cfg: LoadConfig, endpoint: str, devices: list[int],
                      schedule: Callable[[], Schedule], bar: Progress, go_at: list[float],
-                     counts: Callable[[], tuple[int, int]]) -> list[dict[str, Any]]:
+                     counts: Callable[[], tuple[int, int]],
+                     pids: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Run the devices in ``cfg.procs`` device processes; each process's id goes
+    into ``pids`` (its event loop runs on its main thread, whose id is the
+    process's)."""
     assert cfg.procs is not None  # LoadConfig resolved it
     n = min(cfg.procs, len(devices))
     # the models by spec, defaults resolved here: a device process cannot receive an
@@ -189,6 +248,7 @@ async def _run_procs(cfg: LoadConfig, endpoint: str, devices: list[int],
                 sys.executable, "-m", "xcosd.bench.load", stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, limit=1 << 30)
             procs.append(p)
+            pids.append((p.pid, p.pid))
             await send(p, (cfg.to_dict(), endpoint, part, *job_models))
         for p in procs:
             msg = await recv(p)
