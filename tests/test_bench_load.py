@@ -633,6 +633,8 @@ async def test_rounds_bench_reports_rounds_against_the_bare_echo() -> None:
     for r in res["results"].values():
         [p] = r["passes"]
         assert p["echo_msgs_per_s"] > 0 and p["errors"] == 0
+        assert p["devices_us_per_round"] is None or p["devices_us_per_round"] > 0
+        assert p["cloud_us_per_round"] is None or p["cloud_us_per_round"] > 0
         assert p["ratio"] == pytest.approx(p["rounds_per_s"] / p["echo_msgs_per_s"])
         assert r["ratio"] == p["ratio"]
     assert "ar zmq" in format_rounds(res)

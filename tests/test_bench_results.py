@@ -25,6 +25,15 @@ def test_rounds_section_reports_the_ratio_to_the_echo() -> None:
     assert "| xcosd-e zmq | 64 | 1,600 | 6,400 | 10,000 | 0.16 | 0.15 0.17 0.16 |" in text
     assert "0.16x the bare echo's message rate (goal: 0.3x)" in text
     assert "devices in the one device process" not in text  # no many-device point
+    assert "event loop ran" not in text  # no CPU measured
+    for p, busy in zip(passes, (0.95, 0.97, 0.93), strict=True):
+        p.update(devices_us_per_round=180.0, devices_loop_busy=busy, cloud_us_per_round=120.0,
+                 cloud_loop_busy=0.6)
+    text = "\n".join(section_rounds(rep))
+    assert "| 0.15 0.17 0.16 | 180 | 0.95 | 120 | 0.60 |" in text
+    assert ("The devices' event loop ran 95% of the window, so the devices' process is the "
+            "limit: a round costs it 180 µs of CPU, where 0.3x of this echo is one round "
+            "every 333 µs.") in text
     assert section_rounds(None)[2] == "bench/out/rounds.json is missing."
     # the many-device point: its own row, and a sentence that counts its errors
     many = [{**p, "errors": e} for p, e in zip(passes, (0, 2, 1), strict=True)]

@@ -519,10 +519,16 @@ def section_rounds(rr: Any) -> list[str]:
     (``python -m xcosd.bench.transport --rounds``)."""
     if rr is None:
         return [ROUNDS_HEADING, "", "bench/out/rounds.json is missing.", ""]
+    def med(r: dict[str, Any], key: str) -> float | None:
+        vals = [p[key] for p in r["passes"] if p.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
     rows = [[name, f"{r.get('devices', rr['devices']):,}", f"{r['rounds_per_s']:,.0f}",
              _f(statistics.median(p["tokens_per_s"] for p in r["passes"]), ",.0f"),
              f"{r['echo_msgs_per_s']:,.0f}", f"{r['ratio']:.2f}",
-             " ".join(f"{p['ratio']:.2f}" for p in r["passes"])]
+             " ".join(f"{p['ratio']:.2f}" for p in r["passes"]),
+             _f(med(r, "devices_us_per_round"), ".0f"), _f(med(r, "devices_loop_busy"), ".2f"),
+             _f(med(r, "cloud_us_per_round"), ".0f"), _f(med(r, "cloud_loop_busy"), ".2f")]
             for name, r in rr["results"].items()]
     m = rr.get("machine") or {}
     lines = [ROUNDS_HEADING, "",
@@ -539,14 +545,28 @@ def section_rounds(rr: Any) -> list[str]:
              f"echo messages/s, the median over {rr['repeats']} passes (each pass's ratio "
              "listed).", "",
              table(rows, ["method / transport", "devices", "rounds/s", "tokens/s",
-                          "echo msgs/s", "ratio", "per pass"], markdown=True), ""]
+                          "echo msgs/s", "ratio", "per pass", "devices µs/round",
+                          "devices loop busy", "cloud µs/round", "cloud loop busy"],
+                   markdown=True), "",
+             "*µs/round*: the CPU each side's processes spent in the window (every thread) per "
+             "round; *loop busy*: the share of the window its event-loop thread ran (the "
+             "report's `cpu` field, docs/LOAD.md).", ""]
     e = rr["results"].get("xcosd-e zmq")
     if e is not None:
         lines += [f"xcosd-e over ZeroMQ runs {e['ratio']:.2f}x the bare echo's message rate "
                   "(goal: 0.3x). A round is a draft message and a verdict, each side's "
                   "state machine, the target call through the scheduler and the device's "
                   "drafting and sampling, all in Python; the echo is one `recv` and one "
-                  "`send` in a loop.", ""]
+                  "`send` in a loop."]
+        busy, dev_us = med(e, "devices_loop_busy"), med(e, "devices_us_per_round")
+        if busy is not None and dev_us is not None:
+            need = 1e6 / (0.3 * e["echo_msgs_per_s"])
+            bound = ("so the devices' process is the limit" if busy >= 0.9 else
+                     "so neither side's loop is the limit alone")
+            lines[-1] += (f" The devices' event loop ran {busy:.0%} of the window, "
+                          f"{bound}: a round costs it {dev_us:.0f} µs of CPU, where 0.3x of "
+                          f"this echo is one round every {need:.0f} µs.")
+        lines.append("")
     many = rr.get("many_devices")
     big = rr["results"].get(f"xcosd-e zmq, {many} devices") if many else None
     if e is not None and big is not None:

@@ -224,9 +224,16 @@ async def load_rounds(method: str, transport: str, duration_s: float, warmup_s: 
     finally:
         if profile is not None:
             profile.disable()
+    cpu = rep.get("cpu") or {}
+    dev, cloud = cpu.get("devices") or {}, cpu.get("cloud") or {}
     return {"rounds_per_s": float(rep["rounds_per_s"]), "tokens_per_s": float(rep["tokens_per_s"]),
             "round_p50_ms": float(rep["round_latency_ms"]["p50"]),
-            "mean_batch_size": rep.get("mean_batch_size"), "errors": int(rep["errors_total"])}
+            "mean_batch_size": rep.get("mean_batch_size"), "errors": int(rep["errors_total"]),
+            # where a round's CPU goes (xcosd/bench/load/cpu.py); None where not measured
+            "devices_us_per_round": dev.get("us_per_round"),
+            "devices_loop_busy": dev.get("loop_busy"),
+            "cloud_us_per_round": cloud.get("us_per_round"),
+            "cloud_loop_busy": cloud.get("loop_busy")}
 
 
 async def run_rounds(quick: bool, repeat: int, methods: Sequence[str] = METHODS,
