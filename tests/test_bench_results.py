@@ -27,13 +27,13 @@ def test_rounds_section_reports_the_ratio_to_the_echo() -> None:
     assert "devices in the one device process" not in text  # no many-device point
     assert "event loop ran" not in text  # no CPU measured
     for p, busy in zip(passes, (0.95, 0.97, 0.93), strict=True):
-        p.update(devices_us_per_round=180.0, devices_loop_busy=busy, cloud_us_per_round=120.0,
+        p.update(devices_us_per_round=620.0, devices_loop_busy=busy, cloud_us_per_round=120.0,
                  cloud_loop_busy=0.6)
     text = "\n".join(section_rounds(rep))
-    assert "| 0.15 0.17 0.16 | 180 | 0.95 | 120 | 0.60 |" in text
+    assert "| 0.15 0.17 0.16 | 620 | 0.95 | 120 | 0.60 |" in text
     assert ("The devices' event loop ran 95% of the window, so the devices' process is the "
-            "limit: a round costs it 180 µs of CPU, where 0.3x of this echo is one round "
-            "every 333 µs.") in text
+            "limit: it spends 594 µs on a round (the process 620 µs of CPU, its ZeroMQ thread "
+            "included), where 0.3x of this echo is one round every 333 µs.") in text
     assert section_rounds(None)[2] == "bench/out/rounds.json is missing."
     # the many-device point: its own row, and a sentence that counts its errors
     many = [{**p, "errors": e} for p, e in zip(passes, (0, 2, 1), strict=True)]

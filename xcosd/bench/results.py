@@ -563,9 +563,11 @@ def section_rounds(rr: Any) -> list[str]:
             need = 1e6 / (0.3 * e["echo_msgs_per_s"])
             bound = ("so the devices' process is the limit" if busy >= 0.9 else
                      "so neither side's loop is the limit alone")
+            loop_us = busy * 1e6 / e["rounds_per_s"]
             lines[-1] += (f" The devices' event loop ran {busy:.0%} of the window, "
-                          f"{bound}: a round costs it {dev_us:.0f} µs of CPU, where 0.3x of "
-                          f"this echo is one round every {need:.0f} µs.")
+                          f"{bound}: it spends {loop_us:.0f} µs on a round (the process "
+                          f"{dev_us:.0f} µs of CPU, its ZeroMQ thread included), where 0.3x "
+                          f"of this echo is one round every {need:.0f} µs.")
         lines.append("")
     many = rr.get("many_devices")
     big = rr["results"].get(f"xcosd-e zmq, {many} devices") if many else None
