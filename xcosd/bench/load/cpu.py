@@ -49,11 +49,12 @@ def side(before: Sequence[tuple[float, float] | None],
     """One side's report from the samples of its processes at the window's ends:
     ``processes``, ``cores`` (CPU seconds over the window), ``us_per_round``, and
     ``loop_busy`` (the busiest loop thread's share of the window)."""
-    pairs = list(zip(before, after, strict=True))
-    if not pairs or window_s <= 0 or any(b is None or a is None for b, a in pairs):
-        return None
-    cpu = sum(a[0] - b[0] for b, a in pairs if a is not None and b is not None)
-    busy = max((a[1] - b[1]) / window_s for b, a in pairs if a is not None and b is not None)
+    pairs = [(b, a) for b, a in zip(before, after, strict=True)
+             if b is not None and a is not None]
+    if not pairs or len(pairs) != len(before) or window_s <= 0:
+        return None  # a process could not be read at one end: no half answer
+    cpu = sum(a[0] - b[0] for b, a in pairs)
+    busy = max((a[1] - b[1]) / window_s for b, a in pairs)
     return {"processes": len(pairs), "cores": cpu / window_s,
             "us_per_round": 1e6 * cpu / rounds if rounds else None, "loop_busy": busy}
 
