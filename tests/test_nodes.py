@@ -175,6 +175,11 @@ async def test_generate_stream_and_stats(transport: str) -> None:
     assert st.mean_acceptance_length == pytest.approx(1 + st.accepted / st.rounds)
     assert st.uplink_by_type["draft"] > 0 and st.downlink_by_type["verdict"] > 0
     assert st.uplink_bytes == sum(st.uplink_by_type.values())
+    # round 0 rode on the open, and its verdict answered both: no "opened" came
+    # back, and every message down is a round's verdict or a follow-up's reply
+    assert "opened" not in st.downlink_by_type
+    assert st.messages_down == st.rounds + st.extra_round_trips
+    assert zero.stats.downlink_by_type.keys() == {"opened"}  # nothing to draft: plain open
     assert st.wall_s > 0 and st.cloud_compute_s > 0
     assert len(empty.token_ids) <= 5 and zero.token_ids == [] and zero.text == ""
     assert other.stats.method == "xcosd" and other.stats.codec == "q8"

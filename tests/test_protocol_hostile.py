@@ -149,3 +149,76 @@ def test_before_hello_is_a_handshake_error() -> None:
     fresh = CloudConnection(lk.config, b"other")
     out = fresh.receive(Ping(1))
     assert isinstance(out.send[0], Error) and out.send[0].code == "handshake"
+
+
+# -- round 0's block riding on the open ------------------------------------------
+
+
+def _open_with(link: Pump, s: int, draft: Draft, **kw: object) -> list:
+    m = link.session("xcosd-e", prompt="ab").open()
+    args: dict = {"seq": 1, "map_fp": m.map_fp, "method": "xcosd-e", "codec": "f32",
+                  "options": {}, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 1,
+                  "prompt": "ab", "max_new_tokens": 16, **kw}
+    return link.to_cloud(Open(s, draft=draft, **args))
+
+
+def test_a_draft_on_the_open_is_answered_by_its_verdict_alone(link: Pump) -> None:
+    _open(link, 1)  # the map is known to the cloud from here on
+    c0 = int(link.cloud.sessions[1].space.common_ids[0])
+    good = Draft(ids=np.array([c0]), q_values=np.array([0.5], dtype=np.float32))
+    replies = _open_with(link, 7, good)
+    assert [type(m) for m in replies] == [VerdictMsg], replies  # no "opened" first
+    v = replies[0]
+    assert (v.s, v.r, v.ack) == (7, 0, 1)
+    sess = link.cloud.sessions[7]
+    assert (sess.rounds, sess.next_round, sess.last_answer is not None) == (1, 1, True)
+    # a duplicate of the open is answered from the record, never verified again
+    again = _open_with(link, 7, good)
+    assert [pack(m) for m in again] == [pack(v)] and sess.rounds == 1
+
+
+def test_a_refused_draft_on_the_open_refuses_the_open_and_leaves_nothing(link: Pump) -> None:
+    _open(link, 1)
+    sp = link.cloud.sessions[1].space
+    c0 = int(sp.common_ids[0])
+    before = link.config.sessions
+    cases = {
+        "bad_token": Draft(ids=np.array([int(sp.other_ids[0])]),
+                           q_values=np.array([0.5], dtype=np.float32)),
+        "bad_field": Draft(ids=np.array([c0] * 16), q_values=np.full(16, 0.5, np.float32)),
+    }
+    for code, draft in cases.items():
+        assert _code(_open_with(link, 9, draft)) == code
+        assert 9 not in link.cloud.sessions and link.config.sessions == before
+    good = Draft(ids=np.array([c0]), q_values=np.array([0.5], dtype=np.float32))
+    # only a new session's first open carries a block: not a resume, not a re-open
+    assert _code(_open_with(link, 9, good, resume=np.array([c0]))) == "bad_field"
+    assert _code(_open_with(link, 9, good, r=2)) == "bad_field"
+    assert _code(_open_with(link, 1, good, seq=5)) == "bad_field"
+    assert 9 not in link.cloud.sessions and link.config.sessions == before
+    # the same open, now good, is served
+    assert isinstance(_open_with(link, 9, good)[0], VerdictMsg)
+    assert link.config.sessions == before + 1
+
+
+def test_a_busy_open_with_a_draft_is_served_when_sent_again() -> None:
+    lk = Pump(*pair(), max_sessions=1)
+    _open(lk, 1)
+    c0 = int(lk.cloud.sessions[1].space.common_ids[0])
+    good = Draft(ids=np.array([c0]), q_values=np.array([0.5], dtype=np.float32))
+    assert _code(_open_with(lk, 2, good)) == "busy"
+    assert 2 not in lk.cloud.sessions
+    lk.to_cloud(Close(1, 9))
+    assert isinstance(_open_with(lk, 2, good)[0], VerdictMsg)
+
+
+def test_draft_keys_without_a_draft_on_an_open_are_refused() -> None:
+    h = {"t": "open", "s": 1, "seq": 1, "fp": "f", "m": "ar", "c": "f32", "o": {}, "T": 1.0,
+         "k": 0, "p": 1.0, "seed": None, "prompt": "", "max": 4}
+    empty = ids_to_bytes([])
+    assert _frames_code([msgpack.packb({**h, "mk": True}), empty]) == "bad_field"
+    assert _frames_code([msgpack.packb({**h, "dr": 1}), empty]) == "bad_field"
+    # "dr" announces the block's two buffers: one missing is a defect
+    assert _frames_code([msgpack.packb({**h, "dr": True}), empty, empty]) == "bad_field"
+    ok = unpack([msgpack.packb({**h, "dr": True}), empty, empty, empty])
+    assert isinstance(ok, Open) and ok.draft is not None and ok.draft.length == 0

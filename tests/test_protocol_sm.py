@@ -220,9 +220,13 @@ def test_phases_move_only_along_their_tables(link: Pump) -> None:
     es = link.session("xcosd-e", max_new_tokens=3)
     assert es.phase is EdgePhase.NEW
     with pytest.raises(ProtocolError) as e:
-        es.next_round()  # not opened yet
+        es.drafted(np.zeros(0, dtype=np.int64), [], [])  # nothing was asked for
     assert e.value.code == "state" and es.phase is EdgePhase.NEW
-    for m in link.to_cloud(es.open()):
+    opening = es.open()
+    with pytest.raises(ProtocolError) as e:
+        es.next_round()  # a plain open waits for its answer
+    assert e.value.code == "state" and es.phase is EdgePhase.OPENING
+    for m in link.to_cloud(opening):
         es.receive(m)
     assert es.phase is EdgePhase.READY
     es.close()

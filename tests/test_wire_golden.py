@@ -95,6 +95,14 @@ def cases() -> dict[str, Any]:
             [0.5, 0.25], dtype=np.float32)), Redo(1, RequestKind.MORE, 2, False)),
         "verdict_ack": VerdictMsg(1, 3, 2, TokenReply(9), {}, 0, ack=8),
         "reply_ack": ReplyMsg(1, 3, TokenReply(9), ack=9),
+        # round 0's block riding on a new session's open (protocol 3)
+        "open_draft": Open(3, 1, "mfp", "xcosd-e", "f32", {}, 1.0, 0, 1.0, 5, "hi", 32,
+                           draft=Draft(ids=ids(5, 6), q_values=np.array([0.5, 0.25], np.float32))),
+        "open_ids_draft_full": Open(3, 1, "mfp", "uhlm", "f16", {}, 1.0, 0, 1.0, None, "", 8,
+                                    prompt_ids=ids(7, 8, 9), draft=Draft(
+                                        ids=ids(1, 2), q_values=np.array([0.1, 0.2], np.float32),
+                                        q_vectors=(b"vec0", b"vec1"),
+                                        verify_mask=np.array([True, False]))),
     }
 
 

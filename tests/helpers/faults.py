@@ -156,7 +156,7 @@ class FaultyLink:
                 send(up, m)
 
         def draft_if_ready() -> None:
-            if es.phase.value == "ready":
+            if es.phase.value in ("ready", "new"):  # new: round 0 rides on the open
                 out = es.next_round()
                 for ev in out.events:
                     if isinstance(ev, DraftNeeded):
@@ -166,7 +166,7 @@ class FaultyLink:
                     n = int(rng.integers(0, es.drafting.ceiling + 4))
                     pump.drafters[es.s].speculate(n, es.method, es.space, es.rng)
 
-        send(up, es.open())
+        draft_if_ready()
         steps = 0
         while not es.done:
             steps += 1

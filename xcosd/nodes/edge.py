@@ -59,7 +59,6 @@ from ..protocol.edge import (
 )
 from ..protocol.errors import exception_for
 from ..protocol.messages import (
-    DraftMsg,
     Error,
     Message,
     Ping,
@@ -632,12 +631,10 @@ class EdgeNode:
         trace: list[tuple[str, int]] = []
         inbox = self._inboxes[s] = Inbox()
         t0 = time.perf_counter()
-        opened = False
         speculate = cfg.resolved_speculate()
         try:
             async with asyncio.timeout(cfg.timeout_s):
-                await self._open(es, inbox, st, trace, prompt_ids)
-                opened = True
+                # the first round opens the session: its draft rides on the open
                 while not es.done and watch.end is None:
                     try:
                         if es.phase is EdgePhase.RESOLVING:  # resumed mid-round (Redo)
@@ -654,7 +651,7 @@ class EdgeNode:
             inbox.close()
             if es.drafting.measure and es.drafting.step_s is not None:
                 self._learned = es.drafting
-            if opened and self._connected and self._conn is not None:
+            if es.opens and self._connected and self._conn is not None:
                 with contextlib.suppress(Exception):
                     await self._send(es.close(), st, None)
             drafter = self._drafters.pop(s)
@@ -803,7 +800,8 @@ class EdgeNode:
         drafting_s = time.perf_counter() - t
         st.draft_compute_s += drafting_s
         await self._send(msg, st, trace)
-        drafted = msg.draft.length if isinstance(msg, DraftMsg) else 0
+        block = getattr(msg, "draft", None)  # a draft's, or round 0's on the open
+        drafted = block.length if block is not None else 0
         # what the draft-length policy may measure (draft_cost="auto"): a draft
         # step's seconds (of the tokens drawn now, not the speculated ones taken),
         # and when the draft left (its verdict closes the round)

@@ -208,13 +208,11 @@ class Pump:
         return list(out.send)
 
     def drive(self, es: EdgeSession) -> Generation:
-        """Open ``es``, run it to its end, close it."""
+        """Run ``es`` from its open (round 0's draft rides on it) to its end; close it."""
         st = self._stats = GenerationStats(method=es.method.name, codec=es.method.codec.name)
         trace = self._trace = []
         resolved = self._resolved = []
-        for reply in self.to_cloud(es.open()):
-            self.receive(es, reply)
-        while not es.done:
+        while not es.done:  # the first round opens the session (EdgeSession.next_round)
             up, down, rejections = st.uplink_bytes, st.downlink_bytes, st.rejections
             pending = self.to_cloud(self.next_draft(es))
             while pending:

@@ -270,7 +270,8 @@ class CloudConfig:
 def _open_key(msg: Open) -> tuple[Any, ...]:
     """What tells a duplicated ``open`` from another one with the same ``seq``."""
     return (msg.seq, msg.map_fp, msg.method, msg.codec, msg.seed, msg.max_new_tokens,
-            msg.r, int(msg.resume.shape[0]), msg.prompt)
+            msg.r, int(msg.resume.shape[0]), msg.prompt,
+            -1 if msg.draft is None else msg.draft.length)
 
 
 @dataclass(eq=False)
@@ -594,6 +595,9 @@ class CloudConnection:
                                     f"already seen (last {old.last_seq})", code="replay")
             if msg.seq == old.last_seq:
                 raise ProtocolError(f"session {msg.s} is already open", code="session_exists")
+        if msg.draft is not None and (old is not None or msg.r or msg.resume.shape[0]):
+            raise ProtocolError(f"session {msg.s}: a draft rides only on a new session's "
+                                "first open", code="bad_field")
         if msg.resume.shape[0] > msg.max_new_tokens:
             raise ProtocolError(f"resume of {msg.resume.shape[0]} tokens exceeds "
                                 f"max_new_tokens={msg.max_new_tokens}", code="bad_field")
@@ -647,12 +651,19 @@ class CloudConnection:
         if old is not None:  # the edge re-opened it (it resumed): the old one ends
             out.extend(self.end(old, CloseReason.CLOSED))
         sess = CloudSession(self, msg, method, space, prompt_ids)
+        # round 0's block riding on the open is checked before the session is kept:
+        # a refused block refuses the open too, and leaves nothing behind
+        first = (self._draft(sess, DraftMsg(msg.s, msg.seq, 0, None, msg.draft))
+                 if msg.draft is not None else None)
         self.sessions[msg.s] = sess
         cfg.sessions += 1
+        out.events.append(SessionOpened(sess))
+        if first is not None:  # its verdict answers the open
+            out.extend(first)
+            return out
         opened = Opened(msg.s, sess.prompt_tokens, ack=msg.seq)
         sess.last_answer = opened
         out.send.append(opened)
-        out.events.append(SessionOpened(sess))
         return out
 
     def _draft(self, sess: CloudSession, msg: DraftMsg) -> CloudOutput:

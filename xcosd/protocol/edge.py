@@ -24,9 +24,17 @@ Session phases (:class:`EdgePhase`, changed only through
     new ─open─► opening ─opened─► ready ─draft─► waiting ─verdict─► ready | done
                                     └─draft needed─► drafting ─drafted─┘
                                                      waiting └─► resolving ─reply─► ready | done
+    new ─draft needed─► drafting ─drafted (the open with round 0's block)─► waiting
     (open again from any live phase: resume after a cloud restart)
     opening ─opened (a rejection was being resolved)─► resolving
     any ─close─► closed
+
+A new session's first round does not wait for ``opened``: :meth:`EdgeSession.next_round`
+on phase ``new`` drafts round 0 and sends it inside the ``open``
+(:attr:`~xcosd.protocol.messages.Open.draft`), and the cloud answers with round 0's
+verdict. A generation's first token comes one round trip sooner. A resume opens
+the plain way (:meth:`EdgeSession.open`), since what it continues decides its
+first message.
 
 Faults. Every cloud answer names the ``seq`` it answers (``ack``): one that answers
 an older message (late, duplicated, or from before a restart) is dropped; a
@@ -325,6 +333,9 @@ EDGE_TRANSITIONS: dict[tuple[EdgePhase, EdgeStep], EdgePhase] = {
     (EdgePhase.OPENING, EdgeStep.FINISHED): EdgePhase.DONE,
     (EdgePhase.READY, EdgeStep.DRAFT_NEEDED): EdgePhase.DRAFTING,
     (EdgePhase.READY, EdgeStep.DRAFT): EdgePhase.WAITING,
+    # a new session's first round: its block rides on the open (Open.draft)
+    (EdgePhase.NEW, EdgeStep.DRAFT_NEEDED): EdgePhase.DRAFTING,
+    (EdgePhase.NEW, EdgeStep.DRAFT): EdgePhase.WAITING,
     (EdgePhase.DRAFTING, EdgeStep.DRAFT): EdgePhase.WAITING,
     (EdgePhase.WAITING, EdgeStep.REJECTED): EdgePhase.RESOLVING,
     (EdgePhase.WAITING, EdgeStep.SETTLED): EdgePhase.READY,
@@ -439,19 +450,24 @@ class EdgeSession:
         self._redo = self._redo or (self.phase is EdgePhase.RESOLVING
                                     and self._request_kind is not None)
         self._advance(EdgeStep.OPEN)
+        msg = self._open_msg(None)
+        self._expect(msg)
+        return msg
+
+    def _open_msg(self, draft: Draft | None) -> Open:
+        """The next ``open`` (its own ``seq``), with round 0's ``draft`` riding on it
+        when given; every open after the first gets a fresh seed."""
         seed = self.server_seed
         if self.opens:
             seed = int(self._server_seeds.spawn(1)[0].generate_state(1, np.uint64)[0])
         self.opens += 1
         self._pending_token = None  # it is in the resumed ids
         self.seq += 1
-        msg = Open(self.s, self.seq, self.vmap.fingerprint, self.method.name,
-                   self.method.codec.name, self.options, self.params.temperature,
-                   self.params.top_k, self.params.top_p, seed, self.prompt,
-                   self.max_new_tokens, np.array(self.token_ids, dtype=np.int64),
-                   prompt_ids=self.prompt_ids, r=self.round)
-        self._expect(msg)
-        return msg
+        return Open(self.s, self.seq, self.vmap.fingerprint, self.method.name,
+                    self.method.codec.name, self.options, self.params.temperature,
+                    self.params.top_k, self.params.top_p, seed, self.prompt,
+                    self.max_new_tokens, np.array(self.token_ids, dtype=np.int64),
+                    prompt_ids=self.prompt_ids, r=self.round, draft=draft)
 
     def _expect(self, msg: Message) -> None:
         self._awaiting = self.seq
@@ -477,8 +493,15 @@ class EdgeSession:
 
     def next_round(self) -> EdgeOutput:
         """Start the next round: a :class:`DraftNeeded` event when the round drafts,
-        else (``ar``, the last token) the ``draft`` message at once."""
-        if self.phase is not EdgePhase.READY:
+        else (``ar``, the last token) the ``draft`` message at once.
+
+        On a new session (phase ``new``) this opens it too: round 0's block rides on
+        the ``open`` (``Open.draft``) and its verdict answers both, so the first
+        draft does not wait a round trip for ``opened``. A session with nothing to
+        generate (``max_new_tokens`` 0) gets the plain :meth:`open`."""
+        if self.phase is EdgePhase.NEW and self.remaining <= 0:
+            return EdgeOutput([self.open()])
+        if self.phase is not EdgePhase.READY and self.phase is not EdgePhase.NEW:
             raise ProtocolError(f"session {self.s}: cannot start a round in phase "
                                 f"{self.phase.value}", code="state")
         d = self.round_length()
@@ -509,13 +532,18 @@ class EdgeSession:
         self._draft, self._q_rows = draft, q_rows
         self._drafted = int(ids.shape[0])
         self._trips = 0
-        self.seq += 1
-        self._draft_msg = DraftMsg(self.s, self.seq, self.round, self._pending_token, draft)
-        self._expect(self._draft_msg)
+        msg: Message
+        if not self.opens:  # round 0 of a new session: it rides on the open
+            msg = self._open_msg(draft)
+        else:
+            self.seq += 1
+            msg = self._draft_msg = DraftMsg(self.s, self.seq, self.round,
+                                             self._pending_token, draft)
+        self._expect(msg)
         self._request_kind = None
         self._fallback_seen = False
         self._advance(EdgeStep.DRAFT)
-        return EdgeOutput([self._draft_msg])
+        return EdgeOutput([msg])
 
     def _edit(self, drop: int, append: list[int]) -> None:
         """Queue a draft-context edit (drop the last ``drop`` ids, then add ``append``)

@@ -80,7 +80,7 @@ from .fields import (
 )
 
 #: Version of the message set; a peer speaking another one is refused (code ``version``).
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 #: Bounds on header fields, so a hostile header cannot make us allocate much.
 MAX_TEXT = 1 << 20  # prompt text, bytes of UTF-8
@@ -350,10 +350,56 @@ class Error(Message):
     r: int | None = None
 
 
+# -- a drafted block's wire form (a draft message's, or the one riding on an open) --
+
+
+def draft_to_wire(d: Draft, h: Header) -> Buffers:
+    """Write block ``d`` into header ``h`` (``"mk"``, ``"nv"`` when present); return
+    its buffers: ``ids`` (int32 x n), ``q`` (float32 x n), then ``mask`` (uint8 x n)
+    when ``"mk"``, then ``"nv"`` encoded vectors."""
+    bufs = [ids_to_bytes(d.ids), f32_to_bytes(d.q_values)]
+    if d.verify_mask is not None:
+        h["mk"] = True
+        bufs.append(np.asarray(d.verify_mask, dtype=np.uint8).tobytes())
+    if d.q_vectors is not None:
+        h["nv"] = len(d.q_vectors)
+        bufs.extend(d.q_vectors)
+    return bufs
+
+
+def draft_buffer_count(h: Mapping[str, Any], t: str) -> int:
+    """How many buffers the block that ``h`` announces takes."""
+    mk = "mk" in h and read_bool(h, "mk", t)
+    nv = 0 if h.get("nv") is None else read_int(h, "nv", t, 0, MAX_BUFFERS)
+    return 2 + int(mk) + nv
+
+
+def draft_from_wire(h: Mapping[str, Any], buffers: Sequence[bytes], t: str) -> Draft:
+    """The block in ``buffers`` (as many as :func:`draft_buffer_count` says), every
+    value checked: ids in range, ``q(x)`` a probability above 0 for each drafted id."""
+    mk = "mk" in h and bool(h["mk"])
+    ids = bytes_to_ids(buffers[0], t, "draft ids", max_n=MAX_DRAFT)
+    d = ids.shape[0]
+    q = bytes_to_f32(buffers[1], t, "q values", d)
+    check_probs(q, t, "q values")
+    # (checked finite above; a draft's few values are cheaper to compare in Python)
+    if d and not (min(q.tolist()) if d <= SMALL else float(q.min())) > 0.0:
+        raise ProtocolError(f"{t}: a drafted token has q(x) = 0", code=ErrorCode.BAD_VECTOR)
+    mask = None
+    if mk:
+        raw = buffers[2]
+        if len(raw) != ids.shape[0]:
+            raise bad(f"{t}: mask has {len(raw)} bytes for {ids.shape[0]} drafts")
+        mask = np.frombuffer(raw, dtype=np.uint8).astype(bool)
+    vectors = (tuple(bytes(b) for b in buffers[2 + int(mk):])
+               if h.get("nv") is not None else None)
+    return Draft(ids=ids, q_values=q, q_vectors=vectors, verify_mask=mask)
+
+
 # ---------------------------------------------------------------- session level
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Open(SessionMessage):
     """Edge -> cloud: start session ``s``.
 
@@ -372,6 +418,15 @@ class Open(SessionMessage):
     these ids (no tokenisation, no special tokens added), as if the target had been
     given them. On the wire: header ``"pi": true`` and a second buffer after
     ``resume``; absent, the message is the text form unchanged.
+
+    ``draft``: round 0's drafted block, riding on a new session's first open, so a
+    generation's first draft leaves without waiting a round trip for ``opened``.
+    The cloud then answers with round 0's verdict alone (``ack`` = this ``seq``),
+    and either accepts the open and the block together or refuses both (a ``busy``
+    refusal leaves nothing behind: the same message is sent again). Only a new
+    session's open carries one (``r`` 0, nothing resumed). On the wire: header
+    ``"dr": true``, the block's own keys (``"mk"``, ``"nv"``), and the block's
+    buffers last (:func:`draft_to_wire`).
     """
 
     TYPE: ClassVar[str] = "open"
@@ -407,28 +462,41 @@ class Open(SessionMessage):
     prompt_ids: np.ndarray | None = None
     #: the round the session continues from (0 for a new one)
     r: int = 0
+    #: round 0's block, sent with the open (see the class docstring)
+    draft: Draft | None = None
 
     def _extra_to_wire(self, h: Header) -> Buffers:
-        if self.prompt_ids is None:
-            return []
-        h["pi"] = True
-        return [ids_to_bytes(self.prompt_ids)]
+        bufs: Buffers = []
+        if self.prompt_ids is not None:
+            h["pi"] = True
+            bufs.append(ids_to_bytes(self.prompt_ids))
+        if self.draft is not None:
+            h["dr"] = True
+            bufs.extend(draft_to_wire(self.draft, h))
+        return bufs
 
     @classmethod
     def _buffer_count(cls, h: Mapping[str, Any], t: str) -> int:
-        by_ids = h.get("pi", False)
-        if by_ids is not True and by_ids is not False:
-            raise bad(f"{t}: pi must be a boolean")
-        return 2 if by_ids else 1
+        n = 1 + ("pi" in h and read_bool(h, "pi", t))
+        if "dr" in h and read_bool(h, "dr", t):
+            n += draft_buffer_count(h, t)
+        elif "mk" in h or "nv" in h:
+            raise bad(f"{t}: mk and nv describe a draft, and none rides on this open")
+        return n
 
     @classmethod
     def _extra_from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes], t: str,
                          kw: dict[str, Any]) -> dict[str, Any]:
-        if not h.get("pi", False):
-            return {}
-        if kw["prompt"]:
-            raise bad(f"{t}: a prompt given as ids carries no text")
-        return {"prompt_ids": bytes_to_ids(buffers[1], t, "prompt ids")}
+        out: dict[str, Any] = {}
+        at = 1
+        if h.get("pi", False):
+            if kw["prompt"]:
+                raise bad(f"{t}: a prompt given as ids carries no text")
+            out["prompt_ids"] = bytes_to_ids(buffers[1], t, "prompt ids")
+            at = 2
+        if h.get("dr", False):
+            out["draft"] = draft_from_wire(h, buffers[at:], t)
+        return out
 
 
 @dataclass(frozen=True)
@@ -497,42 +565,16 @@ class DraftMsg(SessionMessage):
     redo: Redo | None = None
 
     def _extra_to_wire(self, h: Header) -> Buffers:
-        d = self.draft
-        bufs = [ids_to_bytes(d.ids), f32_to_bytes(d.q_values)]
-        if d.verify_mask is not None:
-            h["mk"] = True
-            bufs.append(np.asarray(d.verify_mask, dtype=np.uint8).tobytes())
-        if d.q_vectors is not None:
-            h["nv"] = len(d.q_vectors)
-            bufs.extend(d.q_vectors)
-        return bufs
+        return draft_to_wire(self.draft, h)
 
     @classmethod
     def _buffer_count(cls, h: Mapping[str, Any], t: str) -> int:
-        mk = "mk" in h and read_bool(h, "mk", t)
-        nv = 0 if h.get("nv") is None else read_int(h, "nv", t, 0, MAX_BUFFERS)
-        return 2 + int(mk) + nv
+        return draft_buffer_count(h, t)
 
     @classmethod
     def _extra_from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes], t: str,
                          kw: dict[str, Any]) -> dict[str, Any]:
-        mk = "mk" in h and bool(h["mk"])
-        ids = bytes_to_ids(buffers[0], t, "draft ids", max_n=MAX_DRAFT)
-        d = ids.shape[0]
-        q = bytes_to_f32(buffers[1], t, "q values", d)
-        check_probs(q, t, "q values")
-        # (checked finite above; a draft's few values are cheaper to compare in Python)
-        if d and not (min(q.tolist()) if d <= SMALL else float(q.min())) > 0.0:
-            raise ProtocolError(f"{t}: a drafted token has q(x) = 0", code=ErrorCode.BAD_VECTOR)
-        mask = None
-        if mk:
-            raw = buffers[2]
-            if len(raw) != ids.shape[0]:
-                raise bad(f"{t}: mask has {len(raw)} bytes for {ids.shape[0]} drafts")
-            mask = np.frombuffer(raw, dtype=np.uint8).astype(bool)
-        vectors = (tuple(bytes(b) for b in buffers[2 + int(mk):])
-                   if h.get("nv") is not None else None)
-        return {"draft": Draft(ids=ids, q_values=q, q_vectors=vectors, verify_mask=mask)}
+        return {"draft": draft_from_wire(h, buffers, t)}
 
 
 # -- the method's payload (shared by VerdictMsg and ReplyMsg) ------------------
@@ -763,6 +805,9 @@ __all__ = [
     "bytes_to_f32",
     "bytes_to_ids",
     "check_probs",
+    "draft_buffer_count",
+    "draft_from_wire",
+    "draft_to_wire",
     "from_wire",
     "ids_to_bytes",
     "reply_from_wire",
