@@ -168,6 +168,7 @@ def test_every_lossless_method_through_faults(link: Pump, variant: str) -> None:
     assert report.ok, f"{variant} through faults ({c}): {report}"
     assert min(c.dropped, c.duplicated, c.delayed, c.restarts, c.resends, c.stale) > 100, c
     assert c.by_phase.get("waiting", 0) > 100 and c.by_phase.get("opening", 0) > 100, c
+    assert c.open_round > 100, c  # faults that hit round 0 riding on its open
     if variant in ("xcosd-nopresample", "xcosd-e-K1M3"):  # K = 20 rarely asks for more
         assert c.redone > 100, c  # rounds completed after a restart mid-resolution
     if variant != "ar":

@@ -35,6 +35,7 @@ from xcosd.protocol import (
     EdgeHandshake,
     EdgeSession,
     Message,
+    Open,
     RequestMsg,
     ScoreNeeded,
 )
@@ -71,6 +72,9 @@ class FaultCounts:
     speculated: int = 0
     reused: int = 0
     by_phase: dict[str, int] = field(default_factory=dict)
+    #: faults (dropped, duplicated, delayed, a restart before it) that hit an open
+    #: carrying round 0's block
+    open_round: int = 0
 
 
 class FaultyLink:
@@ -140,6 +144,9 @@ class FaultyLink:
 
         def send(q: deque[Message], m: Message) -> None:
             u = rng.random()
+            if u < f.drop + f.duplicate + f.delay and getattr(m, "draft", None) is not None \
+                    and isinstance(m, Open):
+                c.open_round += 1
             if u < f.drop:
                 c.dropped += 1
             elif u < f.drop + f.duplicate:
@@ -192,6 +199,7 @@ class FaultyLink:
                 p = f.restart_on_request if isinstance(up[0], RequestMsg) else f.restart
                 if rng.random() < p:
                     c.restarts += 1
+                    c.open_round += isinstance(up[0], Open) and up[0].draft is not None
                     self.cloud = self._new_cloud()
                 for m in self._to_cloud(up.popleft()):
                     send(down, m)

@@ -24,6 +24,11 @@ Per session state (:class:`CloudPhase`, changed only through
       └─────────────draft (with the resolved token)────┘   ◄─request/reply─┘
     any ──close──► closed
 
+A new session's ``open`` may carry round 0's block (:attr:`Open.draft`): the session
+then starts in ``idle`` and takes that block as a ``draft`` at once, and round 0's
+verdict is the open's only answer (no ``opened``). The block is checked before the
+session is kept, so a refused block refuses the open and leaves nothing behind.
+
 Hostile input never raises out of :meth:`CloudConnection.receive`: every refusal
 is an :class:`~xcosd.protocol.messages.Error` to the peer plus a
 :class:`Rejected` event, and the session concerned keeps its state (a refused

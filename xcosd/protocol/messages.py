@@ -502,7 +502,8 @@ class Open(SessionMessage):
 @dataclass(frozen=True)
 class Opened(SessionMessage):
     """Cloud -> edge: session ``s`` is open; ``prompt_tokens`` target tokens of context.
-    ``ack``: the ``seq`` of the ``open`` it answers."""
+    ``ack``: the ``seq`` of the ``open`` it answers. Not sent for an open that carries
+    round 0's block: that round's verdict answers it."""
 
     TYPE: ClassVar[str] = "opened"
     FIELDS: ClassVar[tuple[Field, ...]] = (S, Field("prompt_tokens", "n", Kind.INT), ACK)
