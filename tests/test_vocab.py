@@ -178,3 +178,36 @@ def test_the_sparse_tli_row_is_the_dense_one_on_a_real_map(vocabs):
         restrict_kept_support(warp_kept(row, greedy), vm.common_draft_ids, vm.draft_to_common)
     with pytest.raises(InvalidDistribution):
         restrict_to_common(warp(row, greedy), vm.common_draft_ids)
+
+
+@pytest.mark.parametrize(("draft", "target", "runs"), [
+    ("llama3", "llama3", 3), ("o200k", "o200k", 2), ("llama3", "cl100k", 2),
+    ("cl100k", "o200k", None), ("qwen", "llama3", None)])
+def test_v_c_read_by_runs_is_the_gathered_row(vocabs, draft, target, runs):
+    """A draft that shares the target's ids reads V_C out of its row as a few runs
+    (slices) instead of id by id; the TLI vector is the same, bit for bit, and the
+    draft's row is left as it was."""
+    from xcosd.methods.tli import restrict_to_common
+
+    vm = VocabMap(vocabs[draft], vocabs[target])
+    idx = vm.common_draft_index
+    if runs is None:
+        assert idx is vm.common_draft_ids  # scattered ids: gathered as before
+    else:
+        assert isinstance(idx, tuple) and len(idx) == runs
+        assert np.array_equal(np.concatenate([np.arange(r.start, r.stop) for r in idx]),
+                              vm.common_draft_ids)
+    rng = np.random.default_rng(3)
+    row = rng.dirichlet(np.full(vocabs[draft].size, 0.1)).astype(np.float32)
+    before = row.copy()
+    q = restrict_to_common(row, idx)
+    assert np.array_equal(q.view(np.uint32), restrict_to_common(row, vm.common_draft_ids)
+                          .view(np.uint32))
+    assert np.array_equal(row, before)
+    # one run: the row is read through a view, and the vector is still its own array
+    one = (slice(0, 7),)
+    q1 = restrict_to_common(row, one)
+    q1[0] = -1.0
+    assert np.array_equal(row, before)
+    assert np.array_equal(restrict_to_common(row, one).view(np.uint32),
+                          restrict_to_common(row, np.arange(7)).view(np.uint32))

@@ -13,19 +13,34 @@ from ..errors import InvalidDistribution
 from ..sampling import Kept
 
 
-def restrict_to_common(q_draft: np.ndarray, common_draft_ids: np.ndarray) -> np.ndarray:
+def restrict_to_common(q_draft: np.ndarray,
+                       common_draft_ids: np.ndarray | tuple[slice, ...]) -> np.ndarray:
     """``q`` over V_D (already warped) -> ``q_i`` over V_C in V_C order, float32.
+
+    ``common_draft_ids`` may be given as the runs of draft ids V_C reads
+    (``VocabMap.common_draft_index``): the values are then copied run by run (one
+    run: read through a view of ``q_draft``, never written to), the same numbers in
+    the same order as the id-by-id gather.
 
     Raises :class:`InvalidDistribution` when the draft puts no mass on V_C (a
     warper such as greedy can do that; the device should then draft nothing).
     """
-    # gather the float32 values, total them in float64, scale in place: any
-    # normalisation is exact as long as the same vector drafts, travels and resolves
-    sub = np.asarray(q_draft, dtype=np.float32)[common_draft_ids]
+    # gather the float32 values, total them in float64, scale: any normalisation
+    # is exact as long as the same vector drafts, travels and resolves
+    row = np.asarray(q_draft, dtype=np.float32)
+    view = False
+    if isinstance(common_draft_ids, tuple):
+        view = len(common_draft_ids) == 1
+        sub = (row[common_draft_ids[0]] if view
+               else np.concatenate([row[r] for r in common_draft_ids]))
+    else:
+        sub = row[common_draft_ids]
     z = float(np.add.reduce(sub, dtype=np.float64))  # ndarray.sum's own reduction
     if not z > 0:
         raise InvalidDistribution("the draft distribution has no mass on V_C")
-    sub /= z
+    if view:
+        return sub / z
+    sub /= z  # a copy of its own: scaled in place
     return sub
 
 

@@ -186,7 +186,7 @@ class Drafter:
         row = self.model.score([(self.session, [])])[0][-1]
         try:
             if self.params.identity:  # no warper: what warp_kept would hand back as is
-                q, support = restrict_to_common(row, self.vmap.common_draft_ids), None
+                q, support = restrict_to_common(row, self.vmap.common_draft_index), None
             else:
                 # the TLI vector restrict_to_common(warp(row)), from the kept set only
                 q, support = restrict_kept_support(warp_kept(row, self.params),
@@ -197,7 +197,7 @@ class Drafter:
             # token, say): warp the draft's V_C part instead. Any proposal on V_C
             # keeps the output exact; this one keeps drafting.
             try:
-                q, support = warp(restrict_to_common(row, self.vmap.common_draft_ids),
+                q, support = warp(restrict_to_common(row, self.vmap.common_draft_index),
                                   self.params), None
             except InvalidDistribution:
                 return None

@@ -17,6 +17,10 @@ import numpy as np
 from ..errors import VocabError
 from .vocabulary import MATCHED_ROLES, Vocabulary
 
+#: at most this many ascending runs of V_C draft ids are read as slices
+#: (:attr:`VocabMap.common_draft_index`); more are gathered id by id
+MAX_RUNS = 8
+
 
 class VocabMap:
     """V_C, V_O and the id translation between a draft and a target vocabulary.
@@ -63,6 +67,25 @@ class VocabMap:
     @property
     def n_common(self) -> int:
         return int(self.common_target_ids.shape[0])
+
+    @cached_property
+    def common_draft_index(self) -> np.ndarray | tuple[slice, ...]:
+        """:attr:`common_draft_ids` as the cheapest index that reads them out of a
+        draft row: the ascending runs they form, as slices, when there are at most
+        :data:`MAX_RUNS` (a draft that shares the target's vocabulary: its regular
+        ids in one run, the matched specials in a few more), else the ids. Copying
+        runs of a row costs a fraction of gathering it id by id (128k ids: about 75
+        against 170 µs), and :func:`~xcosd.methods.tli.restrict_to_common` does it for
+        every drafted token."""
+        ids = self.common_draft_ids
+        if not ids.shape[0]:
+            return ids
+        cuts = np.flatnonzero(np.diff(ids) != 1) + 1
+        if cuts.shape[0] >= MAX_RUNS:
+            return ids
+        starts = [0, *cuts.tolist()]
+        ends = [*cuts.tolist(), ids.shape[0]]
+        return tuple(slice(int(ids[a]), int(ids[b - 1]) + 1) for a, b in zip(starts, ends, strict=True))
 
     @cached_property
     def draft_to_common(self) -> np.ndarray:
