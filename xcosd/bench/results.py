@@ -743,7 +743,10 @@ def replace_section(text: str, heading: str, section: list[str], before: tuple[s
 
 #: what ``--only`` can rewrite: name -> (heading prefix, the section, the headings
 #: it goes before when the file has none yet)
-SECTIONS = {"scaling": ("## Scaling", lambda: section_scaling(_load("load_scaling.json")),
+SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
+                     ("## Scaling", "## Replicas", "## Soak", "## Methods", "## Sizes used",
+                      MUTATION_HEADING)),
+            "scaling": ("## Scaling", lambda: section_scaling(_load("load_scaling.json")),
                         ("## Replicas", "## Soak", "## Methods", "## Sizes used",
                          MUTATION_HEADING)),
             "soak": ("## Soak", lambda: section_soak(_load("soak.json")),
