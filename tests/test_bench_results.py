@@ -120,3 +120,18 @@ def test_streaming_section_reports_the_ratio_and_the_efficiencies() -> None:
            "192.0; efficiency 0.95 against 0.80" in text
     assert streaming.section_lines(None) == []
     assert streaming.ideal_rounds_per_s(12) == 12 / 0.05  # 20 ms + 0.5 ms x 60 rows
+
+
+def test_only_rewrites_one_section_and_keeps_the_rest(tmp_path: Any, monkeypatch: Any) -> None:
+    """``--only NAME`` replaces that section of the current RESULTS.md from its JSON
+    (here a missing one, which the section says) and leaves every other line."""
+    from xcosd.bench import results
+
+    doc = tmp_path / "RESULTS.md"
+    doc.write_text("# r\n\n## Load test: 64 devices\n\nold numbers\n\n## Scaling\n\nkept\n")
+    monkeypatch.setattr(results, "DOC", doc)
+    monkeypatch.setattr(results, "OUT", tmp_path / "out")
+    assert results.main(["--only", "load"]) == 0
+    text = doc.read_text()
+    assert "old numbers" not in text and "bench/out/load.json is missing." in text
+    assert text.index("## Load test") < text.index("## Scaling") and "kept" in text
