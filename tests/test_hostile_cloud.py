@@ -48,6 +48,7 @@ import zmq
 import xcosd
 from xcosd.methods.base import CandidatesReply, Draft, RequestKind
 from xcosd.nodes.cloud import IDLE_SLACK
+from xcosd.nodes.merging import REOPEN_MIN
 from xcosd.nodes.scheduler import Scheduler, score_batch
 from xcosd.protocol import (
     DraftMsg,
@@ -61,7 +62,13 @@ from xcosd.protocol import (
     pack,
     unpack,
 )
-from xcosd.protocol.cloud import CloudConfig, CloudConnection, RoundOutcome, ScoreNeeded
+from xcosd.protocol.cloud import (
+    CloseReason,
+    CloudConfig,
+    CloudConnection,
+    RoundOutcome,
+    ScoreNeeded,
+)
 from xcosd.protocol.messages import MAX_CANDIDATE_ROUNDS, MAX_CANDIDATES, ServerLimits
 from xcosd.protocol.vocab_transfer import upload_for
 from xcosd.transport import connect
@@ -769,6 +776,48 @@ async def test_a_batch_waits_only_while_another_session_could_join() -> None:
     assert not blind._budget_reached()
     await blind.close()
 
+
+
+async def test_a_reopeners_closed_session_still_counts_as_one_that_could_join() -> None:
+    """Closed-loop devices end their generations in the same round and open the
+    next at once. Counting only open sessions, the first new session's round found
+    every open session queued and started a batch alone; a place the merge policy
+    keeps for a reopener's next session counts as a session that could join, so
+    the batch waits for it (and forms as soon as it comes)."""
+    target, reqs = _rounds([1, 2, 3])
+    cont, ending, fresh = reqs
+    cont.session.rounds = 5  # a session in the middle of its generation
+    assert cont.session.conn is ending.session.conn is fresh.session.conn
+    cont.session.conn.peer = b"looper"  # one peer, two generations at a time
+
+    async def deliver(session: Any, outcome: RoundOutcome) -> None:
+        pass
+
+    live = [2]
+    sched = Scheduler(target, deliver, max_wait_s=10 * HANG_S, live=lambda: live[0])
+    m = sched.merge
+    assert m is not None
+    for rows in (5, 10, 20, 40, 5, 10, 20, 40):  # a = 30 ms
+        m.record_call(rows, 0.03 + 0.001 * rows)
+    for k in range(4):  # answered sessions come back within 2 ms
+        m.answered([k], float(k))
+        m.returned(k, k + 0.002)
+    for k in range(REOPEN_MIN):  # b"looper" opens its next session at once
+        m.answered([f"old{k}"], 10.0 + k)
+        m.forget(f"old{k}", 10.001 + k, b"looper")
+        m.returned(f"new{k}", 10.002 + k, b"looper", new=True)
+    assert m.reopener(b"looper") and not m.reopener(b"peer")
+    m.answered([cont.session, ending.session], time.perf_counter())
+    sched.submit(cont)
+    # its peer closed it (the generation ended): what the node does then
+    [closed] = ending.session.conn.end(ending.session, CloseReason.CLOSED).events
+    sched.free(closed.session, by_peer=closed.reason is CloseReason.CLOSED)
+    live[0] = 1  # only the continuing session is open now
+    assert m.vacancies() == 1 and not sched._budget_reached() and sched._holding()
+    sched.submit(fresh)  # the looper's next generation, its first round
+    live[0] = 2
+    assert m.vacancies() == 0 and sched._budget_reached()
+    await sched.close()
 
 
 async def test_a_batch_is_held_only_for_sessions_that_fit_in_it() -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from xcosd.nodes.merging import MIN_CALLS, PROBE_EVERY, MergePolicy
+from xcosd.nodes.merging import MAX_PEERS, MIN_CALLS, PROBE_EVERY, REOPEN_MIN, MergePolicy
 
 
 @dataclass(eq=False)
@@ -99,3 +99,82 @@ def test_without_a_fit_one_batch_in_a_while_is_held_to_get_one() -> None:
     assert holds and all(d is None or d == pytest.approx(k + 0.04)
                          for k, d in enumerate(decisions))
     assert len(holds) <= 2 and holds[0] >= PROBE_EVERY - 1
+
+
+def _primed() -> MergePolicy:
+    """A policy that holds: a = 20 ms, answered sessions back within 4 ms."""
+    p = MergePolicy()
+    _calls(p, [10, 40, 20, 80, 15, 60, 30, 25])
+    for k in range(4):
+        _batch(p, float(k), 0.004)
+    return p
+
+
+def test_a_peer_that_reopens_at_once_keeps_its_ended_sessions_places() -> None:
+    """A closed-loop peer opens its next session as soon as one ends; once it has
+    done so REOPEN_MIN times, an ended session of it keeps its place for the next
+    one, and the batch waits for that (never past the hold's bound)."""
+    p = _primed()
+    t = 10.0
+    for _ in range(REOPEN_MIN):  # learning: each ended session followed by a new one
+        assert not p.reopener("dev")
+        old = _batch(p, t, None, n=1)[0]
+        p.forget(old, t + 0.001, "dev")
+        assert not p.pending(t + 0.001)  # not a reopener yet: nobody waited for
+        p.returned(S(), t + 0.002, "dev", new=True)
+        t += 1.0
+    assert p.reopener("dev")
+    old, other = _batch(p, t, None, n=2)
+    assert p.hold_until(t + 0.0005) == pytest.approx(t + 0.02)
+    p.returned(other, t + 0.001)
+    p.forget(old, t + 0.002, "dev")  # its peer closed it: its place is kept
+    assert p.pending(t + 0.002) and p.expected(t + 0.002) == 1 and p.vacancies() == 1
+    p.returned(S(), t + 0.003, "someone else", new=True)  # not that peer's
+    assert p.vacancies() == 1
+    p.returned(S(), t + 0.004, "dev", new=True)  # the place taken
+    assert not p.pending(t + 0.004) and p.vacancies() == 0
+    assert p.to_dict()["reopeners"] == 1
+
+
+def test_a_peer_that_goes_quiet_is_not_waited_for() -> None:
+    """A device that ends a generation and opens none before the next verdicts is
+    no reopener: its ended sessions free their places at once. A reopener that
+    stops reopening loses the standing after a couple of misses."""
+    p = _primed()
+    t = 10.0
+    for _ in range(2 * REOPEN_MIN):
+        old = _batch(p, t, None, n=1)[0]
+        p.forget(old, t + 0.001, "quiet")
+        assert not p.pending(t + 0.001)
+        t += 1.0
+    assert not p.reopener("quiet")
+    for _ in range(REOPEN_MIN):
+        p.forget(_batch(p, t, None, n=1)[0], t + 0.001, "dev")
+        p.returned(S(), t + 0.002, "dev", new=True)
+        t += 1.0
+    misses = 0
+    while True:
+        ended = _batch(p, t, None, n=1)[0]  # these verdicts count the last miss
+        if not p.reopener("dev"):
+            break
+        p.forget(ended, t + 0.001, "dev")
+        assert p.pending(t + 0.001)  # kept: it was a reopener until now
+        t += 1.0
+        misses += 1
+    assert 1 <= misses <= 2
+    # an ended session whose end its peer did not ask for (a timeout, a dropped
+    # connection: no peer given) keeps no place
+    p.returned(S(), t + 0.5, "dev", new=True)
+    ended = _batch(p, t + 1, None, n=1)[0]
+    p.forget(ended, t + 1.001)
+    assert not p.pending(t + 1.001)
+
+
+def test_the_peer_records_are_bounded() -> None:
+    p = MergePolicy()
+    for k in range(MAX_PEERS + 10):
+        s = S()
+        p.answered([s], float(k))
+        p.forget(s, k + 0.001, k)
+    p.answered([], MAX_PEERS + 11.0)
+    assert len(p._reopens) == MAX_PEERS and 0 not in p._reopens

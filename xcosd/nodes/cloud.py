@@ -582,7 +582,7 @@ class CloudNode:
                 if sched is not None:
                     # its queued work, if any, is skipped when batches form (the
                     # protocol closed the session); its model state is freed
-                    sched.free(ev.session)
+                    sched.free(ev.session, by_peer=ev.reason is CloseReason.CLOSED)
             elif isinstance(ev, Rejected):
                 by = c["errors_by_code"]
                 by[ev.code] = by.get(ev.code, 0) + 1

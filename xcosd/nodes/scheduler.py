@@ -4,8 +4,9 @@ Every session's "needs scoring" request (:class:`~xcosd.protocol.ScoreNeeded`)
 goes into the queue of its **peer** (one sub-queue per connection). The scheduler
 waits for a request, then up to ``max_wait_s`` for more (never past ``max_batch``
 requests or ``max_batch_tokens`` rows, and not at all once every live session has
-a request queued: ``live`` counts them, and nobody else could join, so waiting
-would only delay a lone device's every round), and runs the whole batch as **one**
+a request queued: ``live`` counts them, with the places the merge policy keeps for
+a closed-loop peer's next session, and nobody else could join, so waiting would
+only delay a lone device's every round), and runs the whole batch as **one**
 :meth:`LanguageModel.score` call in a single worker thread, so the event loop
 keeps moving bytes for every other session while the target computes (network
 I/O and compute overlap; while batch *k* computes, batch *k + 1* fills up, and
@@ -308,18 +309,22 @@ class Scheduler:
             self._rr.append(peer)
         q.append(req)
         if self.merge is not None:
-            self.merge.returned(req.session, req.enqueued_at)
+            self.merge.returned(req.session, req.enqueued_at, peer,
+                                new=req.session.rounds == 0)
         self._queued += 1
         self._queued_rows += request_rows(req)
         self._wake.set()
 
-    def free(self, session: CloudSession) -> None:
+    def free(self, session: CloudSession, by_peer: bool = False) -> None:
         """Free the model state of a finished session. The worker thread does it
-        before its next batch, so it never races a batch that still uses it."""
+        before its next batch, so it never races a batch that still uses it.
+        ``by_peer``: its peer closed it (and may open the next one at once: the
+        merge policy may keep its place, xcosd/nodes/merging.py)."""
         # The handle is read in the worker, not here: on a first round the worker
         # creates it during the batch, and reading it now would miss (and leak) it.
         if self.merge is not None:
-            self.merge.forget(session, time.perf_counter())
+            self.merge.forget(session, time.perf_counter(),
+                              session.conn.peer if by_peer else None)
         self._to_free.append(session)
         self._wake.set()
 
@@ -453,11 +458,13 @@ class Scheduler:
 
     def _budget_reached(self) -> bool:
         """Whether the batch should form now: it is full, or every live session is
-        in it (no other request could arrive while it waits)."""
+        in it (no other request could arrive while it waits; a place the merge
+        policy keeps for a reopener's next session counts as a live session)."""
         return (self._queued >= self.max_batch
                 or (self.max_batch_tokens is not None
                     and self._queued_rows >= self.max_batch_tokens)
-                or (self.live is not None and self._queued >= self.live()))
+                or (self.live is not None and self._queued >= self.live() + (
+                    self.merge.vacancies() if self.merge is not None else 0)))
 
     def _oldest(self) -> float:
         return min(q[0].enqueued_at for q in self._queues.values())
