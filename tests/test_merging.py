@@ -178,3 +178,21 @@ def test_the_peer_records_are_bounded() -> None:
         p.forget(s, k + 0.001, k)
     p.answered([], MAX_PEERS + 11.0)
     assert len(p._reopens) == MAX_PEERS and 0 not in p._reopens
+
+
+def test_no_place_is_kept_where_holding_does_not_pay() -> None:
+    """Against a target whose calls cost next to nothing (or devices slower than a
+    call's fixed cost) no batch is held, and a reopener's ended session keeps no
+    place either: it would only keep the next batch from forming."""
+    p = MergePolicy()
+    _calls(p, [10, 40, 20, 80, 15, 60, 30, 25], a=0.0001)
+    for k in range(4):
+        _batch(p, float(k), 0.004)  # back within 4 ms, far above a = 0.1 ms
+    t = 10.0
+    for _ in range(REOPEN_MIN):
+        p.forget(_batch(p, t, None, n=1)[0], t + 0.001, "dev")
+        p.returned(S(), t + 0.002, "dev", new=True)
+        t += 1.0
+    assert p.reopener("dev")
+    p.forget(_batch(p, t, None, n=1)[0], t + 0.001, "dev")
+    assert p.vacancies() == 0 and not p.pending(t + 0.001)

@@ -44,8 +44,10 @@ before the next verdicts went out. A device that ends a generation and goes
 quiet (an interactive user) is no reopener and is not waited for; a reopener
 that stops reopening costs a hold, bounded like any other, and soon stops being
 one. A vacancy still open when the next verdicts go out counts as a straggler in
-the fill time. The scheduler counts vacancies among the sessions that could
-still join a batch (:meth:`MergePolicy.vacancies`).
+the fill time. A place is kept only when holding pays for that batch (a near-free
+target never holds, and its batches do not wait for new sessions either); the
+scheduler counts kept places among the sessions that could still join a batch
+(:meth:`MergePolicy.vacancies`).
 
 Two groups that take turns in batches of equal size give the fit no spread to
 separate ``a`` from ``b``. Without a fit the policy therefore probes: once every
@@ -155,7 +157,7 @@ class MergePolicy:
         closed it, and a reopener's next new session takes its place."""
         if peer is not None and session in self._expected:
             self._ended[peer] = self._ended.get(peer, 0) + 1
-            if self.reopener(peer):
+            if self.reopener(peer) and self._holding_pays():
                 self._vacant[peer] = self._vacant.get(peer, 0) + 1
         self._drop(session, now)
 
@@ -232,9 +234,17 @@ class MergePolicy:
         nobody is pending, or merging does not pay."""
         if not self.pending(now):
             return None
+        return self._hold()
+
+    def _hold(self) -> float | None:
         if self._decision is None:
             self._decision = (self._decide(),)
         return self._decision[0]
+
+    def _holding_pays(self) -> bool:
+        """Whether the batch answered last is one a hold waits for: only then is a
+        place kept (else it would only keep the next batch from forming)."""
+        return self._hold() is not None
 
     def _decide(self) -> float | None:
         a, r = self.fixed_cost(), self.fill_time()
