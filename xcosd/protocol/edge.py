@@ -408,7 +408,6 @@ class EdgeSession:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending_token: int | None = None
         self._draft: Draft | None = None
-        self._draft_msg: DraftMsg | None = None
         self._q_rows: list[np.ndarray] = []
         self._dev: DeviceState | None = None
         #: draft-context edits not yet handed to the drafter (see DraftNeeded)
@@ -446,7 +445,7 @@ class EdgeSession:
         if self.phase is EdgePhase.WAITING or (self.phase is EdgePhase.RESOLVING
                                                and self._request_kind is None):
             self._edit(self._drafted, [])  # the round in flight is abandoned
-            self._draft = self._draft_msg = self._dev = None
+            self._draft = self._dev = None
         self._redo = self._redo or (self.phase is EdgePhase.RESOLVING
                                     and self._request_kind is not None)
         self._advance(EdgeStep.OPEN)
@@ -537,8 +536,7 @@ class EdgeSession:
             msg = self._open_msg(draft)
         else:
             self.seq += 1
-            msg = self._draft_msg = DraftMsg(self.s, self.seq, self.round,
-                                             self._pending_token, draft)
+            msg = DraftMsg(self.s, self.seq, self.round, self._pending_token, draft)
         self._expect(msg)
         self._request_kind = None
         self._fallback_seen = False
@@ -606,11 +604,11 @@ class EdgeSession:
             assert kind is not None and dev is not None and draft is not None
             self._advance(EdgeStep.RESUMED)
             self.seq += 1
-            self._draft_msg = DraftMsg(self.s, self.seq, self.round, None, draft,
-                                       Redo(self._accepted, kind.kind, dev.candidate_rounds,
-                                            self._fallback_seen))
-            self._expect(self._draft_msg)
-            out.send.append(self._draft_msg)
+            redone = DraftMsg(self.s, self.seq, self.round, None, draft,
+                              Redo(self._accepted, kind.kind, dev.candidate_rounds,
+                                   self._fallback_seen))
+            self._expect(redone)
+            out.send.append(redone)
             return out
         self._advance(EdgeStep.OPENED if self.remaining > 0 else EdgeStep.FINISHED)
         if self.phase is EdgePhase.DONE:
