@@ -109,6 +109,7 @@ class MergePolicy:
         self._fitted_at = -1
         self._recorded = 0
         #: peer -> places in the batch answered last kept for its next new sessions
+        #: (only peers with one still empty)
         self._vacant: dict[Any, int] = {}
         #: peer -> its sessions of that batch that ended, no new one seen since
         self._ended: dict[Any, int] = {}
@@ -127,7 +128,7 @@ class MergePolicy:
 
     def answered(self, sessions: list[Any], now: float) -> None:
         """The verdicts of ``sessions`` are going out now."""
-        if self._expected or any(self._vacant.values()):
+        if self._expected or self._vacant:
             self._fills.append(math.inf)
         for peer, n in self._ended.items():  # no new session came in time
             self._record(peer, [False] * n)
@@ -145,9 +146,13 @@ class MergePolicy:
             if self._ended.get(peer):
                 self._ended[peer] -= 1
                 self._record(peer, [True])
-            if self._vacant.get(peer):
-                self._vacant[peer] -= 1
-                if not self._expected and not any(self._vacant.values()):
+            kept = self._vacant.get(peer)
+            if kept:
+                if kept == 1:
+                    del self._vacant[peer]
+                else:
+                    self._vacant[peer] = kept - 1
+                if not self._expected and not self._vacant:
                     self._fills.append(now - self._since)
                 return
         self._drop(session, now)
@@ -183,7 +188,7 @@ class MergePolicy:
     def _drop(self, session: Any, now: float) -> None:
         if session in self._expected:
             self._expected.discard(session)
-            if not self._expected and not any(self._vacant.values()):
+            if not self._expected and not self._vacant:
                 self._fills.append(now - self._since)
 
     def fixed_cost(self) -> float | None:
@@ -221,13 +226,13 @@ class MergePolicy:
         sent its next round, or a place kept for a reopener is still empty."""
         for s in [s for s in self._expected if getattr(s, "closed", False)]:
             self._drop(s, now)
-        return bool(self._expected) or any(self._vacant.values())
+        return bool(self._expected or self._vacant)
 
     def expected(self, now: float) -> int:
         """How many rounds a hold would wait for: sessions of the batch answered
         last, and places kept for reopeners."""
         self.pending(now)
-        return len(self._expected) + sum(self._vacant.values())
+        return len(self._expected) + self.vacancies()
 
     def hold_until(self, now: float) -> float | None:
         """Until when the next batch waits for the answered sessions, or ``None``:
