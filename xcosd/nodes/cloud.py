@@ -28,7 +28,9 @@ peer's turn:
   message) runs in the scheduler's worker thread; its peer's other messages wait
   until it is done, so each connection's state is only ever touched by one thread
   and in arrival order (verdicts for that peer wait too).
-* **Replies** of one turn of the loop go to the socket together when it ends, each
+* **Replies** of one turn of the loop go to the socket together when it ends (a
+  long turn's, a batch's verification, once the first has waited
+  :data:`~xcosd.transport.burst.HOLD_S`: xcosd/transport/burst.py), each
   at once when its peer's queue there has room and nothing of that peer waits
   before it (no task: the common case). Otherwise they go through one bounded
   outgoing queue per peer, written by that peer's own task with a
@@ -89,6 +91,7 @@ from ..protocol.messages import (
     session_of,
 )
 from ..transport import LinkListener, LinkSpec, Listener, listen
+from ..transport.burst import Burst
 from ..wire.frames import Limits, decode_message, message_bytes
 from .scheduler import BatchStats, Scheduler
 
@@ -255,8 +258,9 @@ class CloudNode:
         self._peers: dict[bytes, _Peer] = {}
         #: peers with messages to serve, in turn order
         self._ready: deque[_Peer] = deque()
-        #: replies queued in this turn of the loop, sent when it ends (_flush_turn)
-        self._turn: list[tuple[_Peer, _Frames, int]] = []
+        #: replies queued in this turn of the loop, sent together when it ends (or
+        #: once the first has waited HOLD_S: a batch's verification is a long turn)
+        self._turn: Burst[tuple[_Peer, _Frames, int]] = Burst(self._flush_turn)
         self._work = asyncio.Event()
         #: session key -> when it last had a draft, a follow-up or a verdict
         self._activity: dict[tuple[bytes, int], float] = {}
@@ -601,10 +605,8 @@ class CloudNode:
         n = message_bytes(frames)
         if p.sender is None and not p.outbox:
             # nothing of this peer waits: its reply joins this turn's, handed to the
-            # socket together when the turn ends
-            if not self._turn:
-                asyncio.get_running_loop().call_soon(self._flush_turn)
-            self._turn.append((p, frames, n))
+            # socket together (xcosd/transport/burst.py)
+            self._turn.add((p, frames, n))
             return
         self._to_outbox(p, frames, n)
 
@@ -622,12 +624,11 @@ class CloudNode:
             p.sender = asyncio.get_running_loop().create_task(self._sender(p),
                                                               name="xcosd-cloud-send")
 
-    def _flush_turn(self) -> None:
-        """Hand the replies of the last turn to the socket, in order: each goes at
-        once if its peer's queue there has room and nothing of that peer waits
-        before it, otherwise to that peer's sender. One burst of sends wakes
-        ZeroMQ's I/O thread once, not once per reply."""
-        turn, self._turn = self._turn, []
+    def _flush_turn(self, turn: list[tuple[_Peer, _Frames, int]]) -> None:
+        """Hand a turn's replies to the socket, in order: each goes at once if its
+        peer's queue there has room and nothing of that peer waits before it,
+        otherwise to that peer's sender. One burst of sends wakes ZeroMQ's I/O
+        thread once, not once per reply."""
         for p, frames, n in turn:
             if p.dropped or self._closed or self._listener is None:
                 self.counters["dropped"] += 1

@@ -52,6 +52,7 @@ import zmq.asyncio
 from ..errors import TransportError
 from ..wire.frames import DEFAULT_LIMITS, Buffer, Limits
 from .base import Connection, Frames, Listener
+from .burst import Burst
 from .curve import ZAP_DOMAIN, CurveClient, CurveServer, apply_client, apply_server
 from .fds import fd_limit
 from .meter import Meter
@@ -314,40 +315,23 @@ async def recv_burst(sock: zmq.Socket[Any], ready: Readiness, max_n: int,
         woke = await ready.wait(_POLLIN)
 
 
-class _Flusher:
-    """One per event loop: the connections with messages queued this turn of the
-    loop, handed to ZeroMQ together at the start of the next turn.
-
-    Why: every message handed to an idle ZeroMQ I/O thread wakes it, and on a busy
-    machine the woken thread takes the CPU from the one that woke it. Many devices
-    in one process (a load generator, a gateway) each send one message a round; sent
-    as they come, each pays that wake-up, sent together, the I/O thread wakes once
-    and finds them all."""
-
-    def __init__(self) -> None:
-        # no reference to the loop: the loop is this object's key in a weak map
-        self._pending: list[ZmqConnection] = []
-
-    def add(self, conn: ZmqConnection) -> None:
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append(conn)
-
-    def _flush(self) -> None:
-        pending, self._pending = self._pending, []
-        for conn in pending:
-            conn._flush()
+def _hand_over(conns: list[ZmqConnection]) -> None:
+    for conn in conns:
+        conn._flush()
 
 
-_flushers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Flusher] = \
+#: per event loop, the connections with messages queued this turn: handed to ZeroMQ
+#: together (one wake-up of its I/O thread for many devices' messages, see
+#: xcosd/transport/burst.py), not as each is sent
+_flushers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Burst[ZmqConnection]] = \
     weakref.WeakKeyDictionary()
 
 
-def _flusher() -> _Flusher:
+def _flusher() -> Burst[ZmqConnection]:
     loop = asyncio.get_running_loop()
     f = _flushers.get(loop)
     if f is None:
-        f = _flushers[loop] = _Flusher()
+        f = _flushers[loop] = Burst(_hand_over)
     return f
 
 
@@ -355,11 +339,13 @@ class ZmqConnection(Connection):
     """A DEALER connected to one cloud ROUTER.
 
     :meth:`send` queues the message and returns; the connections of one event loop
-    hand what they queued to ZeroMQ together, once per turn of the loop (see
-    :class:`_Flusher`), in order. A message ZeroMQ cannot take yet (its queue to the
-    cloud is full) waits in this connection's queue, and :meth:`send` waits while
-    ``hwm`` messages do. :meth:`close` hands over what is queued first, as a send
-    that had gone straight to ZeroMQ would have been.
+    hand what they queued to ZeroMQ together, in order, when the turn of the loop
+    ends or a long turn's first message has waited
+    :data:`~xcosd.transport.burst.HOLD_S` (:mod:`~xcosd.transport.burst`). A
+    message ZeroMQ cannot take yet (its queue to the cloud is full) waits in this
+    connection's queue, and :meth:`send` waits while ``hwm`` messages do.
+    :meth:`close` hands over what is queued first, as a send that had gone straight
+    to ZeroMQ would have been.
     """
 
     def __init__(self, endpoint: str, *, hwm: int = 1000,
@@ -398,7 +384,7 @@ class ZmqConnection(Connection):
         #: the loop this connection last sent in and its flusher (looked up once:
         #: the weak map's lookup builds a weak reference, a cost every send paid)
         self._flush_loop: asyncio.AbstractEventLoop | None = None
-        self._flush_to: _Flusher | None = None
+        self._flush_to: Burst[ZmqConnection] | None = None
 
     def framing_overhead(self, frames: Frames) -> int:
         """ZMTP's frame headers, and CURVE's box per frame when encrypted."""
@@ -426,7 +412,7 @@ class ZmqConnection(Connection):
             raise self._error
 
     async def send(self, frames: Frames) -> None:
-        """Queue one message (handed to ZeroMQ at the next turn of the loop)."""
+        """Queue one message (handed to ZeroMQ with this turn's burst)."""
         msg = _as_zmq(frames)
         while True:
             self._check_usable()
