@@ -80,6 +80,29 @@ def test_a_measuring_policy_starts_from_the_last_ones_costs() -> None:
     assert (fixed.cost, fixed.rate, fixed.ceiling) == (0.05, 0.5, 4)
 
 
+def test_a_fixed_length_measures_the_times_speculation_needs_and_keeps_its_length() -> None:
+    """A fixed length that measures (an unseeded generation) records the step and
+    round times the node sizes its speculation by, and drafts its length however
+    they come out; an adaptive policy that adopts from it takes the costs, not its
+    (never updated) acceptance estimate."""
+    fixed = DraftLength(start=3, adaptive=False, cap=16, measure=True)
+    fixed.observe(0.030, 0.060)
+    fixed.settled(3, 0)
+    assert (fixed.step_s, fixed.fixed_s, fixed.ceiling) == (0.030, 0.060, 3)
+    assert fixed.most_next == 3  # speculation's horizon: its next block, not the cap
+    later = DraftLength(start=3, adaptive=False, measure=True)
+    later.adopt(fixed)
+    assert (later.step_s, later.fixed_s, later.ceiling) == (0.030, 0.060, 3)
+    adaptive = DraftLength(start=4, cap=16, measure=True)
+    adaptive.rate = 0.9
+    adaptive.adopt(fixed)
+    assert adaptive.cost == pytest.approx(0.5) and adaptive.rate == 0.9
+    assert adaptive.most_next == 16
+    unmeasured = DraftLength(start=3, adaptive=False)  # seeded: nothing timing-dependent
+    unmeasured.observe(0.030, 0.060)
+    assert unmeasured.step_s is None and unmeasured.fixed_s is None
+
+
 def test_a_measured_cost_follows_the_node_and_a_set_one_does_not() -> None:
     set_, measured = DraftLength(start=4, cost=0.05), DraftLength(start=4, measure=True)
     for dl in (set_, measured):

@@ -22,6 +22,7 @@ import signal
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -179,7 +180,14 @@ async def test_cloud_restarts_keep_the_law(transport: str) -> None:
 
 
 @pytest.mark.slow
-async def test_speculation_over_sockets_keeps_the_law() -> None:
+@pytest.mark.parametrize("lengths", [
+    # short blocks (1 or 2 drafts), so most of the 5 tokens come from later rounds,
+    # which can take what the last wait speculated
+    {"draft_len": 1, "max_draft_len": 2},
+    # a fixed length speculates too (its next block, from the measured wait)
+    {"draft_len": 2, "adaptive_draft": False},
+], ids=["adaptive", "fixed"])
+async def test_speculation_over_sockets_keeps_the_law(lengths: dict[str, Any]) -> None:
     """Unseeded generations, each alone on its edge (so the edge speculates while
     its verdicts are in flight), over ZeroMQ, on a pair close enough that many
     rounds send speculated drafts: the law of the 5-token sequence is the
@@ -191,11 +199,9 @@ async def test_speculation_over_sockets_keeps_the_law() -> None:
                      lambda p: committed_row("xcosd-e", "f32", warp(p, SamplingParams()), space))
 
     async def one_edge(endpoint: str) -> list[xcosd.GenerationResult]:
-        async with xcosd.EdgeNode(draft=draft, connect=endpoint) as edge:
-            # short blocks (1 or 2 drafts), so most of the 5 tokens come from later
-            # rounds, which can take what the last wait speculated
-            return [await edge.generate(PROMPT, max_new_tokens=TOKENS, method="xcosd-e",
-                                        draft_len=1, max_draft_len=2)
+        async with xcosd.EdgeNode(draft=draft, connect=endpoint,
+                                  config=xcosd.GenerationConfig(**lengths)) as edge:
+            return [await edge.generate(PROMPT, max_new_tokens=TOKENS, method="xcosd-e")
                     for _ in range(N // 16)]
 
     async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud:

@@ -63,7 +63,8 @@ class GenerationConfig:
       ``adaptive_draft=False`` drafts ``draft_len`` tokens every round.
     * ``speculate``: while a block's verdict is in flight the device drafts on, as
       if the block were accepted whole and the bonus were the draft's next token,
-      as many steps as the measured wait has room for; when the verdict takes
+      as many steps as the measured wait has room for, up to the next block (a
+      fixed length speculates too); when the verdict takes
       that path the next round's drafts are ready (:class:`~xcosd.nodes.drafter.Drafter`;
       exact either way). ``None`` (the default): on for an unseeded generation,
       off for a seeded one (how far it gets depends on timing).

@@ -98,9 +98,11 @@ class ScaleConfig:
             raise ValueError("the killed run needs at least 2 replicas (one survives)")
 
     def generation(self) -> GenerationConfig:
-        # a fixed length: the cost model (ideal_tokens_per_s) counts draft_len + 1 rows
+        # a fixed length: the cost model (ideal_tokens_per_s) counts draft_len + 1
+        # rows; no speculation: the devices share one process, where drafting ahead
+        # while a verdict is in flight is not idle time put to use but added work
         return GenerationConfig(method=self.method, draft_len=self.draft_len,
-                                adaptive_draft=False, do_sample=False,
+                                adaptive_draft=False, speculate=False, do_sample=False,
                                 max_new_tokens=self.max_new_tokens)
 
     def to_dict(self) -> dict[str, Any]:

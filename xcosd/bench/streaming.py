@@ -54,8 +54,9 @@ async def _point(stream: bool, devices: int, max_batch: int, duration_s: float,
     from xcosd.bench.load import LoadConfig, run_load
     from xcosd.config import GenerationConfig
 
+    # no speculation: the devices share one process (see xcosd/bench/scale.py)
     gen = GenerationConfig(method="xcosd-e", draft_len=DRAFT_LEN, adaptive_draft=False,
-                           top_k=TOP_K)
+                           speculate=False, top_k=TOP_K)
     cfg = LoadConfig(devices=devices, target=target_spec(), generation=gen,
                      duration_s=duration_s, warmup_s=warmup_s, max_batch=max_batch,
                      stream_verdicts=stream, procs=1)

@@ -25,11 +25,14 @@ closed-loop devices (one device process, the cloud in this process) against a
 near-free target (:data:`NULL_TARGET`: 10 us + 1 us per row, sleeping) for each
 method and transport, drafting a fixed 4 tokens a round (the adaptive length would
 draft up to 16 against a free target: fewer, longer rounds, which is right for
-tokens/s but hides the cost of a round). Each load run is bracketed by two echo runs, and its ratio
-is its rounds/s over their mean: the bare echo is the yardstick of what this
-machine gives a Python process that minute. One more point runs xcosd-e over
-ZeroMQ with :data:`MANY_DEVICES` devices from the one device process (``--many``):
-what a load test of thousands of devices costs a round. Medians over ``--repeat``
+tokens/s but hides the cost of a round) and not speculating (drafting on while a
+verdict is in flight is a device's idle time put to use, but 64 devices share this
+process, where it would be drafting work added to every round). Each load run is
+bracketed by two echo runs, and its ratio is its rounds/s over their mean: the bare
+echo is the yardstick of what this machine gives a Python process that minute.
+One more point runs xcosd-e over ZeroMQ with :data:`MANY_DEVICES` devices from the
+one device process (``--many``): what a load test of thousands of devices costs a
+round. Medians over ``--repeat``
 passes; writes ``bench/out/rounds.json``. ``--profile`` also profiles the cloud's
 process (cProfile) during the xcosd-e / zmq runs and prints where its time goes.
 """
@@ -214,7 +217,8 @@ async def load_rounds(method: str, transport: str, duration_s: float, warmup_s: 
     from xcosd.config import GenerationConfig
 
     cfg = LoadConfig(devices=devices, target=NULL_TARGET,
-                     generation=GenerationConfig(method=method, adaptive_draft=False),
+                     generation=GenerationConfig(method=method, adaptive_draft=False,
+                                                 speculate=False),
                      duration_s=duration_s,
                      warmup_s=warmup_s, transport=transport)
     if profile is not None:

@@ -826,7 +826,7 @@ class EdgeNode:
                 or len(self._drafters) > 1 or not drafter.worth_speculating()):
             return None
         # the bonus guess, then up to a whole block past it
-        n = min(policy.cap + 1, int(SPECULATE_SHARE * policy.fixed_s / policy.step_s))
+        n = min(policy.most_next + 1, int(SPECULATE_SHARE * policy.fixed_s / policy.step_s))
         if n < 2:
             return None
         stop = threading.Event()

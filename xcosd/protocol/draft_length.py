@@ -124,6 +124,11 @@ class DraftLength:
         self.ceiling = self.start if not self.adaptive else min(self.start, self.cap)
 
     @property
+    def most_next(self) -> int:
+        """The most a later round may draft: the cap, or the fixed length."""
+        return self.cap if self.adaptive else self.ceiling
+
+    @property
     def stop_below(self) -> float:
         """The probability under which a drafted token ends the round's drafting."""
         return self.confidence if self.adaptive else 0.0
@@ -131,8 +136,10 @@ class DraftLength:
     def observe(self, step_s: float | None, fixed_s: float) -> None:
         """What the node measured of a round: one draft step's seconds (``None`` when
         it drafted nothing) and the seconds from sending the draft to its verdict
-        (the link and the cloud). Used only with ``measure``."""
-        if not (self.adaptive and self.measure) or fixed_s <= 0:
+        (the link and the cloud). Used only with ``measure``: for the lengths when
+        ``adaptive``, and either way for how far the node speculates while a
+        verdict is in flight (a fixed length speculates too)."""
+        if not self.measure or fixed_s <= 0:
             return
 
         def ema(old: float | None, new: float) -> float:
@@ -165,13 +172,18 @@ class DraftLength:
 
     def adopt(self, other: DraftLength) -> None:
         """With ``measure``, start from what ``other`` (an earlier generation's
-        policy, measuring too) learned: its costs, acceptance estimate, probing
-        interval and the rounds since its last probe (generations shorter than the
-        interval still probe). A policy with a set cost adopts nothing: its lengths depend on its
-        own generation only, so a seeded generation stays reproducible."""
-        if not (self.adaptive and self.measure and other.measure) or self.start == 0:
+        policy, measuring too) learned: its costs, and where both adapt their
+        lengths its acceptance estimate, probing interval and the rounds since its
+        last probe (generations shorter than the interval still probe); a fixed
+        length keeps its length and takes the costs only (how far to speculate). A
+        policy with a set cost adopts nothing: its lengths depend on its own
+        generation only, so a seeded generation stays reproducible."""
+        if not (self.measure and other.measure) or self.start == 0:
             return
-        self.rate = other.rate
         self.step_s, self.fixed_s, self.cost = other.step_s, other.fixed_s, other.cost
-        self._probe_every, self._idle = other._probe_every, other._idle
+        if not self.adaptive:
+            return
+        if other.adaptive:
+            self.rate = other.rate
+            self._probe_every, self._idle = other._probe_every, other._idle
         self.ceiling = min(self.start, best_length(self.rate, self.cost, self.cap, lo=0))
