@@ -32,9 +32,9 @@ bracketed by two echo runs, and its ratio is its rounds/s over their mean: the b
 echo is the yardstick of what this machine gives a Python process that minute.
 One more point runs xcosd-e over ZeroMQ with :data:`MANY_DEVICES` devices from the
 one device process (``--many``): what a load test of thousands of devices costs a
-round. Medians over ``--repeat``
-passes; writes ``bench/out/rounds.json``. ``--profile`` also profiles the cloud's
-process (cProfile) during the xcosd-e / zmq runs and prints where its time goes.
+round. Medians over ``--repeat`` passes; writes ``bench/out/rounds.json``.
+``--profile`` also profiles the cloud's process (cProfile) during the xcosd-e / zmq
+runs and prints where its time goes.
 """
 
 from __future__ import annotations

@@ -46,11 +46,12 @@ class Burst(Generic[T]):
 
     def add(self, item: T) -> None:
         items = self._items
+        now = time.perf_counter()
         if not items:
             asyncio.get_running_loop().call_soon(self.flush)
-            self._since = time.perf_counter()
+            self._since = now
         items.append(item)
-        if time.perf_counter() - self._since > self.hold_s:
+        if now - self._since > self.hold_s:
             self.flush()
 
     def flush(self) -> None:
