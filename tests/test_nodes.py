@@ -142,7 +142,10 @@ async def test_a_partial_batch_waits_for_the_sessions_just_answered(merge: bool)
         assert whole > 0.5, hist
     else:
         assert held is None
-        assert whole < 0.2, hist
+        # two groups taking turns, each batch paying the call: a mean batch of about
+        # half the devices (4 + 4, or, once one device's draft reached the idle
+        # target ahead of its group's, 1 + 7)
+        assert rounds / sum(hist.values()) < 5, hist
 
 
 @pytest.mark.parametrize("transport", ["zmq", "tcp"])
