@@ -56,6 +56,7 @@ import zmq
 
 from ..errors import TransportError
 from ..transport.curve import REPLICA_ZAP_DOMAIN, ZAP_DOMAIN, CurveServer, apply_server
+from ..transport.io_threads import batch_io_threads
 from ..transport.replica import (
     BYE,
     DATA,
@@ -229,6 +230,7 @@ class Broker:
         if self._thread is not None or self._closed:
             raise RuntimeError("a broker starts once")
         self._ctx = zmq.Context()
+        batch_io_threads(self._ctx)
         try:
             self._front = self._socket(self.hwm, self.max_message_bytes)
             self._back = self._socket(self.back_hwm, MAX_BACK_FRAME)

@@ -55,6 +55,7 @@ from .base import Connection, Frames, Listener
 from .burst import Burst
 from .curve import ZAP_DOMAIN, CurveClient, CurveServer, apply_client, apply_server
 from .fds import fd_limit
+from .io_threads import batch_io_threads
 from .meter import Meter
 
 #: frames at least this large are sent without a copy. A zero-copy send has a
@@ -80,7 +81,15 @@ def shared_context() -> zmq.asyncio.Context:
     if _ctx is None or _ctx.closed:
         _ctx = zmq.asyncio.Context()
         _ctx.set(zmq.MAX_SOCKETS, _ctx.get(zmq.SOCKET_LIMIT))
+        batch_io_threads(_ctx)
     return _ctx
+
+
+def _curve_context() -> zmq.asyncio.Context:
+    """A CURVE listener's own context (its ZAP handler belongs to it)."""
+    ctx = zmq.asyncio.Context()
+    batch_io_threads(ctx)
+    return ctx
 
 
 def zmtp_overhead(frames: Frames, curve: bool = False) -> int:
@@ -536,7 +545,7 @@ class ZmqListener(Listener):
         self.curve = curve is not None
         self._auth: Any = None
         # a ZAP handler belongs to a context: CURVE listeners get their own
-        self._ctx = zmq.asyncio.Context() if curve is not None else shared_context()
+        self._ctx = _curve_context() if curve is not None else shared_context()
         self._own_ctx = curve is not None
         self._sock = _socket(self._ctx, zmq.ROUTER)
         self._ready: Readiness | None = None
