@@ -395,3 +395,18 @@ def test_top_k_candidates_from_group_maxima_match_a_full_sort(size):
         ref = _reference_top(rows, k=k)
         assert np.array_equal(got > 0, ref > 0), k
         assert np.allclose(got, ref, atol=1e-7), k
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_greedy_row_alone_is_the_block_row(dtype: type) -> None:
+    """One greedy row takes a short path (:func:`warp`): the first maximum, as the
+    block path keeps it, whatever the dtype, ties or an all-zero row."""
+    rng = np.random.default_rng(11)
+    greedy = SamplingParams(temperature=0)
+    rows = [rng.random(n).astype(dtype) for n in (1, 2, 300)]
+    tied = rng.random(300).astype(dtype)
+    tied[[17, 40, 299]] = tied.max() + 1
+    rows += [tied, np.zeros(300, dtype=dtype)]
+    for row in rows:
+        assert np.array_equal(warp(row, greedy), warp(np.stack([row, row[::-1]]), greedy)[0])
+    assert int(np.flatnonzero(warp(tied, greedy))[0]) == 17

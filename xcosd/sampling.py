@@ -121,6 +121,13 @@ def warp(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
     if params.identity:
         return np.asarray(probs, dtype=np.float32)
     a = np.asarray(probs)
+    if params.greedy and a.ndim == 1 and a.shape[0]:
+        # what the block path gives one row (a point mass on the first maximum),
+        # without its block bookkeeping: verification warps a greedy target's rows
+        # one at a time, d + 1 of them a round
+        out = np.zeros(a.shape[0], dtype=np.float32)
+        out[int(a.argmax())] = 1.0
+        return out
     block = _as_block(a)
     out = _warp_block(block, params).dense_rows()
     return out[0] if a.ndim == 1 else out.reshape(a.shape)
