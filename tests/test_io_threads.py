@@ -90,3 +90,19 @@ def test_the_probe_changes_no_thread_that_stays(monkeypatch: pytest.MonkeyPatch)
     before = os.sched_getscheduler(0)
     io_threads._batch_allowed()
     assert os.sched_getscheduler(0) == before == os.SCHED_OTHER
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_a_burst_yields_only_where_the_io_threads_are_batch_work(
+        monkeypatch: pytest.MonkeyPatch, allowed: bool) -> None:
+    """After a burst the sender yields its core (where the I/O thread it woke may be
+    queued behind it) only under the batch policy: with libzmq's defaults the woken
+    thread preempts the sender anyway, and a yield would be a wasted system call."""
+    from xcosd.transport.zeromq import ZmqListener
+
+    calls: list[None] = []
+    monkeypatch.setattr(io_threads, "_allowed", allowed)
+    monkeypatch.setattr(os, "sched_yield", lambda: calls.append(None), raising=False)
+    io_threads.yield_to_io_threads()
+    ZmqListener.end_burst(None)  # type: ignore[arg-type]  # uses no state
+    assert len(calls) == (2 if allowed else 0)

@@ -634,6 +634,8 @@ class CloudNode:
                 self.counters["dropped"] += 1
             elif p.sender is not None or p.outbox or not self._send_now(p, frames):
                 self._to_outbox(p, frames, n)
+        if self._listener is not None:
+            self._listener.end_burst()
 
     def _send_now(self, p: _Peer, frames: _Frames) -> bool:
         """Hand a reply to the socket at once when that needs no waiting (the peer's

@@ -94,6 +94,11 @@ class Listener(ABC):
         :meth:`send` does. By default nothing is sent this way."""
         return False
 
+    def end_burst(self) -> None:  # noqa: B027 - optional
+        """A burst of :meth:`send_nowait` calls is over (the cloud calls it once a
+        turn's replies are handed over). A transport whose I/O runs in a thread of
+        its own lets that thread run now (ZeroMQ); by default nothing."""
+
     @abstractmethod
     async def close(self) -> None:
         """Unbind, drop every peer, release sockets and tasks; idempotent."""

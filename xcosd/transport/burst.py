@@ -1,8 +1,8 @@
 """A burst: what one turn of the event loop queued to send, handed on together.
 
-Every message handed to an idle ZeroMQ I/O thread wakes it, and on a busy machine
-the woken thread takes the CPU from the one that woke it; every write to a TCP
-socket is a system call. A process that sends many small messages a turn (a load
+Every message handed to an idle ZeroMQ I/O thread wakes it (a system call, and a
+switch to that thread: xcosd/transport/io_threads.py); every write to a TCP socket
+is a system call. A process that sends many small messages a turn (a load
 generator's devices each sending a draft, a cloud sending a batch's verdicts) saves
 both by queueing them and sending them together when the turn ends.
 

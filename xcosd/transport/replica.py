@@ -48,6 +48,7 @@ from ..errors import TransportError
 from ..wire.frames import DEFAULT_LIMITS, Buffer, Limits
 from .base import Frames, Listener
 from .curve import CurveClient, apply_client
+from .io_threads import yield_to_io_threads
 from .meter import Meter
 from .zeromq import (
     _POLLIN,
@@ -206,6 +207,9 @@ class ReplicaListener(Listener):
         if not frames:
             raise TransportError("a message needs at least one frame", code="bad_frame")
         return self._try_send(peer, _as_zmq(frames))
+
+    def end_burst(self) -> None:
+        yield_to_io_threads()
 
     async def send(self, peer: bytes, frames: Frames) -> None:
         """Send, waiting while the pipe to the broker is full (bound it with a

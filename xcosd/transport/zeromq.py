@@ -55,7 +55,7 @@ from .base import Connection, Frames, Listener
 from .burst import Burst
 from .curve import ZAP_DOMAIN, CurveClient, CurveServer, apply_client, apply_server
 from .fds import fd_limit
-from .io_threads import batch_io_threads
+from .io_threads import batch_io_threads, yield_to_io_threads
 from .meter import Meter
 
 #: frames at least this large are sent without a copy. A zero-copy send has a
@@ -327,6 +327,7 @@ async def recv_burst(sock: zmq.Socket[Any], ready: Readiness, max_n: int,
 def _hand_over(conns: list[ZmqConnection]) -> None:
     for conn in conns:
         conn._flush()
+    yield_to_io_threads()
 
 
 #: per event loop, the connections with messages queued this turn: handed to ZeroMQ
@@ -598,6 +599,9 @@ class ZmqListener(Listener):
         """Send without waiting when ``peer``'s queue has room; ``False`` (nothing
         sent) when it is full."""
         return self._try_send(peer, _as_zmq(frames))
+
+    def end_burst(self) -> None:
+        yield_to_io_threads()
 
     async def send(self, peer: bytes, frames: Frames) -> None:
         """Send, waiting while ``peer``'s queue is full (bound it with a timeout)."""
