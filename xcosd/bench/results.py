@@ -557,7 +557,10 @@ def section_rounds(rr: Any) -> list[str]:
                   "(goal: 0.3x). A round is a draft message and a verdict, each side's "
                   "state machine, the target call through the scheduler and the device's "
                   "drafting and sampling, all in Python; the echo is one `recv` and one "
-                  "`send` in a loop."]
+                  "`send` in a loop. xcosd's ZeroMQ I/O threads run under `SCHED_BATCH` "
+                  "(docs/WIRE.md, Transports), so with both cores busy a send no longer "
+                  "hands the event loop's core to the I/O thread it wakes; the echo keeps "
+                  "libzmq's defaults (under `SCHED_BATCH` it runs no faster)."]
         busy, dev_us = med(e, "devices_loop_busy"), med(e, "devices_us_per_round")
         if busy is not None and dev_us is not None:
             need = 1e6 / (0.3 * e["echo_msgs_per_s"])

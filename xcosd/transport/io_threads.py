@@ -13,11 +13,12 @@ cost 16-64 us instead of 1-4 us.
 
 ``SCHED_BATCH`` changes only that: the thread keeps its nice value and its share
 of the CPU, and on an idle core it runs at once, but a wake-up does not preempt
-the running thread. The I/O thread then runs when the loop yields (to wait for
-its sockets, which is when it needs the I/O thread's work anyway) or on another
-core, and moves the whole burst in one go. Measured with 64 devices against a
-near-free target on two cores: a send 11-13 us -> 3.6-3.8 us on average, about
-10 % more rounds/s (docs/RESULTS.md, "Framework cost per round").
+the running thread. The I/O thread then runs on another core, or on this one
+once the sender has handed over its burst (:func:`yield_to_io_threads`) or waits
+for its sockets, and moves the whole burst in one go. Measured with 64 devices against a
+near-free target on two cores: a send 11-13 us -> 3.6-3.8 us on average, and
+7 % more rounds/s (medians of 5 alternating runs; docs/RESULTS.md, "Framework cost
+per round").
 
 libzmq applies the policy when it starts the thread and aborts the process if
 the system refuses it, so the policy is asked for only where this process has
