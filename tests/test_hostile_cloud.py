@@ -411,7 +411,11 @@ async def _served_through(cloud: xcosd.CloudNode, kind: str, log: Path, *args: o
     async with _attacker(kind, cloud, log, *args) as attack:
         st0 = cloud.stats()
         check = started or (lambda st, st0: st["messages"] > st0["messages"] + 500)
-        await until(lambda: check(cloud.stats(), st0), f"the {kind} attack to reach the cloud")
+        try:
+            await until(lambda: check(cloud.stats(), st0), f"the {kind} attack to reach the cloud")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the cloud then: {cloud.stats()}; before: {st0}; the "
+                                 f"attacker: {log.read_text(errors='replace')[-2000:]}") from None
         try:
             res1, t1 = await _healthy(cloud.endpoint, timeout=_bound(t0), **edge)
         except TimeoutError:
