@@ -106,3 +106,11 @@ def test_a_burst_yields_only_where_the_io_threads_are_batch_work(
     io_threads.yield_to_io_threads()
     ZmqListener.end_burst(None)  # type: ignore[arg-type]  # uses no state
     assert len(calls) == (2 if allowed else 0)
+
+
+@linux
+def test_the_environment_can_keep_libzmqs_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(io_threads, "_allowed", None)
+    monkeypatch.setenv(io_threads.POLICY_ENV, "default")
+    assert _new_io_threads(ask=True) == [os.SCHED_OTHER]
+    assert io_threads._allowed is False

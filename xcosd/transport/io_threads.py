@@ -26,7 +26,9 @@ just been allowed to set it on a thread of its own (Linux; not under a sandbox
 that forbids ``sched_setscheduler``) and the asking thread runs under the default
 policy (a new thread inherits its caller's, and libzmq would carry a real-time
 priority over to ``SCHED_BATCH``, which refuses it). Anywhere else the contexts
-keep libzmq's defaults.
+keep libzmq's defaults, as they do when the environment sets
+:data:`POLICY_ENV` to ``default`` (an application that schedules its threads
+itself).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from typing import Any
 
 import zmq
 
+#: ``default`` here keeps libzmq's scheduling for xcosd's I/O threads
+POLICY_ENV = "XCOSD_IO_THREAD_POLICY"
+
 _allowed: bool | None = None
 
 
@@ -47,7 +52,8 @@ def _batch_allowed() -> bool:
     global _allowed
     if _allowed is None:
         ok = [False]
-        if sys.platform == "linux" and hasattr(os, "SCHED_BATCH"):
+        wanted = os.environ.get(POLICY_ENV, "batch").strip().lower() != "default"
+        if wanted and sys.platform == "linux" and hasattr(os, "SCHED_BATCH"):
 
             def probe() -> None:
                 try:
@@ -91,4 +97,4 @@ def yield_to_io_threads() -> None:
         os.sched_yield()
 
 
-__all__ = ["batch_io_threads", "yield_to_io_threads"]
+__all__ = ["POLICY_ENV", "batch_io_threads", "yield_to_io_threads"]
