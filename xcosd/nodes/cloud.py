@@ -629,13 +629,16 @@ class CloudNode:
         peer's queue there has room and nothing of that peer waits before it,
         otherwise to that peer's sender. One burst of sends wakes ZeroMQ's I/O
         thread once, not once per reply."""
+        sent = False
         for p, frames, n in turn:
             if p.dropped or self._closed or self._listener is None:
                 self.counters["dropped"] += 1
-            elif p.sender is not None or p.outbox or not self._send_now(p, frames):
+            elif p.sender is None and not p.outbox and self._send_now(p, frames):
+                sent = True
+            else:
                 self._to_outbox(p, frames, n)
-        if self._listener is not None:
-            self._listener.end_burst()
+        if sent and self._listener is not None:
+            self._listener.end_burst()  # only a burst that reached the socket
 
     def _send_now(self, p: _Peer, frames: _Frames) -> bool:
         """Hand a reply to the socket at once when that needs no waiting (the peer's
