@@ -90,6 +90,23 @@ def test_synthetic_model_rows_and_cost_accounting() -> None:
     assert not np.array_equal(rows[0][0], rows[0][1])
 
 
+def test_a_synthetic_drafting_step_is_the_general_row() -> None:
+    """One session and no new ids (every drafting step) takes a shortcut; it must
+    give the bits, the counts and the cache state the general path gives."""
+    m = SyntheticModel(300, skew=0.9)
+    for ctx in ([], [0], [5, 7], [299, 3, 17]):
+        s, s2 = m.start(ctx), m.start(ctx)
+        calls, rows = m.calls, m.rows
+        [fast] = m.score([(s, [])])
+        assert (m.calls, m.rows) == (calls + 1, rows + 1)
+        general = m.score([(s2, []), (m.start([1]), [])])[0]
+        assert fast.shape == (1, 300) and fast.dtype == np.float32 and fast.flags.writeable
+        np.testing.assert_array_equal(fast, general)
+        assert s.cached == len(ctx) and s.ids == ctx
+        fast[0, 0] = 7.0  # the caller's own copy: the model's next row is unchanged
+        np.testing.assert_array_equal(m.score([(s, [])])[0], general)
+
+
 def test_synthetic_over_a_real_vocabulary_by_spec() -> None:
     m = load_model("synthetic:qwen:1:0.5")
     assert isinstance(m, SyntheticModel)

@@ -88,6 +88,17 @@ class SyntheticModel(ContextModel):
 
     def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:
         free = not (self.a or self.b)  # a load test's draft: no clock to read
+        if free and len(batch) == 1 and not batch[0][1] and self._dense:
+            # a drafting step (one row at the whole context, the load generator's
+            # every step): the rotation itself, as the general path would fill it
+            session = batch[0][0]
+            ctx = session.ids
+            session.cached = len(ctx)
+            n = self._ids.size
+            shift = ((int(ctx[-1]) if ctx else 0) * 2654435761 + 97) % n
+            self.calls += 1
+            self.rows += 1
+            return [self._zipf2[None, n - shift: 2 * n - shift].copy()]
         t0 = 0.0 if free else time.perf_counter()
         out = super().score(batch)
         n = out[0].shape[0] if len(out) == 1 else sum(r.shape[0] for r in out)
