@@ -787,6 +787,27 @@ async def test_a_batch_waits_only_while_another_session_could_join() -> None:
 
 
 
+async def test_a_batchs_first_verdict_gets_a_turn_of_its_own() -> None:
+    """The sends of one loop turn go out together when it ends, so the first verdict
+    of a batch would wait while its batch-mates are verified: the loop gets a turn
+    right after it (a callback queued when it was delivered runs before the second
+    verdict is drawn), and then not again until the verification slice is spent."""
+    target, reqs = _rounds([1, 2, 3, 4])
+    loop = asyncio.get_running_loop()
+    turned: list[bool] = []  # per delivered verdict: had the loop turned since the first?
+    ran = [False]
+
+    async def deliver(session: Any, outcome: RoundOutcome) -> None:
+        turned.append(ran[0])
+        if len(turned) == 1:
+            loop.call_soon(ran.__setitem__, 0, True)  # where a burst's hand-over waits
+
+    sched = Scheduler(target, deliver, max_wait_s=0.0, live=lambda: 4)
+    await _verify_all(sched, reqs, lambda: len(turned) == 4)
+    assert sched.stats.batch_sizes == {4: 1}
+    assert turned == [False, True, True, True]
+
+
 async def test_a_reopeners_closed_session_still_counts_as_one_that_could_join() -> None:
     """Closed-loop devices end their generations in the same round and open the
     next at once. Counting only open sessions, the first new session's round found

@@ -581,8 +581,12 @@ class Scheduler:
         the rest are verified, and the worker thread is already free for the next
         call (a GPU does not wait for the CPU's verification). Past
         :data:`VERIFY_SLICE_S` of it the loop gets a turn, so a batch of costly
-        rows does not hold back the messages arriving meanwhile."""
+        rows does not hold back the messages arriving meanwhile. The first verdict
+        of a batch of several gets a turn of its own at once: the sends of one turn
+        go out together (xcosd/transport/burst.py), and the first device should
+        start its next draft now rather than when a share of the batch is verified."""
         slice_end = time.perf_counter() + VERIFY_SLICE_S
+        first = len(current.batch) > 1
         for req, item in zip(current.batch, scored, strict=True):
             outcome = verify_scored(req.session, item)
             now = time.perf_counter()
@@ -592,7 +596,8 @@ class Scheduler:
                 await self.deliver(req.session, outcome)
             except Exception:
                 log.exception("delivering a verdict failed")
-            if now > slice_end:
+            if now > slice_end or first:
+                first = False
                 await asyncio.sleep(0)
                 slice_end = time.perf_counter() + VERIFY_SLICE_S
 
