@@ -49,7 +49,7 @@ import xcosd
 from xcosd.methods.base import CandidatesReply, Draft, RequestKind
 from xcosd.nodes.cloud import IDLE_SLACK
 from xcosd.nodes.merging import REOPEN_MIN
-from xcosd.nodes.scheduler import Scheduler, score_batch
+from xcosd.nodes.scheduler import FIRST_TURN_AFTER_S, Scheduler, score_batch
 from xcosd.protocol import (
     DraftMsg,
     EdgeHandshake,
@@ -791,8 +791,26 @@ async def test_a_batchs_first_verdict_gets_a_turn_of_its_own() -> None:
     """The sends of one loop turn go out together when it ends, so the first verdict
     of a batch would wait while its batch-mates are verified: the loop gets a turn
     right after it (a callback queued when it was delivered runs before the second
-    verdict is drawn), and then not again until the verification slice is spent."""
-    target, reqs = _rounds([1, 2, 3, 4])
+    verdict is drawn), and then not again until the verification slice is spent.
+    After a near-free call the devices barely waited, and no turn is spent."""
+    for call_s, expected in ((2 * FIRST_TURN_AFTER_S, [False, True, True, True]),
+                             (0.0, [False, False, False, False])):
+        assert await _verdict_turns(call_s) == expected
+
+
+async def _verdict_turns(call_s: float) -> list[bool]:
+    """A batch of four over a target whose call sleeps ``call_s``; per verdict, had
+    the loop turned since the first was delivered?"""
+    table, reqs = _rounds([1, 2, 3, 4])
+
+    class Slow:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(table, name)
+
+        def score(self, batch: Any) -> Any:
+            time.sleep(call_s)
+            return table.score(batch)
+
     loop = asyncio.get_running_loop()
     turned: list[bool] = []  # per delivered verdict: had the loop turned since the first?
     ran = [False]
@@ -802,10 +820,10 @@ async def test_a_batchs_first_verdict_gets_a_turn_of_its_own() -> None:
         if len(turned) == 1:
             loop.call_soon(ran.__setitem__, 0, True)  # where a burst's hand-over waits
 
-    sched = Scheduler(target, deliver, max_wait_s=0.0, live=lambda: 4)
+    sched = Scheduler(Slow(), deliver, max_wait_s=0.0, live=lambda: 4)
     await _verify_all(sched, reqs, lambda: len(turned) == 4)
     assert sched.stats.batch_sizes == {4: 1}
-    assert turned == [False, True, True, True]
+    return turned
 
 
 async def test_a_reopeners_closed_session_still_counts_as_one_that_could_join() -> None:
