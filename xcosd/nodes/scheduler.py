@@ -99,7 +99,8 @@ INLINE_CPU_SHARE = 0.5
 INLINE_WINDOW = 8
 #: verifying a batch's sessions on the loop, it yields a turn this often
 VERIFY_SLICE_S = 0.002
-#: a batch whose call took at least this long hands its first verdict over at once
+#: a batch whose sessions have waited at least this long since it was launched (its
+#: call, and the loop's turn to verify it) hands its first verdict over at once
 #: (:meth:`Scheduler._verify_and_deliver`)
 FIRST_TURN_AFTER_S = 0.001
 #: the longest the loop blocks, launching a batch into the idle worker thread, for
@@ -584,12 +585,12 @@ class Scheduler:
         the rest are verified, and the worker thread is already free for the next
         call (a GPU does not wait for the CPU's verification). Past
         :data:`VERIFY_SLICE_S` of it the loop gets a turn, so a batch of costly
-        rows does not hold back the messages arriving meanwhile. After a call of at
-        least :data:`FIRST_TURN_AFTER_S`, the first verdict of a batch of several
+        rows does not hold back the messages arriving meanwhile. Once a batch's
+        sessions have waited :data:`FIRST_TURN_AFTER_S`, the first verdict of several
         gets a turn of its own at once: the sends of one turn go out together
         (xcosd/transport/burst.py), and the first device should start its next
         draft now rather than when a share of the batch is verified (a near-free
-        call is not worth the turn: its devices barely waited)."""
+        call verified at once is not worth the turn: its devices barely waited)."""
         now = time.perf_counter()
         slice_end = now + VERIFY_SLICE_S
         first = len(current.batch) > 1 and now - current.t0 >= FIRST_TURN_AFTER_S
