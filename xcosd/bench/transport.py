@@ -56,6 +56,7 @@ import zmq
 import zmq.asyncio
 
 from xcosd.bench.report import OUT_DIR, machine
+from xcosd.gc_tuning import many_sessions_gc
 from xcosd.transport import connect, listen
 from xcosd.wire.frames import decode_message, encode_message
 
@@ -331,8 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     if args.rounds:
         prof = cProfile.Profile() if args.profile else None
-        res = runner(run_rounds(args.quick, repeat, args.methods.split(","),
-                                args.transports.split(","), profile=prof, many=args.many))
+        with many_sessions_gc():  # its cloud and devices, as `xcosd serve` runs them
+            res = runner(run_rounds(args.quick, repeat, args.methods.split(","),
+                                    args.transports.split(","), profile=prof,
+                                    many=args.many))
         res.update(loop=loop_name, machine=machine())
         print(format_rounds(res))
         out = ROUNDS_OUT.with_name("rounds_uvloop.json") if args.uvloop else ROUNDS_OUT

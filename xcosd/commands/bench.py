@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..gc_tuning import many_sessions_gc
 from ..protocol.draft_length import DEFAULT_CONFIDENCE, DEFAULT_COST
 from .options import (
     UsageError,
@@ -200,6 +201,7 @@ def load_config(args: argparse.Namespace) -> Any:
         percentiles=tuple(args.percentiles))
 
 
+@many_sessions_gc()  # its cloud and devices (xcosd/gc_tuning.py)
 def run_load(args: argparse.Namespace) -> int:
     from ..bench import load, plots
     from ..bench.report import table
@@ -424,6 +426,7 @@ def check_scale(args: argparse.Namespace) -> None:
         raise UsageError("--kill-replicas: the killed run needs 2 replicas or more")
 
 
+@many_sessions_gc()  # its cloud and devices (xcosd/gc_tuning.py)
 def run_scale(args: argparse.Namespace) -> int:
     from ..bench.scale import OUT_FILE, ScaleConfig, format_report, run_scale_sync
 
@@ -528,6 +531,7 @@ def soak_config(args: argparse.Namespace) -> Any:
         transport=args.transport, seed=args.seed, warmup_fraction=args.warmup_fraction)
 
 
+@many_sessions_gc()  # its cloud and devices (xcosd/gc_tuning.py)
 def run_soak(args: argparse.Namespace) -> int:
     import logging
 

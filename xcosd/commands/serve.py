@@ -36,6 +36,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
+from ..gc_tuning import many_sessions_gc
 from ..transport.fds import raise_fd_limit
 from .options import (
     UsageError,
@@ -230,6 +231,7 @@ def own_replica_keys(back_curve: Any) -> Iterator[list[str]]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+@many_sessions_gc()  # thousands of sessions' objects (xcosd/gc_tuning.py)
 def run(args: argparse.Namespace) -> int:
     raise_fd_limit()  # a descriptor per device connection (xcosd.transport.fds)
     if args.replicas is not None:

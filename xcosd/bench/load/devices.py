@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import BusyError, ProtocolError, TransportError, XcosdError
+from ...gc_tuning import many_sessions_gc
 from ...models.base import LanguageModel
 from ...nodes import EdgeNode, RoundObserved
 from ...transport.fds import raise_fd_limit
@@ -305,6 +306,7 @@ async def run_devices(cfg: LoadConfig, endpoint: str, ids: Sequence[int],
     return [g for gs in per for g in gs]
 
 
+@many_sessions_gc()  # thousands of devices' objects (xcosd/gc_tuning.py)
 def worker_main() -> None:
     """A device process (``python -m xcosd.bench.load``): read the job from stdin,
     connect, say ready, wait for go, run, write the records to stdout (framed by

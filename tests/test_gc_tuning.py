@@ -1,0 +1,64 @@
+"""The collector setting of processes with many sessions (xcosd/gc_tuning.py)."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from xcosd.gc_tuning import GEN0_THRESHOLD, many_sessions_gc
+
+
+@pytest.fixture(autouse=True)
+def _restore() -> Iterator[None]:
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)
+
+
+def test_the_first_threshold_is_raised_within_and_restored_after() -> None:
+    gc.set_threshold(700, 10, 10)
+    with many_sessions_gc():
+        assert gc.get_threshold() == (GEN0_THRESHOLD, 10, 10)
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_a_higher_threshold_or_a_disabled_collection_is_left_alone() -> None:
+    for t in ((GEN0_THRESHOLD * 2, 5, 7), (0, 10, 10)):
+        gc.set_threshold(*t)
+        with many_sessions_gc():
+            assert gc.get_threshold() == t
+        assert gc.get_threshold() == t
+
+
+def test_as_a_decorator_it_restores_after_an_error_too() -> None:
+    gc.set_threshold(700, 10, 10)
+    seen: list[tuple[int, int, int]] = []
+
+    @many_sessions_gc()
+    def run(fail: bool) -> int:
+        seen.append(gc.get_threshold())
+        if fail:
+            raise RuntimeError("boom")
+        return 3
+
+    assert run(False) == 3
+    with pytest.raises(RuntimeError):
+        run(True)
+    assert seen == [(GEN0_THRESHOLD, 10, 10)] * 2
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_the_processes_with_many_sessions_run_under_it() -> None:
+    """``xcosd serve`` (and its replicas and broker), the ``xcosd bench`` commands
+    that host a cloud or devices, and the load generator's device processes."""
+    from xcosd.bench.load.devices import worker_main
+    from xcosd.commands import bench, serve
+
+    raw = many_sessions_gc.__wrapped__  # type: ignore[attr-defined]
+    for fn in (serve.run, bench.run_load, bench.run_scale, bench.run_soak, worker_main):
+        managers = [c.cell_contents for c in fn.__closure__ or ()]
+        assert any(getattr(m, "func", None) is raw for m in managers), fn.__qualname__
+    assert not any(getattr(c.cell_contents, "func", None) is raw
+                   for c in bench.run_methods.__closure__ or ())
