@@ -35,8 +35,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("protocol", ("xcosd.protocol",)),
     ("transport", ("xcosd.transport",)),
     ("models", ("xcosd.models",)),
-    # the generation config is what an edge node and the CLI are given
-    ("nodes", ("xcosd.nodes", "xcosd.config")),
+    # the generation config is what an edge node and the CLI are given; the collector
+    # setting, what a process with many nodes' sessions runs under
+    ("nodes", ("xcosd.nodes", "xcosd.config", "xcosd.gc_tuning")),
     ("bench", ("xcosd.bench",)),
     # the entry points, and the package root that re-exports the public names
     ("commands", ("xcosd.commands", "xcosd.cli", "xcosd.__main__", "xcosd")),
