@@ -581,9 +581,11 @@ def section_rounds(rr: Any) -> list[str]:
                   f"{big['rounds_per_s'] / e['rounds_per_s']:.2f} of the rate at "
                   f"{rr['devices']} devices, with "
                   f"{'no error' if not errors else f'{errors} errors'}: a process holds a ZeroMQ socket "
-                  "and descriptors for each device (xcosd/transport/fds.py), and ZMTP "
+                  "and descriptors for each device (xcosd/transport/fds.py), ZMTP "
                   "pings each connection every 5 s, not every second "
-                  "(xcosd/transport/zeromq.py).", ""]
+                  "(xcosd/transport/zeromq.py), and the collector's youngest generation "
+                  "holds 50,000 objects, not 700, so that a round's objects die young "
+                  "(xcosd/gc_tuning.py, docs/LOAD.md).", ""]
     return lines
 
 
