@@ -19,7 +19,7 @@ from .session_pairs import closed_sessions_settle, pair
 async def test_on_round_sees_every_round_and_batch_stats_every_request() -> None:
     target, draft = pair()
     seen: list[RoundObserved] = []
-    cloud = xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0")
+    cloud = xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", keep_queue_waits=True)
     assert cloud.batch_stats is None  # no scheduler before start
     async with cloud, xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, method="xcosd-e",
                                      on_round=seen.append) as edge:
@@ -40,6 +40,22 @@ async def test_on_round_sees_every_round_and_batch_stats_every_request() -> None
     assert all(a.end <= b.start for a, b in itertools.pairwise(seen))
     assert len(waits) == requests >= st.rounds
     assert all(w >= 0 for w in waits)
+
+
+async def test_a_cloud_keeps_totals_not_one_sample_per_round_unless_asked() -> None:
+    """A server runs for weeks: per-round samples would grow its memory for as long
+    (they did, one float per request, found by the soak). Only a benchmark's cloud
+    asks for them (``keep_queue_waits``); the totals are counted either way."""
+    target, draft = pair()
+    cloud = xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0")
+    async with cloud, xcosd.EdgeNode(draft=draft, connect=cloud.endpoint,
+                                     method="xcosd-e") as edge:
+        res = await edge.generate("ab", max_new_tokens=30, seed=3)
+        bs = cloud.batch_stats
+        assert bs is not None
+        assert bs.requests >= res.stats.rounds > 1 and bs.batches >= 1
+        assert bs.queue_wait_s >= 0 and bs.queue_waits == []
+        assert not hasattr(bs, "compute_times")
 
 
 class _Stop(Exception):

@@ -207,6 +207,8 @@ class CloudNode:
     (when sessions are short; else after ``IDLE_SLACK`` times as long).
     ``method_options``: per-method defaults (``{"xcosd-e": {"K": 8}}``) that an
     edge's own options override. ``metrics_port``: serve Prometheus text there.
+    ``keep_queue_waits``: keep every request's queue wait in :attr:`batch_stats` (a
+    benchmark's cloud; memory that grows with every round served).
     """
 
     def __init__(self, target: LanguageModel, bind: str = "tcp://127.0.0.1:5555", *,
@@ -222,7 +224,8 @@ class CloudNode:
                  methods: tuple[str, ...] | None = None,
                  method_options: dict[str, dict[str, Any]] | None = None,
                  metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
-                 transport_options: dict[str, Any] | None = None) -> None:
+                 transport_options: dict[str, Any] | None = None,
+                 keep_queue_waits: bool = False) -> None:
         if max_peer_queue < 1:
             raise ValueError(f"max_peer_queue must be >= 1, got {max_peer_queue}")
         self.target = target
@@ -252,7 +255,8 @@ class CloudNode:
                                             "max_queue": max_queue,
                                             "max_batch_tokens": max_batch_tokens,
                                             "merge": merge_batches,
-                                            "stream": stream_verdicts}
+                                            "stream": stream_verdicts,
+                                            "keep_waits": keep_queue_waits}
         self._listener: Listener | None = None
         self._scheduler: Scheduler | None = None
         self._peers: dict[bytes, _Peer] = {}
@@ -773,9 +777,9 @@ class CloudNode:
     @property
     def batch_stats(self) -> BatchStats | None:
         """The scheduler's live record (``None`` before :meth:`start`): besides the
-        totals :meth:`stats` summarises, every request's queue wait in the order its
-        batch ran, so a benchmark can cut a measured window out of a run after the
-        fact."""
+        totals :meth:`stats` summarises, with ``keep_queue_waits``, every request's
+        queue wait in the order its batch ran, so a benchmark can cut a measured
+        window out of a run after the fact."""
         return self._scheduler.stats if self._scheduler is not None else None
 
     def stats(self) -> dict[str, Any]:

@@ -205,7 +205,12 @@ def request_rows(req: ScoreNeeded) -> int:
 
 @dataclass
 class BatchStats:
-    """What the scheduler measured, for :meth:`CloudNode.stats` and Prometheus."""
+    """What the scheduler measured, for :meth:`CloudNode.stats` and Prometheus.
+
+    Totals only, unless ``keep_waits``: then also every request's queue wait, in
+    the order its batch ran (a benchmark's own cloud cuts its measured window out
+    of them afterwards). A server keeps none: one float per round served is memory
+    that grows for as long as it runs."""
 
     batches: int = 0
     requests: int = 0
@@ -215,7 +220,8 @@ class BatchStats:
     queue_wait_s: float = 0.0
     #: batch size -> number of batches of that size
     batch_sizes: dict[int, int] = field(default_factory=dict)
-    compute_times: list[float] = field(default_factory=list)
+    #: whether :attr:`queue_waits` is kept
+    keep_waits: bool = False
     queue_waits: list[float] = field(default_factory=list)
 
     def record(self, size: int, compute: float, waits: list[float]) -> None:
@@ -224,9 +230,7 @@ class BatchStats:
         self.compute_s += compute
         self.queue_wait_s += sum(waits)
         self.batch_sizes[size] = self.batch_sizes.get(size, 0) + 1
-        # bounded samples for histograms
-        if len(self.compute_times) < 100_000:
-            self.compute_times.append(compute)
+        if self.keep_waits:
             self.queue_waits.extend(waits)
 
     def to_dict(self) -> dict[str, Any]:
@@ -253,7 +257,7 @@ class Scheduler:
                  max_batch_tokens: int | None = None,
                  inline_max_s: float = INLINE_MAX_S,
                  live: Callable[[], int] | None = None, merge: bool = True,
-                 stream: bool = True) -> None:
+                 stream: bool = True, keep_waits: bool = False) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_batch_tokens is not None and max_batch_tokens < 1:
@@ -268,7 +272,7 @@ class Scheduler:
         self.inline_max_s = inline_max_s
         #: how many sessions could submit a request (None: unknown, always wait)
         self.live = live
-        self.stats = BatchStats()
+        self.stats = BatchStats(keep_waits=keep_waits)
         #: when a partial batch waits for the sessions just answered (None: never)
         self.merge = MergePolicy() if merge else None
         #: verify on the loop, sending each verdict as it is drawn (False: the worker
