@@ -75,11 +75,16 @@ class SyntheticModel(ContextModel):
         self.calls = 0
         self.rows = 0
 
-    def _fill_row(self, context: Sequence[int], out: np.ndarray) -> None:
+    def _rotated(self, context: Sequence[int]) -> np.ndarray:
+        """The row's values over the usable ids (a view): the Zipf weights rotated by
+        the last context token (``np.roll(self._zipf, shift)``'s bits)."""
         last = int(context[-1]) if len(context) else 0
         n = self._ids.size
         shift = (last * 2654435761 + 97) % n
-        rotated = self._zipf2[n - shift: 2 * n - shift]  # == np.roll(self._zipf, shift)
+        return self._zipf2[n - shift: 2 * n - shift]
+
+    def _fill_row(self, context: Sequence[int], out: np.ndarray) -> None:
+        rotated = self._rotated(context)
         if self._dense:
             out[:] = rotated
         else:
@@ -92,13 +97,10 @@ class SyntheticModel(ContextModel):
             # a drafting step (one row at the whole context, the load generator's
             # every step): the rotation itself, as the general path would fill it
             session = batch[0][0]
-            ctx = session.ids
-            session.cached = len(ctx)
-            n = self._ids.size
-            shift = ((int(ctx[-1]) if ctx else 0) * 2654435761 + 97) % n
+            session.cached = len(session.ids)
             self.calls += 1
             self.rows += 1
-            return [self._zipf2[None, n - shift: 2 * n - shift].copy()]
+            return [self._rotated(session.ids)[None].copy()]
         t0 = 0.0 if free else time.perf_counter()
         out = super().score(batch)
         n = out[0].shape[0] if len(out) == 1 else sum(r.shape[0] for r in out)
