@@ -147,6 +147,52 @@ def test_memory_summary_compares_the_end_with_the_warm_sample() -> None:
     assert level["late_slope_mb_per_min"] == pytest.approx(0, abs=1e-9)
 
 
+def test_memory_summary_splits_the_slope_by_heap_where_sampled() -> None:
+    # RSS grows 1 MiB a second while the C heap in use is level and the free heap
+    # grows: memory the allocator keeps, which the split shows and RSS cannot
+    s = [{"t": float(i), "phase": "running", "rss_mb": 100.0 + i, "heap_used_mb": 40.0,
+          "heap_free_mb": 5.0 + i, "py_blocks": 1000 + 2 * i} for i in range(6)]
+    s[-1]["phase"] = "end"
+    m = memory_summary(s, 5.0, 0.2)
+    assert m["late_slope_mb_per_min"] == pytest.approx(60)
+    assert m["late_slopes"]["heap_used_mb"] == pytest.approx(0, abs=1e-9)
+    assert m["late_slopes"]["heap_free_mb"] == pytest.approx(60)
+    assert m["late_slopes"]["py_blocks"] == pytest.approx(120)
+    # samples without the fields (another C library, an older report): no split
+    bare = [{k: v for k, v in x.items() if k in ("t", "phase", "rss_mb")} for x in s]
+    assert memory_summary(bare, 5.0, 0.2)["late_slopes"] == {}
+    assert m["after_collection"] is None  # no sample was taken after a collection
+
+
+def test_memory_summary_compares_what_two_full_collections_kept() -> None:
+    s = [{"t": float(i), "phase": "running", "rss_mb": 100.0, "heap_used_mb": 40.0 + i,
+          "py_blocks": 1000 + 50 * i, "generations": 10 * i} for i in range(6)]
+    s[1]["collected"] = True
+    s[-1].update(phase="end", collected=True)
+    k = memory_summary(s, 5.0, 0.2)["after_collection"]
+    assert (k["from_s"], k["to_s"], k["generations"]) == (1.0, 5.0, 40)
+    assert k["py_blocks"] == [1050, 1250] and k["py_blocks_per_generation"] == 5
+    assert k["heap_used_mb"] == [41.0, 45.0]
+    assert k["heap_used_mb_per_generation"] == pytest.approx(0.1)
+
+
+def test_heap_mb_sees_a_buffer_in_use_and_its_release() -> None:
+    import numpy as np
+
+    from xcosd.bench.report import heap_mb
+
+    before = heap_mb()
+    assert before["py_blocks"] > 0
+    if "heap_used_mb" not in before:
+        pytest.skip("the C library has no mallinfo2")
+    buf = np.ones(4 << 20)  # 32 MiB, from the C heap (mmapped: counted as in use)
+    held = heap_mb()
+    del buf
+    after = heap_mb()
+    assert held["heap_used_mb"] - before["heap_used_mb"] >= 31
+    assert held["heap_used_mb"] - after["heap_used_mb"] >= 31
+
+
 def test_replace_section_rewrites_only_that_section() -> None:
     doc = "# R\n\n## A\n\na\n\n## Soak: old\n\nold\n\n## B\n\nb\n"
     new = replace_section(doc, "## Soak", ["## Soak: new", "", "new", ""], ("## B",))

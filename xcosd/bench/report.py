@@ -7,6 +7,8 @@ Reports are plain dicts of JSON types, so a test can check their invariants and
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib.metadata
 import json
 import os
@@ -36,6 +38,45 @@ def rss_mb() -> float:
     except (OSError, IndexError, ValueError):
         return 0.0
     return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+class _Mallinfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (every field a ``size_t``)."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _mallinfo2() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        fn = libc.mallinfo2
+    except (OSError, AttributeError):  # not glibc, or older than 2.33
+        return None
+    fn.restype = _Mallinfo2
+    fn.argtypes = []
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def heap_mb() -> dict[str, float | int]:
+    """What RSS alone cannot say, to tell a leak from an allocator that keeps what
+    was freed: the C heap's bytes in use (``heap_used_mb``: glibc's ``mallinfo2``,
+    small blocks and mmapped ones; numpy buffers, libzmq's queues, msgpack's
+    buffers) and those it holds free (``heap_free_mb``), and the interpreter's
+    small-object blocks in use (``py_blocks``: ``sys.getallocatedblocks``; Python
+    objects up to 512 bytes live in its own arenas, outside the C heap). A leak
+    grows what is in use; fragmentation grows what is free. The two heap fields
+    are absent where the C library is not glibc 2.33 or later."""
+    out: dict[str, float | int] = {"py_blocks": sys.getallocatedblocks()}
+    if _MALLINFO2 is not None:
+        m = _MALLINFO2()
+        out["heap_used_mb"] = round((m.uordblks + m.hblkhd) / (1 << 20), 2)
+        out["heap_free_mb"] = round(m.fordblks / (1 << 20), 2)
+    return out
 
 
 def write_json(path: Path, rep: Any) -> None:

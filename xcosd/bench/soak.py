@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import itertools
 import math
 import random
@@ -69,7 +70,7 @@ import numpy as np
 from ..config import GenerationConfig
 from ..errors import TransportError
 from .progress import Progress
-from .report import OUT_DIR, machine, rss_mb, summary, table
+from .report import OUT_DIR, heap_mb, machine, rss_mb, summary, table
 
 if TYPE_CHECKING:  # the nodes load the transports: imported when a soak runs, so that
     # building the CLI's parser (which reads SoakConfig's defaults) stays cheap
@@ -600,21 +601,35 @@ class _Soak:
         """Samples every ``sample_every_s``; how late each tick wakes up is the event
         loop's lag (a callback that blocks the loop shows there)."""
         k = 0
+        warm_at = self.cfg.warmup_fraction * self.cfg.duration_s
+        collected = False
         while True:
             due = self.t0 + k * self.cfg.sample_every_s
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             self.loop_lag_s = max(self.loop_lag_s, time.monotonic() - due)
-            self._sample()
+            # the memory baseline after a full collection (see _sample)
+            collect = not collected and due - self.t0 >= warm_at
+            collected = collected or collect
+            self._sample(collect=collect)
             k += 1
 
-    def _sample(self, phase: str | None = None) -> None:
+    def _sample(self, phase: str | None = None, *, collect: bool = False) -> None:
         """One sample: memory, progress, and what tells a stall's cause apart (the
         process's CPU seconds, all threads: flat while nothing moves means the machine
-        starved it; rising means it was busy with something that produced nothing)."""
+        starved it; rising means it was busy with something that produced nothing).
+
+        ``collect``: run a full garbage collection first (marked ``collected``), as
+        the warm-up sample and the end of the window do. Between collections the
+        heap also holds garbage that waits for one (reference cycles that lived
+        past a young collection), so only samples taken right after one tell what
+        the process keeps alive from what it has not yet freed."""
+        if collect:
+            gc.collect()
         t = time.monotonic() - self.t0
         st = self.cloud.stats() if self.cloud is not None else None
         self.samples.append({
             "t": round(t, 2), "phase": phase or self.phase, "rss_mb": round(rss_mb(), 1),
+            **heap_mb(), **({"collected": True} if collect else {}),
             "cpu_s": round(time.process_time() - self.cpu0, 2),
             "tokens": self.committed, "generations": self.completed, "kills": self.kills,
             "devices": len(self.devices),
@@ -656,7 +671,7 @@ class _Soak:
                      loop.create_task(self._restarter())]
             await asyncio.sleep(max(0.0, self.t0 + c.duration_s - time.monotonic()))
             self.stopping = True
-            self._sample("end")
+            self._sample("end", collect=True)
             # the window is over: no new generation starts, running ones finish
             self.phase = "draining"
             for t in tasks[1:]:
@@ -794,7 +809,13 @@ def memory_summary(samples: Sequence[dict[str, Any]], duration_s: float,
     """RSS after warm-up (the first sample at ``warmup_fraction`` of the window) and
     at the end of the window, their ratio, whether that is flat (within
     :data:`FLAT_GROWTH`), and the slope over the window's second half in MiB per
-    minute; the series is every sample of the window."""
+    minute; the series is every sample of the window.
+
+    ``late_slopes`` splits that slope where the samples carry
+    :func:`~xcosd.bench.report.heap_mb`'s fields: the C heap in use and held free
+    (MiB per minute) and the interpreter's small blocks (blocks per minute). RSS
+    that grows while all three are level is memory the allocators keep (arenas,
+    libzmq's queue chunks), not objects that pile up."""
     window = [s for s in samples if s["phase"] in ("running", "end")]
     warm_at = warmup_fraction * duration_s
     warm = next((s for s in window if s["t"] >= warm_at), window[-1] if window else None)
@@ -805,17 +826,43 @@ def memory_summary(samples: Sequence[dict[str, Any]], duration_s: float,
     growth = e / w if w else 0.0
     # the slope over the second half of the window: a process still warming up
     # (allocator arenas, socket buffers) levels off, a leak keeps its slope
-    late = [(s["t"], s["rss_mb"]) for s in window if s["t"] >= duration_s / 2]
-    slope = (float(np.polyfit([t for t, _ in late], [mb for _, mb in late], 1)[0]) * 60
-             if len(late) >= 3 else None)
+    late = [s for s in window if s["t"] >= duration_s / 2]
+    slopes = {k: _per_minute(late, k) for k in ("heap_used_mb", "heap_free_mb", "py_blocks")
+              if late and all(k in s for s in late)}
+    kept = [s for s in window if s.get("collected")]
     return {"series_mb": [[s["t"], s["rss_mb"]] for s in window],
+            "after_collection": _kept(kept[0], kept[-1]) if len(kept) >= 2 else None,
             "start_mb": window[0]["rss_mb"] if window else 0.0,
             "warm_at_s": warm["t"] if warm else 0.0, "warm_mb": w, "end_mb": e,
             "peak_mb": max((s["rss_mb"] for s in window), default=0.0),
             "after_close_mb": next((s["rss_mb"] for s in samples if s["phase"] == "settled"), None),
             "growth": growth, "flat": bool(w) and growth <= FLAT_GROWTH,
-            "late_slope_mb_per_min": slope,
+            "late_slope_mb_per_min": _per_minute(late, "rss_mb"),
+            "late_slopes": slopes,
             "flat_within": FLAT_GROWTH}
+
+
+def _kept(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """What the process held after the warm-up sample's full collection (``a``) and
+    after the end's (``b``), and the growth per generation completed in between:
+    memory that every generation leaves behind shows here however the collector's
+    timing moves the samples in between."""
+    gens = max(1, b["generations"] - a["generations"])
+    out: dict[str, Any] = {"from_s": a["t"], "to_s": b["t"],
+                           "generations": b["generations"] - a["generations"]}
+    for k in ("rss_mb", "heap_used_mb", "py_blocks"):
+        if k in a and k in b:
+            out[k] = [a[k], b[k]]
+            out[f"{k}_per_generation"] = (b[k] - a[k]) / gens
+    return out
+
+
+def _per_minute(samples: Sequence[dict[str, Any]], key: str) -> float | None:
+    """The least-squares slope of ``key`` over ``samples``, per minute (``None``
+    with fewer than 3)."""
+    if len(samples) < 3:
+        return None
+    return float(np.polyfit([s["t"] for s in samples], [s[key] for s in samples], 1)[0]) * 60
 
 
 async def soak(config: SoakConfig, *, progress: bool | None = None) -> dict[str, Any]:
@@ -893,6 +940,9 @@ def summary_rows(rep: dict[str, Any]) -> list[list[Any]]:
          f"{m['growth']:.3f} ({'flat' if m['flat'] else 'NOT flat'}, within "
          f"{100 * (m['flat_within'] - 1):.0f} %)"],
         ["RSS slope over the second half (MiB/min)", _slope(m)],
+        ["of it: C heap in use / held free (MiB/min), Python blocks (/min)", _split(m)],
+        ["after a full collection, warm -> end: Python blocks / C heap in use (MiB)",
+         _kept_text(m)],
     ]
 
 
@@ -907,6 +957,34 @@ def cpu_cores(rep: dict[str, Any]) -> float:
 def _slope(m: dict[str, Any]) -> str:
     v = m.get("late_slope_mb_per_min")
     return "n/a" if v is None else f"{v:+.2f}"
+
+
+def _split(m: dict[str, Any]) -> str:
+    """:func:`memory_summary`'s ``late_slopes``, as the report prints them."""
+    sl = m.get("late_slopes") or {}
+
+    def one(k: str, fmt: str) -> str:
+        v = sl.get(k)
+        return "n/a" if v is None else format(v, fmt)
+
+    return (f"{one('heap_used_mb', '+.2f')} / {one('heap_free_mb', '+.2f')}, "
+            f"{one('py_blocks', '+,.0f')}")
+
+
+def _kept_text(m: dict[str, Any]) -> str:
+    """:func:`memory_summary`'s ``after_collection``, as the report prints it."""
+    k = m.get("after_collection")
+    if not k:
+        return "n/a"
+    parts = []
+    if "py_blocks" in k:
+        a, b = k["py_blocks"]
+        parts.append(f"{a:,} -> {b:,} ({k['py_blocks_per_generation']:+.2f} per generation)")
+    if "heap_used_mb" in k:
+        a, b = k["heap_used_mb"]
+        parts.append(f"{a:.1f} -> {b:.1f} ({1024 * k['heap_used_mb_per_generation']:+.3f} "
+                     "KiB per generation)")
+    return " / ".join(parts) or "n/a"
 
 
 def headline(rep: dict[str, Any]) -> str:
@@ -996,7 +1074,15 @@ def section_lines(rep: dict[str, Any] | None, image: str | None = None,
                 f"the end {m['end_mb']:.1f} MiB: x{m['growth']:.3f}, "
                 + ("flat" if m["flat"] else "**not flat**")
                 + f" (within {100 * (m['flat_within'] - 1):.0f} %); over the second half of "
-                f"the window RSS moved {_slope(m)} MiB per minute. The process used "
+                f"the window RSS moved {_slope(m)} MiB per minute"
+                + (f" (the C heap in use and held free, MiB per minute, and the "
+                   f"interpreter's small blocks, per minute: {_split(m)})"
+                   if m.get("late_slopes") else "")
+                + (f"; after a full collection at the warm-up sample and at the end, "
+                   f"Python blocks / C heap in use went {_kept_text(m)} over "
+                   f"{m['after_collection']['generations']:,} generations"
+                   if m.get("after_collection") else "")
+                + ". The process used "
                 f"{cpu_cores(rep):.2f} cores on average over the window (cloud, its worker "
                 "thread and every device share one interpreter). The event loop woke up "
                 f"at most {rep['loop_lag_max_s']:.2f} s late.")
