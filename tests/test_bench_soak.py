@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import xcosd
+from xcosd.bench.report import heap_mb
 from xcosd.bench.results import replace_section
 from xcosd.bench.soak import (
     MISMATCH_KINDS,
@@ -76,9 +77,16 @@ async def test_soak_survives_kills_a_restart_and_a_lossy_link() -> None:
     assert rep["cloud"]["instances"] == 2
     assert rep["sessions_left"] == 0 and rep["peers_left"] == 0, report
     assert rep["checks"]["no_mismatch"] and rep["checks"]["all_generations_accounted"]
+    # the memory baseline and the end each come after a full collection
+    kept = rep["memory"]["after_collection"]
+    assert kept is not None
+    assert kept["to_s"] > kept["from_s"] >= cfg.warmup_fraction * cfg.duration_s
+    assert [s["phase"] for s in rep["samples"] if s.get("collected")][-1] == "end"
+    assert set(heap_mb()) <= set(rep["samples"][0])  # the heap's fields where the C library has them
     # the results section renders from it, every check named
     text = "\n".join(section_lines(rep, "img/soak.png"))
     assert text.startswith(SECTION_HEADING) and "0 mismatches" in text
+    assert "after a full collection" in text
 
 
 def test_cli_soak_runs_and_writes_its_report(tmp_path: Path,
@@ -178,8 +186,6 @@ def test_memory_summary_compares_what_two_full_collections_kept() -> None:
 
 def test_heap_mb_sees_a_buffer_in_use_and_its_release() -> None:
     import numpy as np
-
-    from xcosd.bench.report import heap_mb
 
     before = heap_mb()
     assert before["py_blocks"] > 0

@@ -695,7 +695,7 @@ def section_models(md: Any) -> list[str]:
 
 def sizes_note(run: Any) -> list[str]:
     return ["## Sizes used", "",
-            "To fit `make bench` in about 28 minutes on 2 cores the sizes are small: the "
+            "To fit `make bench` in about 34 minutes on 2 cores the sizes are small: the "
             "load tests measure 4 s (scaling points) and 8 s (64 devices) after 2 s of "
             "warm-up; the methods grid runs 6 prompts x 48 tokens at T=1 and greedy (every "
             "method and codec), 3 prompts x 32 tokens at top-p 0.95 and top-k 50 (5 "
@@ -703,7 +703,7 @@ def sizes_note(run: Any) -> list[str]:
             "(f32, T=1); the TV uses 2000 (1500 at top-p/top-k, 600 for the real pair) "
             "one-draft rounds per context at 3 contexts (1 for the real pair), and the real "
             "pair end to end 3 prompts x 32 tokens per row; the soak runs "
-            "256 devices for 240 s (its memory baseline at 120 s), and its bare-pyzmq "
+            "256 devices for 600 s (its memory baseline at 360 s), and its bare-pyzmq "
             "control 240 s. Small samples "
             "make acceptance rates noisy by a few percent; the commands above take larger "
             "sizes (`--prompts`, `--tokens`, `--tv-trials`, `--duration`).", ""]

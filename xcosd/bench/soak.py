@@ -846,7 +846,8 @@ def _kept(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """What the process held after the warm-up sample's full collection (``a``) and
     after the end's (``b``), and the growth per generation completed in between:
     memory that every generation leaves behind shows here however the collector's
-    timing moves the samples in between."""
+    timing moves the samples in between. The soak's own records count too: one
+    wall time per completed generation (its percentiles) and one sample a tick."""
     gens = max(1, b["generations"] - a["generations"])
     out: dict[str, Any] = {"from_s": a["t"], "to_s": b["t"],
                            "generations": b["generations"] - a["generations"]}
@@ -1080,7 +1081,8 @@ def section_lines(rep: dict[str, Any] | None, image: str | None = None,
                    if m.get("late_slopes") else "")
                 + (f"; after a full collection at the warm-up sample and at the end, "
                    f"Python blocks / C heap in use went {_kept_text(m)} over "
-                   f"{m['after_collection']['generations']:,} generations"
+                   f"{m['after_collection']['generations']:,} generations (the soak keeps "
+                   "one wall time per generation and one sample a tick of its own)"
                    if m.get("after_collection") else "")
                 + ". The process used "
                 f"{cpu_cores(rep):.2f} cores on average over the window (cloud, its worker "
