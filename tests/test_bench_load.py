@@ -432,6 +432,33 @@ async def test_open_loop_starts_one_generation_per_poisson_arrival() -> None:
     assert "open loop at 20 generations/s" in format_report(rep)
 
 
+def test_burstiness_shapes_the_gaps_between_arrivals_not_their_rate() -> None:
+    """Gamma gaps of shape B and mean 1/R (``vllm bench serve``'s ``--burstiness``):
+    the coefficient of variation of the gaps is 1/sqrt(B), so B = 1 is the Poisson
+    process (and draws exactly the exponential gaps it always drew), B = 0.25 comes
+    in bursts (CV 2) and B = 4 nearly evenly (CV 0.5), all at the same rate."""
+    base = LoadConfig(devices=1, request_rate=1000.0, duration_s=30.0, warmup_s=0.0, seed=7)
+    rng = np.random.default_rng([7, 0x0A11])
+    poisson = np.cumsum(rng.exponential(1e-3, 40_000))
+    assert arrival_offsets(base) == [float(t) for t in poisson[poisson < 30.0]]
+    for b, cv in ((0.25, 2.0), (1.0, 1.0), (4.0, 0.5)):
+        gaps = np.diff([0.0, *arrival_offsets(dataclasses.replace(base, burstiness=b))])
+        # 30,000 gaps: the mean within 3 %, the CV within 5 % (many sigmas either way)
+        assert gaps.mean() == pytest.approx(1e-3, rel=0.03), b
+        assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.05), b
+    # a closed loop has no arrivals to shape; the shape must be a positive number
+    with pytest.raises(ValueError, match="request_rate"):
+        LoadConfig(burstiness=0.5)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="burstiness"):
+            LoadConfig(request_rate=10.0, burstiness=bad)
+    p = build_parser()
+    args = p.parse_args(["bench", "load", "--request-rate", "5", "--burstiness", "0.5"])
+    assert load_config(args).burstiness == 0.5
+    with pytest.raises(SystemExit):
+        main(["bench", "load", "--burstiness", "0.5"])  # refused before anything loads
+
+
 async def test_concurrent_generations_on_one_device_keep_their_own_rounds() -> None:
     """An open loop runs several generations on one EdgeNode at once; each round goes
     to the log of its own generation (one ``on_round`` hook per node)."""
@@ -522,6 +549,16 @@ def test_merge_refuses_what_it_cannot_merge_exactly() -> None:
         merge_reports([rep, other])
     with pytest.raises(ValueError, match="nothing to merge"):
         merge_reports([])
+    # open loops with differently shaped arrivals: their union is neither process
+    ocfg = dataclasses.replace(cfg, request_rate=5.0)
+    opens = [analyse(dataclasses.replace(ocfg, burstiness=b), recs, [], None, {}, 100.0, None,
+                     scheduled=12)
+             for b in (1.0, 0.5, 0.5)]
+    with pytest.raises(ValueError, match="burstiness"):
+        merge_reports(opens[:2])
+    both = merge_reports(opens[1:])
+    assert both["arrivals"]["burstiness"] == 0.5 and both["arrivals"]["request_rate"] == 10.0
+    assert "burstiness 0.5" in format_report(both)
     # a merged report merges again, its sources flattened
     twice = merge_reports([merge_reports([rep, rep]), rep])
     assert twice["tokens"] == 3 * rep["tokens"] and len(twice["sources"]) == 3

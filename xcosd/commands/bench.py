@@ -110,6 +110,10 @@ def _add_load(bsub: Any) -> None:
                    help="open loop: generations arrive as a Poisson process of R per second "
                         "(drawn from --seed), spread over the devices round-robin, whether or "
                         "not earlier ones finished; inf or absent: closed loop")
+    p.add_argument("--burstiness", type=positive_float, default=1.0, metavar="B",
+                   help="with --request-rate: the gaps between arrivals are gamma distributed "
+                        "with shape B and the same mean (as vllm bench serve's option): 1 is "
+                        "Poisson, below 1 burstier, above 1 more regular (default: 1)")
     p.add_argument("--prompts-file", default=None, type=existing_file, metavar="PATH",
                    help="prompts, cycled: one per line, or JSON Lines with a \"prompt\" field "
                         "(default: a few built-in ones)")
@@ -162,6 +166,8 @@ def check_load(args: argparse.Namespace) -> None:
                          "(--connect)")
     if args.connect and args.scaling is not None:
         raise UsageError("--scaling sweeps the batching of a cloud it starts; not with --connect")
+    if args.burstiness != 1.0 and args.request_rate is None:
+        raise UsageError("--burstiness shapes the open loop's arrivals: it needs --request-rate")
     if args.prompts_file:
         from ..bench.load import read_prompts
 
@@ -197,6 +203,7 @@ def load_config(args: argparse.Namespace) -> Any:
         link_rate_mbps=args.link_mbps, rtt_ms=args.link_rtt_ms, connect=args.connect,
         curve_secret=args.curve_secret, curve_server_key=args.curve_server_key,
         connect_timeout_s=args.connect_timeout, request_rate=args.request_rate,
+        burstiness=args.burstiness,
         prompts=read_prompts(args.prompts_file) if args.prompts_file else None,
         percentiles=tuple(args.percentiles))
 

@@ -9,8 +9,9 @@ docs/LOAD.md is the user's guide and lists every field of the JSON report.
 
 Closed loop (the default): every device runs one generation at a time and starts
 the next as soon as one ends. Open loop (``request_rate``): generations arrive as a
-Poisson process, spread over the devices round-robin, each started at its arrival
-whatever is still running. Warm-up is excluded: with ``duration_s`` the measured window is
+Poisson process (gamma gaps of shape ``burstiness`` when it is not 1), spread over
+the devices round-robin, each started at its arrival whatever is still running.
+Warm-up is excluded: with ``duration_s`` the measured window is
 ``[start + warmup_s, start + warmup_s + duration_s]`` and generations still running
 at its end are cancelled; with ``generations`` each device first runs
 ``warmup_generations`` and the window is the span in which every device is past

@@ -84,7 +84,10 @@ class LoadConfig:
     its next generation when one ends; a rate runs an open loop, generations
     arriving as a Poisson process of that many per second (the arrival times derive
     from ``seed``), arrival ``j`` going to device ``j % devices`` whether or not the
-    device is still busy with earlier ones.
+    device is still busy with earlier ones. ``burstiness`` shapes those arrivals as
+    ``vllm bench serve``'s option does: the gaps between them are gamma distributed
+    with that shape and a mean of ``1 / request_rate``, so 1 is the Poisson process,
+    below 1 arrivals come in bursts, above 1 more evenly (the rate is the same).
     """
 
     devices: int = 16
@@ -128,6 +131,8 @@ class LoadConfig:
     connect_timeout_s: float = 30.0
     #: generations per second, Poisson arrivals (open loop); ``None``: closed loop
     request_rate: float | None = None
+    #: the open loop's gamma shape of the gaps between arrivals (1: Poisson)
+    burstiness: float = 1.0
     #: what the devices generate from, cycled; ``None``: :data:`PROMPTS`
     prompts: tuple[str, ...] | None = None
     #: the percentiles every latency summary reports, beside p50, p90 and p99
@@ -161,6 +166,12 @@ class LoadConfig:
                 self.request_rate = None  # an infinite rate is the closed loop
             elif not self.request_rate > 0 or math.isnan(self.request_rate):
                 raise ValueError(f"request_rate must be > 0, got {self.request_rate}")
+        if not (isinstance(self.burstiness, int | float) and math.isfinite(self.burstiness)
+                and self.burstiness > 0):
+            raise ValueError(f"burstiness must be a finite number > 0, got {self.burstiness!r}")
+        if self.burstiness != 1.0 and self.request_rate is None:
+            raise ValueError("burstiness shapes the open loop's arrivals: it needs a "
+                             "request_rate")
         if self.prompts is not None:
             self.prompts = tuple(self.prompts)
             if not self.prompts or not all(isinstance(p, str) for p in self.prompts):
@@ -186,7 +197,7 @@ class LoadConfig:
 
     @property
     def mode(self) -> str:
-        """``"open"`` (Poisson arrivals at ``request_rate``) or ``"closed"``."""
+        """``"open"`` (arrivals at ``request_rate``) or ``"closed"``."""
         return "closed" if self.request_rate is None else "open"
 
     @property

@@ -96,25 +96,32 @@ def device_models(cfg: LoadConfig) -> tuple[LanguageModel, Vocabulary | None]:
 
 def arrival_offsets(cfg: LoadConfig) -> list[float]:
     """The open loop's arrival times, in seconds after the go signal: a Poisson
-    process of ``cfg.request_rate`` per second drawn from ``cfg.seed`` (so every
-    device process draws the same list, and a rerun repeats it), over the whole run
-    (warm-up and window) in duration mode, ``devices * (warmup_generations +
-    generations)`` of them in generations mode. Arrival ``j`` is device
-    ``j % devices``'s ``j // devices``-th generation."""
+    process of ``cfg.request_rate`` per second (or, with ``cfg.burstiness`` other
+    than 1, gamma distributed gaps of that shape and the same mean) drawn from
+    ``cfg.seed`` (so every device process draws the same list, and a rerun repeats
+    it), over the whole run (warm-up and window) in duration mode, ``devices *
+    (warmup_generations + generations)`` of them in generations mode. Arrival ``j``
+    is device ``j % devices``'s ``j // devices``-th generation."""
     assert cfg.request_rate is not None
     rng = np.random.default_rng([cfg.seed, 0x0A11])
+    mean, shape = 1.0 / cfg.request_rate, cfg.burstiness
+
+    def gap() -> float:
+        # the exponential itself at shape 1: the same draws as before the option
+        return float(rng.exponential(mean) if shape == 1.0 else rng.gamma(shape, mean / shape))
+
     out: list[float] = []
     t = 0.0
     if cfg.duration_s is not None:
         horizon = cfg.warmup_s + cfg.duration_s
         while True:
-            t += float(rng.exponential(1.0 / cfg.request_rate))
+            t += gap()
             if t >= horizon:
                 return out
             out.append(t)
     total = cfg.devices * (cfg.warmup_generations + (cfg.generations or 0))
     for _ in range(total):
-        t += float(rng.exponential(1.0 / cfg.request_rate))
+        t += gap()
         out.append(t)
     return out
 

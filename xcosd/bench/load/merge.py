@@ -24,6 +24,12 @@ from .config import check_percentiles, generation_settings
 from .devices import ERROR_CLASSES
 
 
+def _burstiness(rep: Mapping[str, Any]) -> float:
+    """A report's arrival burstiness (1, Poisson, in a report written before the
+    option, and in a closed loop's)."""
+    return float(rep["config"].get("burstiness", 1.0))
+
+
 def merge_reports(reports: Sequence[Mapping[str, Any]], *,
                   percentiles: Sequence[float] | None = None) -> dict[str, Any]:
     """The merged report (the fields of a single run's, see docs/LOAD.md, plus
@@ -51,6 +57,9 @@ def merge_reports(reports: Sequence[Mapping[str, Any]], *,
         if rep["mode"] != first["mode"]:
             raise ValueError(f"report {i} ran the {rep['mode']} loop, report 1 the "
                              f"{first['mode']} loop")
+        if _burstiness(rep) != _burstiness(first):
+            raise ValueError(f"report {i}'s arrivals have burstiness {_burstiness(rep):g}, "
+                             f"report 1's {_burstiness(first):g}: together they are neither")
     qs = check_percentiles(first["percentiles"] if percentiles is None else percentiles)
 
     def total(key: str) -> Any:
@@ -78,6 +87,7 @@ def merge_reports(reports: Sequence[Mapping[str, Any]], *,
     if first["mode"] == "open":
         scheduled = [rep["arrivals"]["scheduled"] for rep in reports]
         arrivals = {"request_rate": sum(rep["arrivals"]["request_rate"] for rep in reports),
+                    "burstiness": _burstiness(first),
                     "scheduled": None if None in scheduled else sum(scheduled),
                     "in_window": sum(rep["arrivals"]["in_window"] for rep in reports),
                     "measured_rate": sum(rep["arrivals"]["measured_rate"] for rep in reports)}

@@ -45,7 +45,10 @@ def format_report(rep: dict[str, Any]) -> str:
     g = generation_settings(c)
     qs = [percentile_key(q) for q in rep.get("percentiles") or DEFAULT_PERCENTILES]
     open_loop = c.get("request_rate") is not None
-    loop = (f"open loop at {c['request_rate']:g} generations/s" if open_loop else "closed loop")
+    b = float(c.get("burstiness", 1.0))
+    loop = (f"open loop at {c['request_rate']:g} generations/s"
+            + (f" (gamma gaps, burstiness {b:g})" if b != 1.0 else "")
+            if open_loop else "closed loop")
     if c.get("connect"):
         where = f"the cloud at {c['connect']}" + (f" ({rep['target']})" if rep.get("target") else "")
     else:
