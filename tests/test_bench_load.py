@@ -41,7 +41,7 @@ from xcosd.bench.load import (
     run_load_sync,
     window_of,
 )
-from xcosd.bench.load.analysis import sample_summaries
+from xcosd.bench.load.analysis import goodput, sample_summaries
 from xcosd.bench.load.config import percentile_key
 from xcosd.cli import build_parser, main
 from xcosd.commands.bench import load_config
@@ -87,6 +87,17 @@ def check_consistent(rep: dict, *, measured: bool = True) -> None:
     assert sample_summaries(rep["samples"], rep["percentiles"]) == {
         k: rep[k] for k in ("token_latency_ms", "round_latency_ms", "ttft_ms", "tpot_ms",
                             "e2e_latency_ms", "queue_wait_ms")}
+    # one [ttft, tpot, e2e] per completed generation, the same e2e as its own sample
+    times = rep["samples"]["generation_s"]
+    assert times is not None and [t[2] for t in times] == rep["samples"]["e2e_s"]
+    gp = rep["goodput"]
+    if rep["config"].get("goodput") is None:
+        assert gp is None
+    else:
+        assert gp["slo_ms"] == rep["config"]["goodput"]
+        assert 0 <= gp["generations"] <= gp["completed"] == len(times)
+        if rep.get("sources") is None:
+            assert gp == goodput(times, gp["slo_ms"], rep["window_s"])
     if rep["cloud_observed"]:
         hist = rep["batch_size_histogram"]
         assert sum(hist.values()) == rep["batches"]
@@ -459,6 +470,54 @@ def test_burstiness_shapes_the_gaps_between_arrivals_not_their_rate() -> None:
         main(["bench", "load", "--burstiness", "0.5"])  # refused before anything loads
 
 
+def test_goodput_counts_the_generations_that_met_every_objective() -> None:
+    # [ttft, tpot, e2e] in seconds; a single token has no time per token after it
+    times = [[0.1, 0.02, 1.0], [0.3, 0.02, 1.0], [0.1, 0.06, 2.0], [0.1, None, 0.1]]
+    g = goodput(times, {"ttft": 200.0, "tpot": 50.0}, 2.0)
+    assert g == {"slo_ms": {"ttft": 200.0, "tpot": 50.0}, "generations": 2, "completed": 4,
+                 "fraction": 0.5, "per_s": 1.0}
+    assert goodput(times, {"e2e": 1000.0}, 2.0)["generations"] == 3  # a bound is inclusive
+    assert goodput(times, None, 2.0) is None and goodput(None, {"e2e": 1.0}, 2.0) is None
+    assert goodput([], {"e2e": 1.0}, 2.0)["fraction"] is None
+    # analyse keeps the times of the completed generations and counts them
+    cfg = LoadConfig(devices=1, duration_s=2.0, warmup_s=1.0, procs=0,
+                     goodput={"ttft": 300, "e2e": 600})
+    recs = [_rec(0, 0, 101.0, 101.5, [(101.0, 101.2, 2, 1, 1, 1, 1), (101.2, 101.5, 2, 1, 1, 1, 1)]),
+            _rec(0, 1, 101.5, 102.5, [(101.5, 102.0, 2, 1, 1, 1, 1), (102.0, 102.5, 2, 1, 1, 1, 1)])]
+    rep = analyse(cfg, recs, None, None, None, 100.0, None)
+    assert rep["samples"]["generation_s"] == [pytest.approx([0.2, 0.1, 0.5]),
+                                              pytest.approx([0.5, 0.5 / 3, 1.0])]
+    assert rep["goodput"]["generations"] == 1 and rep["goodput"]["per_s"] == 0.5
+    assert "goodput (ttft <= 300 ms, e2e <= 600 ms): 0.50 generations/s" in format_report(rep)
+    # objectives: known metrics, milliseconds > 0
+    for bad in ({}, {"itl": 5.0}, {"ttft": 0}, {"e2e": math.inf}, {"tpot": True}):
+        with pytest.raises(ValueError, match="goodput"):
+            LoadConfig(goodput=bad)
+    p = build_parser()
+    args = p.parse_args(["bench", "load", "--goodput", "ttft:500", "e2e:4000"])
+    assert load_config(args).goodput == {"ttft": 500.0, "e2e": 4000.0}
+    for bad_arg in ("ttft", "ttft:0", "latency:5", "tpot:x"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["bench", "load", "--goodput", bad_arg])
+
+
+async def test_a_run_with_objectives_reports_its_goodput() -> None:
+    """A real run: the goodput counts the run's own completed generations, so a
+    generous objective takes all of them and one no generation can meet none."""
+    def cfg(slos: dict[str, float]) -> LoadConfig:
+        return LoadConfig(devices=2, target="synthetic:256:1:0.1", duration_s=None,
+                          generations=2, warmup_generations=0, procs=0, goodput=slos,
+                          generation=GenerationConfig(max_new_tokens=8))
+
+    easy = await run_load(cfg({"e2e": 60_000.0, "ttft": 60_000.0}), progress=False)
+    check_consistent(easy)
+    assert easy["goodput"]["generations"] == easy["goodput"]["completed"] >= 1
+    assert easy["goodput"]["fraction"] == 1.0
+    hard = await run_load(cfg({"ttft": 1e-6}), progress=False)
+    check_consistent(hard)
+    assert hard["goodput"]["generations"] == 0 < hard["goodput"]["completed"]
+
+
 async def test_concurrent_generations_on_one_device_keep_their_own_rounds() -> None:
     """An open loop runs several generations on one EdgeNode at once; each round goes
     to the log of its own generation (one ``on_round`` hook per node)."""
@@ -559,6 +618,15 @@ def test_merge_refuses_what_it_cannot_merge_exactly() -> None:
     both = merge_reports(opens[1:])
     assert both["arrivals"]["burstiness"] == 0.5 and both["arrivals"]["request_rate"] == 10.0
     assert "burstiness 0.5" in format_report(both)
+    # goodput adds up over generators that counted it against the same objectives
+    gcfg = dataclasses.replace(cfg, goodput={"e2e": 800.0})
+    slo = analyse(gcfg, recs, [], None, {}, 100.0, None)
+    two = merge_reports([slo, slo])
+    assert two["goodput"]["generations"] == 2 * slo["goodput"]["generations"]
+    assert two["goodput"]["per_s"] == 2 * slo["goodput"]["per_s"]
+    assert two["samples"]["generation_s"] == 2 * slo["samples"]["generation_s"]
+    with pytest.raises(ValueError, match="goodput"):
+        merge_reports([rep, slo])
     # a merged report merges again, its sources flattened
     twice = merge_reports([merge_reports([rep, rep]), rep])
     assert twice["tokens"] == 3 * rep["tokens"] and len(twice["sources"]) == 3

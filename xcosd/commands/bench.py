@@ -40,6 +40,7 @@ from .options import (
     positive_int,
     probe,
     rate_or_inf,
+    slo,
     split,
     unit_interval,
 )
@@ -114,6 +115,10 @@ def _add_load(bsub: Any) -> None:
                    help="with --request-rate: the gaps between arrivals are gamma distributed "
                         "with shape B and the same mean (as vllm bench serve's option): 1 is "
                         "Poisson, below 1 burstier, above 1 more regular (default: 1)")
+    p.add_argument("--goodput", type=slo, nargs="+", default=None, metavar="KEY:MS",
+                   help="service-level objectives (ttft, tpot, e2e in ms, as vllm bench "
+                        "serve's option): report the completed generations that met all of "
+                        "them, and their rate")
     p.add_argument("--prompts-file", default=None, type=existing_file, metavar="PATH",
                    help="prompts, cycled: one per line, or JSON Lines with a \"prompt\" field "
                         "(default: a few built-in ones)")
@@ -203,7 +208,7 @@ def load_config(args: argparse.Namespace) -> Any:
         link_rate_mbps=args.link_mbps, rtt_ms=args.link_rtt_ms, connect=args.connect,
         curve_secret=args.curve_secret, curve_server_key=args.curve_server_key,
         connect_timeout_s=args.connect_timeout, request_rate=args.request_rate,
-        burstiness=args.burstiness,
+        burstiness=args.burstiness, goodput=dict(args.goodput) if args.goodput else None,
         prompts=read_prompts(args.prompts_file) if args.prompts_file else None,
         percentiles=tuple(args.percentiles))
 

@@ -117,6 +117,21 @@ def percentile_list(s: str) -> list[float]:
     return qs
 
 
+def slo(s: str) -> tuple[str, float]:
+    """One ``--goodput`` objective: ``KEY:MS`` (``ttft:500``, ``tpot:50``, ``e2e:4000``)."""
+    from ..bench.load.config import SLO_METRICS
+
+    key, _, ms = s.partition(":")
+    try:
+        v = float(ms)
+    except ValueError:
+        v = math.nan
+    if key not in SLO_METRICS or not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(
+            f"expected KEY:MS with KEY one of {', '.join(SLO_METRICS)} and MS > 0, got {s!r}")
+    return key, v
+
+
 def method_names() -> list[str]:
     from ..methods import METHODS
 

@@ -134,6 +134,8 @@ def analyse(cfg: LoadConfig, records: list[dict[str, Any]],
                    if g["first"] is not None and g["tokens"] > 1],
         "e2e_s": [g["end"] - g["start"] for g in done],
         "queue_wait_s": None,
+        # each completed generation's [ttft, tpot, e2e] together: what goodput asks
+        "generation_s": [_generation_times(g) for g in done],
     }
 
     errors = dict.fromkeys(ERROR_CLASSES, 0)
@@ -194,8 +196,41 @@ def analyse(cfg: LoadConfig, records: list[dict[str, Any]],
         report.update(batches=None, batched_requests=None, batch_size_histogram=None,
                       mean_batch_size=None, cloud=None)
     finish(report, samples, cfg.percentiles)
+    report["goodput"] = goodput(samples["generation_s"], cfg.goodput, span)
     report["ideal"] = ideal(cfg, costs, report) if observed else None
     return report
+
+
+def _generation_times(g: Mapping[str, Any]) -> list[float | None]:
+    """A completed generation's ``[ttft, tpot, e2e]`` in seconds (``None`` where it
+    has none: no token, or a single one, has no time per token after the first)."""
+    first = g["first"]
+    return [None if first is None else first - g["start"],
+            (g["end"] - first) / (g["tokens"] - 1) if first is not None and g["tokens"] > 1
+            else None,
+            g["end"] - g["start"]]
+
+
+def goodput(times: Sequence[Sequence[float | None]] | None, slo_ms: Mapping[str, float] | None,
+            span: float) -> dict[str, Any] | None:
+    """The completed generations that met every objective in ``slo_ms`` (ms, per
+    :data:`~xcosd.bench.load.config.SLO_METRICS`) and their rate over ``span``
+    seconds, as ``vllm bench serve --goodput`` counts them: a generation without a
+    time for a bounded metric (one token has no time per token after the first)
+    meets that bound. ``None`` without objectives, or without the times (a report
+    written before they were kept)."""
+    if slo_ms is None or times is None:
+        return None
+    idx = {"ttft": 0, "tpot": 1, "e2e": 2}
+    bounds = [(idx[k], v / 1e3) for k, v in slo_ms.items()]
+
+    def met(t: Sequence[float | None]) -> bool:
+        return all((x := t[i]) is None or x <= b for i, b in bounds)
+
+    good = sum(map(met, times))
+    return {"slo_ms": dict(slo_ms), "generations": good, "completed": len(times),
+            "fraction": good / len(times) if times else None,
+            "per_s": good / max(span, 1e-9)}
 
 
 def _cloud_fields(report: dict[str, Any], calls: list[Batch], queue_waits: list[float] | None,
@@ -263,5 +298,5 @@ def ideal(cfg: LoadConfig, costs: tuple[float, float] | None,
             "efficiency": report["tokens_per_s"] / best if bounded else None}
 
 
-__all__ = ["BASE_PERCENTILES", "SCHEMA_VERSION", "Batch", "analyse", "finish", "ideal",
+__all__ = ["BASE_PERCENTILES", "SCHEMA_VERSION", "Batch", "analyse", "finish", "goodput", "ideal",
            "sample_summaries", "summarize", "window_of"]

@@ -133,6 +133,9 @@ class LoadConfig:
     request_rate: float | None = None
     #: the open loop's gamma shape of the gaps between arrivals (1: Poisson)
     burstiness: float = 1.0
+    #: service-level objectives in ms (``ttft``, ``tpot``, ``e2e``): the report's
+    #: ``goodput`` counts the generations that met all of them; ``None``: none
+    goodput: dict[str, float] | None = None
     #: what the devices generate from, cycled; ``None``: :data:`PROMPTS`
     prompts: tuple[str, ...] | None = None
     #: the percentiles every latency summary reports, beside p50, p90 and p99
@@ -172,6 +175,8 @@ class LoadConfig:
         if self.burstiness != 1.0 and self.request_rate is None:
             raise ValueError("burstiness shapes the open loop's arrivals: it needs a "
                              "request_rate")
+        if self.goodput is not None:
+            self.goodput = check_slos(self.goodput)
         if self.prompts is not None:
             self.prompts = tuple(self.prompts)
             if not self.prompts or not all(isinstance(p, str) for p in self.prompts):
@@ -226,6 +231,7 @@ class LoadConfig:
         d["draft"] = model_name(self.draft)
         d["prompts"] = None if self.prompts is None else list(self.prompts)
         d["percentiles"] = list(self.percentiles)
+        d["goodput"] = None if self.goodput is None else dict(self.goodput)
         return d
 
     @classmethod
@@ -262,6 +268,26 @@ def check_percentiles(qs: Iterable[float]) -> tuple[float, ...]:
     bad = [q for q in out if not 0.0 <= q <= 100.0]
     if bad:
         raise ValueError(f"percentiles must lie in [0, 100], got {bad[0]:g}")
+    return out
+
+
+#: what a goodput objective may bound, each per generation: time to first token,
+#: time per output token after it, and the whole generation
+SLO_METRICS = ("ttft", "tpot", "e2e")
+
+
+def check_slos(slos: Mapping[str, float]) -> dict[str, float]:
+    """Goodput objectives as a dict of :data:`SLO_METRICS` to milliseconds > 0."""
+    out: dict[str, float] = {}
+    for k, v in dict(slos).items():
+        if k not in SLO_METRICS:
+            raise ValueError(f"goodput objective {k!r} is not one of {', '.join(SLO_METRICS)}")
+        if isinstance(v, bool) or not isinstance(v, int | float) or not (
+                math.isfinite(v) and v > 0):
+            raise ValueError(f"goodput objective {k} must be milliseconds > 0, got {v!r}")
+        out[k] = float(v)
+    if not out:
+        raise ValueError("goodput needs at least one objective (ttft, tpot or e2e)")
     return out
 
 

@@ -57,6 +57,9 @@ def merge_reports(reports: Sequence[Mapping[str, Any]], *,
         if rep["mode"] != first["mode"]:
             raise ValueError(f"report {i} ran the {rep['mode']} loop, report 1 the "
                              f"{first['mode']} loop")
+        if rep["config"].get("goodput") != first["config"].get("goodput"):
+            raise ValueError(f"report {i} counts goodput against {rep['config'].get('goodput')}, "
+                             f"report 1 against {first['config'].get('goodput')}")
         if _burstiness(rep) != _burstiness(first):
             raise ValueError(f"report {i}'s arrivals have burstiness {_burstiness(rep):g}, "
                              f"report 1's {_burstiness(first):g}: together they are neither")
@@ -73,6 +76,8 @@ def merge_reports(reports: Sequence[Mapping[str, Any]], *,
     samples: dict[str, Any] = {k: [v for rep in reports for v in rep["samples"][k]]
                                for k in ("round_s", "round_tokens", "ttft_s", "tpot_s", "e2e_s")}
     samples["queue_wait_s"] = None
+    kept = [rep["samples"].get("generation_s") for rep in reports]
+    samples["generation_s"] = None if None in kept else [t for ts in kept for t in ts]
     errors = {k: sum(rep["errors"].get(k, 0) for rep in reports) for k in ERROR_CLASSES}
     starts = [rep["window_unix"][0] for rep in reports]
     ends = [rep["window_unix"][1] for rep in reports]
@@ -136,8 +141,22 @@ def merge_reports(reports: Sequence[Mapping[str, Any]], *,
              "machine": rep["machine"]}]],
     }
     finish(merged, samples, qs)
+    merged["goodput"] = _merged_goodput(reports)
     merged["ideal"] = None
     return merged
+
+
+def _merged_goodput(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The inputs' goodput added up (their objectives agree): the counts, and the
+    rate as the sum of theirs, as ``generations_per_s`` is."""
+    parts = [p for rep in reports if (p := rep.get("goodput")) is not None]
+    if len(parts) < len(reports):
+        return None
+    good = sum(p["generations"] for p in parts)
+    done = sum(p["completed"] for p in parts)
+    return {"slo_ms": dict(parts[0]["slo_ms"]), "generations": good,
+            "completed": done, "fraction": good / done if done else None,
+            "per_s": sum(p["per_s"] for p in parts)}
 
 
 __all__ = ["merge_reports"]

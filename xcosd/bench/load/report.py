@@ -68,6 +68,12 @@ def format_report(rep: dict[str, Any]) -> str:
     if arr:
         lines.append(f"  arrivals: {arr['in_window']} in the window ({arr['measured_rate']:.2f}/s "
                      f"of {arr['request_rate']:g}/s asked), {arr['scheduled']} scheduled in all")
+    gp = rep.get("goodput")
+    if gp:
+        slos = ", ".join(f"{k} <= {v:g} ms" for k, v in gp["slo_ms"].items())
+        frac = "" if gp["fraction"] is None else f", {100 * gp['fraction']:.1f} % of them"
+        lines.append(f"  goodput ({slos}): {gp['per_s']:,.2f} generations/s, "
+                     f"{gp['generations']} of {gp['completed']} completed{frac}")
     if rep.get("sources"):
         lines.append(f"  merged from {len(rep['sources'])} load generators; their windows "
                      + (f"overlap {rep['overlap_s']:.2f} s" if rep["overlap_s"] >= 0
