@@ -106,6 +106,9 @@ MISMATCH_KINDS = ("lost", "repeated", "wrong", "short", "long")
 #: examples of each failure kept in the report (the counts are complete)
 EXAMPLES = 5
 
+#: RSS samples the results text quotes, at most about (every k-th of a long run)
+SERIES_POINTS = 60
+
 
 @dataclass
 class SoakConfig:
@@ -1069,8 +1072,11 @@ def section_lines(rep: dict[str, Any] | None, image: str | None = None,
         seen = Counter(rep["edge_error_examples"])
         text.append("First errors: " + "; ".join(f"`{e}`" + (f" ({n}x)" if n > 1 else "")
                                                  for e, n in seen.items()) + ".")
-    series = ", ".join(f"{mb:.0f}" for _, mb in m["series_mb"])
-    text.append(f"Process RSS (cloud and devices together) every {c['sample_every_s']:g} s, "
+    # at most about SERIES_POINTS of the samples in the text (the plot has them all)
+    step = max(1, math.ceil(len(m["series_mb"]) / SERIES_POINTS))
+    series = ", ".join(f"{mb:.0f}" for _, mb in m["series_mb"][::step])
+    text.append(f"Process RSS (cloud and devices together) every "
+                f"{step * c['sample_every_s']:g} s, "
                 f"MiB: {series}. After warm-up ({m['warm_at_s']:g} s) {m['warm_mb']:.1f} MiB, at "
                 f"the end {m['end_mb']:.1f} MiB: x{m['growth']:.3f}, "
                 + ("flat" if m["flat"] else "**not flat**")
@@ -1082,7 +1088,12 @@ def section_lines(rep: dict[str, Any] | None, image: str | None = None,
                 + (f"; after a full collection at the warm-up sample and at the end, "
                    f"Python blocks / C heap in use went {_kept_text(m)} over "
                    f"{m['after_collection']['generations']:,} generations (the soak keeps "
-                   "one wall time per generation and one sample a tick of its own)"
+                   "one wall time per generation and one sample a tick of its own). Both "
+                   "are taken right after a full collection because between two the heap "
+                   "also holds garbage waiting for the next (a killed device's objects, "
+                   "reference cycles that outlived the young collections): part of what "
+                   "RSS climbs with before the baseline, beside libzmq's queue memory over "
+                   "ZeroMQ"
                    if m.get("after_collection") else "")
                 + ". The process used "
                 f"{cpu_cores(rep):.2f} cores on average over the window (cloud, its worker "
