@@ -747,7 +747,11 @@ async def test_rounds_bench_reports_rounds_against_the_bare_echo() -> None:
         assert p["cloud_us_per_round"] is None or p["cloud_us_per_round"] > 0
         assert p["ratio"] == pytest.approx(p["rounds_per_s"] / p["echo_msgs_per_s"])
         assert r["ratio"] == p["ratio"]
-    assert "ar zmq" in format_rounds(res)
+        # the second yardstick: the same sockets as the devices, one message each
+        assert p["layout_echo_msgs_per_s"] > 0
+        assert p["layout_ratio"] == pytest.approx(p["rounds_per_s"] / p["layout_echo_msgs_per_s"])
+        assert r["layout_ratio"] == p["layout_ratio"]
+    assert "ar zmq" in format_rounds(res) and "layout ratio" in format_rounds(res)
 
 
 def test_a_scaling_sweep_reports_the_gains_of_batching_and_of_merging() -> None:

@@ -22,7 +22,7 @@ def test_rounds_section_reports_the_ratio_to_the_echo() -> None:
            "results": {"xcosd-e zmq": {"rounds_per_s": 1_600.0, "echo_msgs_per_s": 10_000.0,
                                        "ratio": 0.16, "passes": passes}}}
     text = "\n".join(section_rounds(rep))
-    assert "| xcosd-e zmq | 64 | 1,600 | 6,400 | 10,000 | 0.16 | 0.15 0.17 0.16 |" in text
+    assert "| xcosd-e zmq | 64 | 1,600 | 6,400 | 10,000 | 0.16 | 0.15 0.17 0.16 | n/a | n/a |" in text
     assert "0.16x the bare echo's message rate (goal: 0.3x)" in text
     assert "devices in the one device process" not in text  # no many-device point
     assert "event loop ran" not in text  # no CPU measured
@@ -30,7 +30,13 @@ def test_rounds_section_reports_the_ratio_to_the_echo() -> None:
         p.update(devices_us_per_round=620.0, devices_loop_busy=busy, cloud_us_per_round=120.0,
                  cloud_loop_busy=0.6)
     text = "\n".join(section_rounds(rep))
-    assert "| 0.15 0.17 0.16 | 620 | 0.95 | 120 | 0.60 |" in text
+    assert "| 0.15 0.17 0.16 | n/a | n/a | 620 | 0.95 | 120 | 0.60 |" in text
+    # the layout echo, where the passes measured it
+    for p, lay in zip(passes, (5_000.0, 4_000.0, 6_000.0), strict=True):
+        p["layout_echo_msgs_per_s"] = lay
+    rep["results"]["xcosd-e zmq"]["layout_ratio"] = 0.32
+    text = "\n".join(section_rounds(rep))
+    assert "| 0.15 0.17 0.16 | 5,000 | 0.32 | 620 |" in text
     assert ("The devices' event loop ran 95% of the window, so the devices' process is the "
             "limit: it spends 594 µs on a round (the process 620 µs of CPU, its ZeroMQ thread "
             "included), where 0.3x of this echo is one round every 333 µs.") in text

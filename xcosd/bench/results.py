@@ -527,6 +527,7 @@ def section_rounds(rr: Any) -> list[str]:
              _f(statistics.median(p["tokens_per_s"] for p in r["passes"]), ",.0f"),
              f"{r['echo_msgs_per_s']:,.0f}", f"{r['ratio']:.2f}",
              " ".join(f"{p['ratio']:.2f}" for p in r["passes"]),
+             _f(med(r, "layout_echo_msgs_per_s"), ",.0f"), _f(r.get("layout_ratio"), ".2f"),
              _f(med(r, "devices_us_per_round"), ".0f"), _f(med(r, "devices_loop_busy"), ".2f"),
              _f(med(r, "cloud_us_per_round"), ".0f"), _f(med(r, "cloud_loop_busy"), ".2f")]
             for name, r in rr["results"].items()]
@@ -543,9 +544,14 @@ def section_rounds(rr: Any) -> list[str]:
              f"DEALER/ROUTER echo of 32-byte messages, {rr['window']} in flight, run just "
              "before and after each load run in the same process: the ratio is rounds/s over "
              f"echo messages/s, the median over {rr['repeats']} passes (each pass's ratio "
-             "listed).", "",
+             "listed). The *layout echo* is the same bare echo over the load test's own "
+             "sockets: as many DEALERs as devices, one 32-byte message in flight each, "
+             "bracketing each load run too (up to 256 devices); its *layout ratio* is what "
+             "xcosd costs over the sockets such a test needs, where the first ratio also "
+             "counts what that layout costs against one socket with a window.", "",
              table(rows, ["method / transport", "devices", "rounds/s", "tokens/s",
-                          "echo msgs/s", "ratio", "per pass", "devices µs/round",
+                          "echo msgs/s", "ratio", "per pass", "layout echo msgs/s",
+                          "layout ratio", "devices µs/round",
                           "devices loop busy", "cloud µs/round", "cloud loop busy"],
                    markdown=True), "",
              "*µs/round*: the CPU each side's processes spent in the window (every thread) per "

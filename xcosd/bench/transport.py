@@ -30,6 +30,11 @@ verdict is in flight is a device's idle time put to use, but 64 devices share th
 process, where it would be drafting work added to every round). Each load run is
 bracketed by two echo runs, and its ratio is its rounds/s over their mean: the bare
 echo is the yardstick of what this machine gives a Python process that minute.
+A second yardstick, run beside it, echoes the load test's own socket layout (as
+many DEALERs as devices, one message in flight each: :func:`bench_bare_zmq_layout`);
+the ``layout_ratio`` over it says what xcosd costs on top of the sockets a load
+test of that many devices needs, where the first ratio also counts what that
+layout costs against one socket with a window.
 One more point runs xcosd-e over ZeroMQ with :data:`MANY_DEVICES` devices from the
 one device process (``--many``): what a load test of thousands of devices costs a
 round. Medians over ``--repeat`` passes; writes ``bench/out/rounds.json``.
@@ -72,6 +77,9 @@ DEVICES = 64
 #: and of its one many-device point (xcosd-e over ZeroMQ): a load test of thousands
 #: of devices from one device process
 MANY_DEVICES = 2000
+#: the most devices whose socket layout the second yardstick echoes
+#: (:func:`bench_bare_zmq_layout`; the many-device point has none)
+MAX_LAYOUT_SOCKETS = 256
 #: warm-up of the many-device point: its devices' handshakes take a few seconds
 MANY_WARMUP_S = 4.0
 METHODS = ("xcosd-e", "ar")
@@ -156,6 +164,52 @@ async def bench_bare_zmq(size: int, n_rtt: int, n_pipe: int) -> dict[str, float]
     dealer.close(linger=0)
     ctx.term()
     return {"p50_us": _pct(rtts, 50), "p99_us": _pct(rtts, 99), "msgs_per_s": rate}
+
+
+async def bench_bare_zmq_layout(n_sockets: int, n_msgs: int, size: int = 32) -> float:
+    """The rounds' second yardstick: the same sockets as the load test's devices, a
+    ``zmq.asyncio`` ROUTER echoing ``n_sockets`` DEALERs that each keep one 32-byte
+    message in flight (as a closed-loop device keeps one round), all in this event
+    loop; messages per second over ``n_msgs``. Against :func:`bench_bare_zmq`'s one
+    DEALER with a window of them, it is what the layout itself costs: every message
+    wakes its own socket, and nothing batches in one pipe."""
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind("tcp://127.0.0.1:0")
+    endpoint = str(router.getsockopt_string(zmq.LAST_ENDPOINT))
+    dealers = [ctx.socket(zmq.DEALER) for _ in range(n_sockets)]
+    for d in dealers:
+        d.connect(endpoint)
+    payload = bytes(size)
+    got = 0
+    done = asyncio.get_running_loop().create_future()
+
+    async def server() -> None:
+        while True:
+            await router.send_multipart(await router.recv_multipart())
+
+    async def client(d: zmq.asyncio.Socket) -> None:
+        nonlocal got
+        await d.send(payload)
+        while True:
+            await d.recv()
+            got += 1
+            if got == n_msgs and not done.done():
+                done.set_result(time.perf_counter())
+            await d.send(payload)
+
+    tasks = [asyncio.ensure_future(server()), *(asyncio.ensure_future(client(d)) for d in dealers)]
+    while got < min(n_sockets, n_msgs // 10):  # every connection up and echoing
+        await asyncio.sleep(0.001)
+    got, t0 = 0, time.perf_counter()
+    t1 = await done
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for sock in (router, *dealers):
+        sock.close(linger=0)
+    ctx.term()
+    return n_msgs / (t1 - t0)
 
 
 def _median_row(passes: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -263,12 +317,18 @@ async def run_rounds(quick: bool, repeat: int, methods: Sequence[str] = METHODS,
     passes: dict[str, list[dict[str, Any]]] = {c[0]: [] for c in configs}
     for _ in range(max(1, repeat)):
         for name, m, t, n, warm in configs:
+            layout = n <= MAX_LAYOUT_SOCKETS
             before = await bare_echo_rate(n_echo)
+            lay0 = await bench_bare_zmq_layout(n, n_echo) if layout else None
             prof = profile if (m, t, n) == ("xcosd-e", "zmq", devices) else None
             r = await load_rounds(m, t, duration, warm, prof, n)
+            lay1 = await bench_bare_zmq_layout(n, n_echo) if layout else None
             after = await bare_echo_rate(n_echo)
             r["echo_msgs_per_s"] = (before + after) / 2
             r["ratio"] = r["rounds_per_s"] / r["echo_msgs_per_s"]
+            r["layout_echo_msgs_per_s"] = (lay0 + lay1) / 2 if lay0 and lay1 else None
+            r["layout_ratio"] = (r["rounds_per_s"] / r["layout_echo_msgs_per_s"]
+                                 if r["layout_echo_msgs_per_s"] else None)
             r["devices"] = n
             passes[name].append(r)
     results = {}
@@ -278,6 +338,8 @@ async def run_rounds(quick: bool, repeat: int, methods: Sequence[str] = METHODS,
             "rounds_per_s": statistics.median(p["rounds_per_s"] for p in ps),
             "echo_msgs_per_s": statistics.median(p["echo_msgs_per_s"] for p in ps),
             "ratio": statistics.median(p["ratio"] for p in ps),
+            "layout_ratio": (statistics.median(p["layout_ratio"] for p in ps)
+                             if all(p["layout_ratio"] for p in ps) else None),
             "passes": ps}
     return {"kind": "rounds", "devices": devices, "many_devices": many,
             "target": NULL_TARGET, "window": WINDOW,
@@ -289,11 +351,12 @@ def format_rounds(res: dict[str, Any]) -> str:
     lines = [f"\n{res['devices']} closed-loop devices, target {res['target']}, against the bare "
              f"pyzmq echo ({res['window']} in flight); median of {res['repeats']} pass(es)",
              f"{'method / transport':<32}{'rounds/s':>10}{'echo msgs/s':>13}{'ratio':>8}"
-             f"{'  per pass'}"]
+             f"{'layout ratio':>14}{'  per pass'}"]
     for name, r in res["results"].items():
         per = " ".join(f"{p['ratio']:.2f}" for p in r["passes"])
+        lay = "-" if r.get("layout_ratio") is None else f"{r['layout_ratio']:.2f}"
         lines.append(f"{name:<32}{r['rounds_per_s']:>10,.0f}{r['echo_msgs_per_s']:>13,.0f}"
-                     f"{r['ratio']:>8.2f}  {per}")
+                     f"{r['ratio']:>8.2f}{lay:>14}  {per}")
     return "\n".join(lines)
 
 
