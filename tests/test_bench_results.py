@@ -37,6 +37,9 @@ def test_rounds_section_reports_the_ratio_to_the_echo() -> None:
     rep["results"]["xcosd-e zmq"]["layout_ratio"] = 0.32
     text = "\n".join(section_rounds(rep))
     assert "| 0.15 0.17 0.16 | 5,000 | 0.32 | 620 |" in text
+    assert ("Against the layout echo (64 DEALERs, one message in flight each) the same "
+            "rounds run 0.32x: that layout alone echoes 0.50 of the one-socket echo's "
+            "rate") in text
     assert ("The devices' event loop ran 95% of the window, so the devices' process is the "
             "limit: it spends 594 µs on a round (the process 620 µs of CPU, its ZeroMQ thread "
             "included), where 0.3x of this echo is one round every 333 µs.") in text

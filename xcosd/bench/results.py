@@ -577,6 +577,13 @@ def section_rounds(rr: Any) -> list[str]:
                           f"{bound}: it spends {loop_us:.0f} µs on a round (the process "
                           f"{dev_us:.0f} µs of CPU, its ZeroMQ thread included), where 0.3x "
                           f"of this echo is one round every {need:.0f} µs.")
+        layout = med(e, "layout_echo_msgs_per_s")
+        if layout is not None and e.get("layout_ratio") is not None:
+            lines[-1] += (f" Against the layout echo ({rr['devices']} DEALERs, one message "
+                          f"in flight each) the same rounds run {e['layout_ratio']:.2f}x: that "
+                          f"layout alone echoes {layout / e['echo_msgs_per_s']:.2f} of the "
+                          "one-socket echo's rate, a cost any load test of that many "
+                          "devices pays, so the first ratio charges it to xcosd.")
         lines.append("")
     many = rr.get("many_devices")
     big = rr["results"].get(f"xcosd-e zmq, {many} devices") if many else None
