@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import io
+import itertools
 import json
 import math
 import time
@@ -29,6 +30,7 @@ from xcosd.bench.load import (
     Schedule,
     analyse,
     arrival_offsets,
+    concurrency_slots,
     draft_spec,
     format_report,
     generation_settings,
@@ -518,6 +520,55 @@ async def test_a_run_with_objectives_reports_its_goodput() -> None:
     assert hard["goodput"]["generations"] == 0 < hard["goodput"]["completed"]
 
 
+def test_the_concurrency_cap_splits_exactly_over_device_processes() -> None:
+    for cap, devices, procs in ((1, 1, 1), (3, 8, 3), (8, 8, 3), (20, 8, 3), (5, 5, 5)):
+        cfg = LoadConfig(devices=devices, request_rate=10.0, max_concurrency=cap, procs=procs)
+        ids = list(range(devices))
+        parts = [ids[i::procs] for i in range(procs)]  # how the runner splits the devices
+        shares = [concurrency_slots(cfg, part) for part in parts]
+        assert sum(shares) == cap and min(shares) >= 1, (cap, devices, procs, shares)
+    assert concurrency_slots(LoadConfig(request_rate=1.0), [0, 1]) is None
+    with pytest.raises(ValueError, match="closed loop"):
+        LoadConfig(max_concurrency=4)
+    with pytest.raises(ValueError, match="at least procs"):
+        LoadConfig(devices=8, request_rate=1.0, max_concurrency=2, procs=3)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="max_concurrency"):
+            LoadConfig(request_rate=1.0, max_concurrency=bad)  # type: ignore[arg-type]
+    p = build_parser()
+    args = p.parse_args(["bench", "load", "--request-rate", "5", "--max-concurrency", "3"])
+    assert load_config(args).max_concurrency == 3
+    with pytest.raises(SystemExit):
+        main(["bench", "load", "--max-concurrency", "3"])  # refused before anything loads
+
+
+@pytest.mark.parametrize("cap", [None, 1])
+async def test_an_arrival_past_the_cap_waits_for_a_slot_timed_from_its_arrival(
+        cap: int | None) -> None:
+    """Arrivals far faster than a generation takes: without a cap they run at once,
+    several in flight on the one device; with a cap of 1 they run one after another,
+    and the wait for the slot is in their latency (their start is the arrival)."""
+    cfg = LoadConfig(devices=1, target="synthetic:256:2:0.1", request_rate=400.0,
+                     duration_s=None, generations=6, warmup_generations=0, procs=0,
+                     max_concurrency=cap, generation=GenerationConfig(max_new_tokens=8))
+
+    async def go() -> Schedule:
+        return Schedule(time.monotonic(), None)
+
+    async with serving() as cloud:
+        records = await run_devices(cfg, cloud.endpoint, [0], go)
+    assert len(records) == 6 and not any(g["error"] or g["cut"] for g in records)
+    spans = sorted((g["rounds"][0][0], g["end"], g["start"]) for g in records)
+    overlaps = sum(1 for a, b in itertools.pairwise(spans) if b[0] < a[1])
+    if cap is None:
+        assert overlaps > 0  # the test can tell: uncapped, generations run side by side
+    else:
+        assert overlaps == 0
+        # the last arrival waited for five generations: its latency counts the wait
+        last = spans[-1]
+        assert last[0] - last[2] > 2 * (spans[0][1] - spans[0][0])
+
+
 async def test_concurrent_generations_on_one_device_keep_their_own_rounds() -> None:
     """An open loop runs several generations on one EdgeNode at once; each round goes
     to the log of its own generation (one ``on_round`` hook per node)."""
@@ -618,6 +669,11 @@ def test_merge_refuses_what_it_cannot_merge_exactly() -> None:
     both = merge_reports(opens[1:])
     assert both["arrivals"]["burstiness"] == 0.5 and both["arrivals"]["request_rate"] == 10.0
     assert "burstiness 0.5" in format_report(both)
+    capped = [analyse(dataclasses.replace(ocfg, max_concurrency=c), recs, [], None, {}, 100.0,
+                      None, scheduled=12) for c in (2, 3)]
+    assert merge_reports(capped)["config"]["max_concurrency"] == 5
+    assert merge_reports([capped[0], opens[0]])["config"]["max_concurrency"] is None
+    assert "at most 2 in flight" in format_report(capped[0])
     # goodput adds up over generators that counted it against the same objectives
     gcfg = dataclasses.replace(cfg, goodput={"e2e": 800.0})
     slo = analyse(gcfg, recs, [], None, {}, 100.0, None)

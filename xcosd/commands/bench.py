@@ -115,6 +115,10 @@ def _add_load(bsub: Any) -> None:
                    help="with --request-rate: the gaps between arrivals are gamma distributed "
                         "with shape B and the same mean (as vllm bench serve's option): 1 is "
                         "Poisson, below 1 burstier, above 1 more regular (default: 1)")
+    p.add_argument("--max-concurrency", type=positive_int, default=None, metavar="N",
+                   help="with --request-rate: at most N generations in flight (as vllm bench "
+                        "serve's option); an arrival past it waits for a slot, its latencies "
+                        "counted from its arrival (default: no cap)")
     p.add_argument("--goodput", type=slo, nargs="+", default=None, metavar="KEY:MS",
                    help="service-level objectives (ttft, tpot, e2e in ms, as vllm bench "
                         "serve's option): report the completed generations that met all of "
@@ -173,6 +177,9 @@ def check_load(args: argparse.Namespace) -> None:
         raise UsageError("--scaling sweeps the batching of a cloud it starts; not with --connect")
     if args.burstiness != 1.0 and args.request_rate is None:
         raise UsageError("--burstiness shapes the open loop's arrivals: it needs --request-rate")
+    if args.max_concurrency is not None and args.request_rate is None:
+        raise UsageError("--max-concurrency caps the open loop: it needs --request-rate (a "
+                         "closed loop's concurrency is its devices)")
     if args.prompts_file:
         from ..bench.load import read_prompts
 
@@ -209,6 +216,7 @@ def load_config(args: argparse.Namespace) -> Any:
         curve_secret=args.curve_secret, curve_server_key=args.curve_server_key,
         connect_timeout_s=args.connect_timeout, request_rate=args.request_rate,
         burstiness=args.burstiness, goodput=dict(args.goodput) if args.goodput else None,
+        max_concurrency=args.max_concurrency,
         prompts=read_prompts(args.prompts_file) if args.prompts_file else None,
         percentiles=tuple(args.percentiles))
 

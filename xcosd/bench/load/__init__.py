@@ -68,14 +68,22 @@ from .config import (
     generation_settings,
     read_prompts,
 )
-from .devices import ERROR_CLASSES, Schedule, WindowEnded, arrival_offsets, run_devices
+from .devices import (
+    ERROR_CLASSES,
+    Schedule,
+    WindowEnded,
+    arrival_offsets,
+    concurrency_slots,
+    run_devices,
+)
 from .merge import merge_reports
 from .report import SCALING_HEADER, format_report, scaling_rows
 from .run import RecordingModel, run_load, run_load_sync, run_scaling
 
 __all__ = ["BATCHING_MODES", "DEFAULT_PERCENTILES", "DEFAULT_TARGET", "ERROR_CLASSES", "PROMPTS",
            "SCALING_HEADER", "SCHEMA_VERSION", "LoadConfig", "RecordingModel", "Schedule",
-           "WindowEnded", "analyse", "arrival_offsets", "batching_mode", "draft_spec",
+           "WindowEnded", "analyse", "arrival_offsets", "batching_mode", "concurrency_slots",
+           "draft_spec",
            "format_report", "generation_settings", "ideal", "merge_reports", "read_prompts",
            "run_devices", "run_load", "run_load_sync", "run_scaling", "scaling_rows", "summarize",
            "window_of"]

@@ -88,6 +88,11 @@ class LoadConfig:
     ``vllm bench serve``'s option does: the gaps between them are gamma distributed
     with that shape and a mean of ``1 / request_rate``, so 1 is the Poisson process,
     below 1 arrivals come in bursts, above 1 more evenly (the rate is the same).
+    ``max_concurrency`` caps the open loop's generations in flight, as ``vllm bench
+    serve``'s option does (an upstream gateway's limit, or a guard for the load
+    generator when the cloud saturates): an arrival past the cap waits for a slot,
+    and its latencies still count from its arrival. Device ``j % devices`` owns slot
+    ``j``, so the cap splits exactly over device processes (each needs one).
     """
 
     devices: int = 16
@@ -133,6 +138,8 @@ class LoadConfig:
     request_rate: float | None = None
     #: the open loop's gamma shape of the gaps between arrivals (1: Poisson)
     burstiness: float = 1.0
+    #: the open loop's cap on generations in flight; ``None``: none
+    max_concurrency: int | None = None
     #: service-level objectives in ms (``ttft``, ``tpot``, ``e2e``): the report's
     #: ``goodput`` counts the generations that met all of them; ``None``: none
     goodput: dict[str, float] | None = None
@@ -175,6 +182,14 @@ class LoadConfig:
         if self.burstiness != 1.0 and self.request_rate is None:
             raise ValueError("burstiness shapes the open loop's arrivals: it needs a "
                              "request_rate")
+        if self.max_concurrency is not None:
+            if (isinstance(self.max_concurrency, bool) or not isinstance(self.max_concurrency, int)
+                    or self.max_concurrency < 1):
+                raise ValueError(f"max_concurrency must be an integer >= 1, got "
+                                 f"{self.max_concurrency!r}")
+            if self.request_rate is None:
+                raise ValueError("max_concurrency caps the open loop (request_rate); a closed "
+                                 "loop's concurrency is its devices")
         if self.goodput is not None:
             self.goodput = check_slos(self.goodput)
         if self.prompts is not None:
@@ -190,6 +205,10 @@ class LoadConfig:
         elif self.procs and why:
             raise ValueError(f"{why}: a device process loads its draft by name; run the devices "
                              "in this event loop (procs=0) or give the draft as a spec")
+        if (self.max_concurrency is not None
+                and self.max_concurrency < min(self.procs, self.devices)):
+            raise ValueError(f"max_concurrency {self.max_concurrency} leaves a device process "
+                             f"without a slot: it must be at least procs ({self.procs})")
 
     def in_process_only(self) -> str | None:
         """Why the devices must run in this process (a model object they draft

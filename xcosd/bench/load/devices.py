@@ -180,12 +180,15 @@ async def _generation(idx: int, k: int, edge: EdgeNode, cfg: LoadConfig, sched: 
     ``start``, as the record the module docstring describes."""
     log = _RoundLog(sched.end if sched.end is not None else math.inf)
     _CURRENT.set(log)  # this task's own context: other generations keep theirs
+    late = sched.end is not None and time.monotonic() >= sched.end  # got a slot too late
     prompts = cfg.prompt_list
     rec: dict[str, Any] = {"device": idx, "k": k, "warmup": warmup, "start": start,
                            "end": start, "first": None, "tokens": 0, "error": None,
                            "message": None, "cut": False, "busy_retries": 0, "resumes": 0,
                            "up_bytes": 0, "down_bytes": 0}
     try:
+        if late:  # an open loop's arrival that waited for a slot past the window
+            raise WindowEnded()
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the generation
         # in a task of its own, one more task per generation for thousands of devices
         async with asyncio.timeout(max(0.0, start + cfg.timeout_s - time.monotonic())):
@@ -241,6 +244,15 @@ async def _open_loop(ids: Sequence[int], edges: Sequence[EdgeNode], cfg: LoadCon
     generator that falls behind shows in the latencies instead of hiding
     (coordinated omission)."""
     mine = {i: e for i, e in zip(ids, edges, strict=True)}
+    slots = concurrency_slots(cfg, ids)
+    gate = None if slots is None else asyncio.Semaphore(slots)
+
+    async def arrive(idx: int, k: int, at: float, warmup: bool) -> dict[str, Any]:
+        if gate is None:
+            return await _generation(idx, k, mine[idx], cfg, sched, at, warmup)
+        async with gate:  # past the cap: wait for a slot, timed from the arrival
+            return await _generation(idx, k, mine[idx], cfg, sched, at, warmup)
+
     tasks: list[asyncio.Task[dict[str, Any]]] = []
     for j, off in enumerate(arrival_offsets(cfg)):
         idx, k = j % cfg.devices, j // cfg.devices
@@ -249,8 +261,19 @@ async def _open_loop(ids: Sequence[int], edges: Sequence[EdgeNode], cfg: LoadCon
         at = sched.go + off
         await asyncio.sleep(max(0.0, at - time.monotonic()))
         warmup = cfg.generations is not None and k < cfg.warmup_generations
-        tasks.append(asyncio.create_task(_generation(idx, k, mine[idx], cfg, sched, at, warmup)))
+        tasks.append(asyncio.create_task(arrive(idx, k, at, warmup)))
     return list(await asyncio.gather(*tasks))
+
+
+def concurrency_slots(cfg: LoadConfig, ids: Sequence[int]) -> int | None:
+    """The share of ``cfg.max_concurrency`` of the devices ``ids`` (one process's):
+    device ``j % devices`` owns slot ``j``, so the shares of all processes add up to
+    the cap exactly. ``None``: no cap."""
+    cap = cfg.max_concurrency
+    if cap is None:
+        return None
+    per, extra = divmod(cap, cfg.devices)
+    return sum(per + (i < extra) for i in ids)
 
 
 def curve_client(cfg: LoadConfig) -> Any:
@@ -350,5 +373,5 @@ def worker_main() -> None:
 
 
 __all__ = ["ERROR_CLASSES", "Round", "Schedule", "WindowEnded", "arrival_offsets",
-           "curve_client", "device_models", "error_class", "load_draft", "run_devices",
+           "concurrency_slots", "curve_client", "device_models", "error_class", "load_draft", "run_devices",
            "spec_target_vocab", "worker_main"]

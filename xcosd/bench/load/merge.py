@@ -86,8 +86,9 @@ def merge_reports(reports: Sequence[Mapping[str, Any]], *,
         up += rep["bytes"]["up_total"]
         down += rep["bytes"]["down_total"]
     config = dict(first["config"])
+    caps = [rep["config"].get("max_concurrency") for rep in reports]
     config.update(devices=total("devices"), procs=sum(rep["config"]["procs"] for rep in reports),
-                  percentiles=list(qs))
+                  percentiles=list(qs), max_concurrency=None if None in caps else sum(caps))
     arrivals = None
     if first["mode"] == "open":
         scheduled = [rep["arrivals"]["scheduled"] for rep in reports]

@@ -48,6 +48,7 @@ def format_report(rep: dict[str, Any]) -> str:
     b = float(c.get("burstiness", 1.0))
     loop = (f"open loop at {c['request_rate']:g} generations/s"
             + (f" (gamma gaps, burstiness {b:g})" if b != 1.0 else "")
+            + (f", at most {c['max_concurrency']} in flight" if c.get("max_concurrency") else "")
             if open_loop else "closed loop")
     if c.get("connect"):
         where = f"the cloud at {c['connect']}" + (f" ({rep['target']})" if rep.get("target") else "")
