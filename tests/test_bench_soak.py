@@ -81,6 +81,7 @@ async def test_soak_survives_kills_a_restart_and_a_lossy_link() -> None:
     kept = rep["memory"]["after_collection"]
     assert kept is not None
     assert kept["to_s"] > kept["from_s"] >= cfg.warmup_fraction * cfg.duration_s
+    assert kept["from_s"] == rep["memory"]["warm_at_s"]  # the baseline is the collected sample
     assert [s["phase"] for s in rep["samples"] if s.get("collected")][-1] == "end"
     assert set(heap_mb()) <= set(rep["samples"][0])  # the heap's fields where the C library has them
     # the results section renders from it, every check named

@@ -8,7 +8,7 @@ Reports are plain dicts of JSON types, so a test can check their invariants and
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import importlib.metadata
 import json
 import os
@@ -48,18 +48,17 @@ class _Mallinfo2(ctypes.Structure):
         "fordblks", "keepcost")]
 
 
+@functools.cache
 def _mallinfo2() -> Any:
+    """glibc's ``mallinfo2`` from the process's own symbols (``None`` where the C
+    library is not glibc 2.33 or later)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-        fn = libc.mallinfo2
-    except (OSError, AttributeError):  # not glibc, or older than 2.33
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
         return None
     fn.restype = _Mallinfo2
     fn.argtypes = []
     return fn
-
-
-_MALLINFO2 = _mallinfo2()
 
 
 def heap_mb() -> dict[str, float | int]:
@@ -72,8 +71,9 @@ def heap_mb() -> dict[str, float | int]:
     grows what is in use; fragmentation grows what is free. The two heap fields
     are absent where the C library is not glibc 2.33 or later."""
     out: dict[str, float | int] = {"py_blocks": sys.getallocatedblocks()}
-    if _MALLINFO2 is not None:
-        m = _MALLINFO2()
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is not None:
+        m = mallinfo2()
         out["heap_used_mb"] = round((m.uordblks + m.hblkhd) / (1 << 20), 2)
         out["heap_free_mb"] = round(m.fordblks / (1 << 20), 2)
     return out

@@ -610,8 +610,9 @@ class _Soak:
             due = self.t0 + k * self.cfg.sample_every_s
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             self.loop_lag_s = max(self.loop_lag_s, time.monotonic() - due)
-            # the memory baseline after a full collection (see _sample)
-            collect = not collected and due - self.t0 >= warm_at
+            # the memory baseline after a full collection (see _sample): the first
+            # sample at warm_at or later, as memory_summary picks its baseline
+            collect = not collected and time.monotonic() - self.t0 >= warm_at
             collected = collected or collect
             self._sample(collect=collect)
             k += 1
