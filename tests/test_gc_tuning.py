@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Iterator
 
@@ -62,3 +63,40 @@ def test_the_processes_with_many_sessions_run_under_it() -> None:
         assert any(getattr(m, "func", None) is raw for m in managers), fn.__qualname__
     assert not any(getattr(c.cell_contents, "func", None) is raw
                    for c in bench.run_methods.__closure__ or ())
+
+
+async def test_a_node_that_closed_is_freed_without_a_collection() -> None:
+    """Under many_sessions_gc full collections are rare, so whatever a process
+    drops must not wait for one: an edge node that generated and closed, and the
+    cloud's side of its session, are freed by reference counting alone (no
+    reference cycle through the node's handshake, connection or meter)."""
+    import weakref
+
+    from xcosd.bench.load.devices import load_draft, spec_target_vocab
+    from xcosd.config import GenerationConfig
+    from xcosd.models import load_model
+    from xcosd.nodes import CloudNode, EdgeNode
+
+    spec = "synthetic:256:0:0"
+    tv = spec_target_vocab(spec)
+    draft = load_draft("synthetic-draft", tv)
+    async with CloudNode(load_model(spec), bind="tcp://127.0.0.1:0") as cloud:
+        async def lifetime() -> weakref.ref[EdgeNode]:
+            edge = EdgeNode(draft, cloud.endpoint, config=GenerationConfig(max_new_tokens=8),
+                            target_vocab=tv)
+            await edge.start()
+            await edge.generate("hello")
+            await edge.close()
+            return weakref.ref(edge)
+
+        await lifetime()  # the first one also fills caches that live on
+        await asyncio.sleep(0.05)
+        gc.collect()
+        gc.disable()
+        try:
+            gone = await lifetime()
+            await asyncio.sleep(0.05)  # the loop lets go of the node's finished tasks
+            assert gone() is None
+            assert gc.collect() == 0  # and nothing else it made was left in a cycle
+        finally:
+            gc.enable()

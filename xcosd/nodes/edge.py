@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -247,7 +248,11 @@ class EdgeNode:
             if vocab_map.draft.fingerprint != draft.vocab.fingerprint:
                 raise ValueError("vocab_map was built for another draft vocabulary")
             target_vocab = vocab_map.target
-        self._handshake = EdgeHandshake(self._build_map, target_vocab, name, vocab_map)
+        # the map's builder holds the draft's vocabulary, not this node: a bound method
+        # here would make node and handshake a reference cycle, which only a full
+        # collection frees (rare in a process with many sessions: xcosd/gc_tuning.py)
+        self._handshake = EdgeHandshake(partial(VocabMap, self.draft.vocab), target_vocab, name,
+                                        vocab_map)
         self._space: Space | None = None
         self._conn: Connection | None = None
         self._epoch = 0
@@ -324,9 +329,6 @@ class EdgeNode:
     def server_id(self) -> str | None:
         w = self._handshake.welcome
         return w.server_id if w is not None else None
-
-    def _build_map(self, target_vocab: Vocabulary) -> VocabMap:
-        return VocabMap(self.draft.vocab, target_vocab)
 
     # -- connection ------------------------------------------------------------------
 
