@@ -500,6 +500,12 @@ class _Soak:
             await asyncio.wait_for(dev.edge.close(), 10.0)
         except Exception:  # a close past its deadline, or one that failed
             self.kill_overruns += 1
+        # the soak's own references in a cycle (the cancelled task's frames hold the
+        # device, the device its task; the node's round hook, the device): let go of
+        # them, so the dead device is freed now and the memory figures are the
+        # library's, not garbage of this harness waiting for a full collection
+        dev.task = None
+        dev.edge.on_round = None
 
     async def _start_retrying(self, deadline: float) -> _Device | None:
         """A new device, as a real one would get going: a failed start (counted by
