@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..report import machine
-from .config import LoadConfig, draft_spec, model_name, percentile_key
+from .config import SLO_METRICS, LoadConfig, draft_spec, model_name, percentile_key
 from .devices import ERROR_CLASSES
 
 #: the version of the report's layout (docs/LOAD.md); reports without the key are
@@ -125,17 +125,18 @@ def analyse(cfg: LoadConfig, records: list[dict[str, Any]],
     in_window = [g for g in records if w0 <= g["start"] <= w1 and not g.get("warmup")]
     done = [g for g in in_window if g["end"] <= w1 and not g["error"] and not g["cut"]]
     observed = calls is not None and cloud_stats is not None
+    # each completed generation's [ttft, tpot, e2e] together (what goodput asks); the
+    # per-token and end-to-end summaries read their columns
+    times = [_generation_times(g) for g in done]
     samples: dict[str, Any] = {
         "round_s": [r[1] - r[0] for _, r in rounds],
         "round_tokens": [r[2] for _, r in rounds],
         "ttft_s": [g["first"] - g["start"] for g in in_window
                    if g["first"] is not None and g["first"] <= w1],
-        "tpot_s": [(g["end"] - g["first"]) / (g["tokens"] - 1) for g in done
-                   if g["first"] is not None and g["tokens"] > 1],
-        "e2e_s": [g["end"] - g["start"] for g in done],
+        "tpot_s": [t[1] for t in times if t[1] is not None],
+        "e2e_s": [t[2] for t in times],
         "queue_wait_s": None,
-        # each completed generation's [ttft, tpot, e2e] together: what goodput asks
-        "generation_s": [_generation_times(g) for g in done],
+        "generation_s": times,
     }
 
     errors = dict.fromkeys(ERROR_CLASSES, 0)
@@ -202,7 +203,8 @@ def analyse(cfg: LoadConfig, records: list[dict[str, Any]],
 
 
 def _generation_times(g: Mapping[str, Any]) -> list[float | None]:
-    """A completed generation's ``[ttft, tpot, e2e]`` in seconds (``None`` where it
+    """A completed generation's times in :data:`~xcosd.bench.load.config.SLO_METRICS`
+    order, ``[ttft, tpot, e2e]``, in seconds (``None`` where it
     has none: no token, or a single one, has no time per token after the first)."""
     first = g["first"]
     return [None if first is None else first - g["start"],
@@ -221,8 +223,7 @@ def goodput(times: Sequence[Sequence[float | None]] | None, slo_ms: Mapping[str,
     written before they were kept)."""
     if slo_ms is None or times is None:
         return None
-    idx = {"ttft": 0, "tpot": 1, "e2e": 2}
-    bounds = [(idx[k], v / 1e3) for k, v in slo_ms.items()]
+    bounds = [(SLO_METRICS.index(k), v / 1e3) for k, v in slo_ms.items()]  # times' order
 
     def met(t: Sequence[float | None]) -> bool:
         return all((x := t[i]) is None or x <= b for i, b in bounds)
