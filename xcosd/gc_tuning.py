@@ -12,6 +12,13 @@ of a round's objects die young, and ``xcosd serve`` with ``xcosd bench load`` ra
 21-34 % more rounds a second in three alternating pairs of runs, while 64 devices
 ran no slower. A cloud with thousands of sessions keeps objects the same way.
 
+The price is that a full collection becomes rare (about every five million net
+allocations), so garbage in a reference cycle stays until then: what these
+processes drop must be freed by reference counting alone. The tests in
+``tests/test_gc_tuning.py`` hold the nodes to that for an edge node that generated
+and closed (with the cloud's side of its session) and for the cloud's refusals of a
+hostile peer's messages.
+
 Only the processes xcosd owns are tuned (``xcosd serve`` and its replicas, the
 ``xcosd bench`` commands and their device processes); an application that embeds
 the nodes keeps whatever collector settings it chose.
