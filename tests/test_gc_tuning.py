@@ -106,48 +106,39 @@ async def test_refused_messages_leave_nothing_for_a_collection() -> None:
     """A cloud refuses a hostile peer's messages all day; under many_sessions_gc
     what each refusal makes (the exception, its traceback's frames, the error sent
     back) must go with reference counting, not wait for a rare full collection.
-    Over a real DEALER: frames that are not msgpack, headers that are not a map or
-    name an unknown type, and, after a handshake, requests for sessions never
-    opened. Each kind is checked to have been answered with its error."""
+    Over a real ZeroMQ connection: frames that are not msgpack, headers that are
+    not a map or name an unknown type, and, after a handshake, requests for
+    sessions never opened. Each kind is checked to have been answered with its
+    error."""
     import msgpack
-    import zmq
-    import zmq.asyncio
 
     from xcosd.bench.load.devices import load_draft, spec_target_vocab
     from xcosd.methods.base import RequestKind
     from xcosd.models import load_model
     from xcosd.nodes import CloudNode
-    from xcosd.protocol import EdgeHandshake, Message, RequestMsg, pack, unpack
-    from xcosd.vocab import VocabMap
+    from xcosd.protocol import RequestMsg, pack
+    from xcosd.transport import connect
+
+    from .helpers.raw import handshake, reply
 
     spec = "synthetic:256:0:0"
-    tv = spec_target_vocab(spec)
-    draft = load_draft("synthetic-draft", tv)
+    draft = load_draft("synthetic-draft", spec_target_vocab(spec))
     kinds = [  # (the error each is answered with, the message)
         ("bad_frame", lambda i: [b"\x00\x01 not msgpack"]),
         ("bad_frame", lambda i: [msgpack.packb(["draft", i])]),  # a header not a map
         ("unknown_type", lambda i: [msgpack.packb({"t": "nope", "s": i})]),
-        ("no_session", lambda i: [bytes(f) for f in pack(RequestMsg(1000 + i, 1, 0, RequestKind.MORE))]),
+        ("no_session", lambda i: pack(RequestMsg(1000 + i, 1, 0, RequestKind.MORE))),
     ]
     async with CloudNode(load_model(spec), bind="tcp://127.0.0.1:0") as cloud:
-        ctx = zmq.asyncio.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.connect(cloud.endpoint)
+        conn = await connect(cloud.endpoint)
         try:
-            hs = EdgeHandshake(lambda target: VocabMap(draft.vocab, target))
-            pending: list[Message] = [hs.hello()]
-            while not hs.ready:
-                for m in pending:
-                    await sock.send_multipart([bytes(f) for f in pack(m)])
-                reply = await asyncio.wait_for(sock.recv_multipart(), 10)
-                pending = list(hs.receive(unpack(reply)).send)
+            await handshake(conn, draft)
 
             async def refuse(n: int) -> None:
                 for _, make in kinds:
                     for i in range(n):
-                        await sock.send_multipart(make(i))
-                        await asyncio.wait_for(sock.recv_multipart(), 10)  # its error
+                        await conn.send(make(i))
+                        await reply(conn)  # its error
 
             await refuse(5)  # first refusals fill caches that live on
             await asyncio.sleep(0.05)
@@ -164,5 +155,4 @@ async def test_refused_messages_leave_nothing_for_a_collection() -> None:
                 want[code] = want.get(code, 0) + 55
             assert {str(k): v for k, v in cloud.stats()["errors_by_code"].items()} == want
         finally:
-            sock.close(0)
-            ctx.term()
+            await conn.close()
