@@ -33,11 +33,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("methods", ("xcosd.methods", "xcosd.simulate")),
     ("wire", ("xcosd.wire",)),
     ("protocol", ("xcosd.protocol",)),
-    ("transport", ("xcosd.transport",)),
+    ("transport", ("xcosd.transport", "xcosd.http")),
     ("models", ("xcosd.models",)),
     # the generation config is what an edge node and the CLI are given; the collector
     # setting, what a process with many nodes' sessions runs under
     ("nodes", ("xcosd.nodes", "xcosd.config", "xcosd.gc_tuning")),
+    # the OpenAI-compatible HTTP API: an edge node behind HTTP
+    ("api", ("xcosd.api",)),
     ("bench", ("xcosd.bench",)),
     # the entry points, and the package root that re-exports the public names
     ("commands", ("xcosd.commands", "xcosd.cli", "xcosd.__main__", "xcosd")),
