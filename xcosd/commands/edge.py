@@ -1,11 +1,18 @@
-"""``xcosd edge``: run an EdgeNode against a cloud and generate.
+"""``xcosd edge``: run an EdgeNode against a cloud and generate, or serve the
+OpenAI-compatible HTTP API.
 
     xcosd edge --connect tcp://127.0.0.1:5555 --method xcosd-e "Return a new list"
+    xcosd edge serve --connect tcp://127.0.0.1:5555 --http 127.0.0.1:8000
 
 Text streams to stdout as it is committed; a stats line per generation goes to
 stderr. ``--json`` prints instead one JSON object per prompt on stdout (text, token
 ids, finish reason, full stats). Several prompts (arguments, or ``--prompts-file``
 with one per line) run concurrently with ``--concurrent``.
+
+``--http HOST:PORT`` (``serve`` before the options reads better and is allowed)
+serves ``xcosd.api``'s OpenAI-compatible API instead: every HTTP request is a
+generation on the node's one cloud connection, with the command's generation
+options as each request's defaults, until SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import sys
 from typing import Any
 
 from .options import (
+    UsageError,
     add_curve_client_args,
     add_generation_args,
     add_link_args,
@@ -28,8 +36,10 @@ from .options import (
     endpoint,
     existing_file,
     generation_config,
+    host_port,
     link_from_args,
     positive_float,
+    positive_int,
     probe,
 )
 from .serve import run_main
@@ -48,6 +58,15 @@ def add_parser(sub: Any) -> None:
                    help="the cloud's endpoint")
     add_transport_arg(p)
     add_generation_args(p, method_options=True, stop=True)
+    p.add_argument("--http", default=None, type=host_port, metavar="HOST:PORT",
+                   help="serve the OpenAI-compatible API on HOST:PORT instead of generating "
+                        "(port 0: any free port; the address is printed)")
+    p.add_argument("--model-name", default=None,
+                   help="with --http: the model id clients name (default: the cloud's target)")
+    p.add_argument("--max-in-flight", type=positive_int, default=64,
+                   help="with --http: generations at once; more get 429 (default 64)")
+    p.add_argument("--max-tokens-limit", type=positive_int, default=4096,
+                   help="with --http: the most tokens one request may ask for")
     p.add_argument("--concurrent", action="store_true", help="run all prompts at once")
     p.add_argument("--no-stream", action="store_true", help="print each text when done")
     p.add_argument("--json", action="store_true",
@@ -65,6 +84,12 @@ def add_parser(sub: Any) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
+    if args.prompts[:1] == ["serve"]:  # `xcosd edge serve --http ...`
+        if args.http is None:
+            raise UsageError("edge serve needs --http HOST:PORT")
+        args.prompts = args.prompts[1:]
+    if args.http is not None and (args.prompts or args.prompts_file):
+        raise UsageError("--http serves requests: give no prompts")
     generation_config(args)
     check_curve_client(args)
     check_model(args.draft, "--draft")
@@ -81,7 +106,7 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_main(_edge(args), args.uvloop)
+    return run_main(_serve_http(args) if args.http is not None else _edge(args), args.uvloop)
 
 
 def stats_line(st: Any) -> str:
@@ -91,7 +116,8 @@ def stats_line(st: Any) -> str:
             f"{st.tokens_per_s:.1f} tok/s wall, {st.finish_reason}")
 
 
-async def _edge(args: argparse.Namespace) -> int:
+async def _node(args: argparse.Namespace) -> Any:
+    """The EdgeNode the options describe (not started)."""
     from ..models import load_model
     from ..nodes import EdgeNode
 
@@ -105,11 +131,39 @@ async def _edge(args: argparse.Namespace) -> int:
         curve = CurveClient.from_files(args.curve_secret, args.curve_server_key)
     print(f"loading {args.draft} ...", file=sys.stderr, flush=True)
     draft = await asyncio.to_thread(load_model, args.draft)
+    return EdgeNode(draft=draft, connect=args.connect, transport=args.transport,
+                    config=cfg, link=link_from_args(args), curve=curve,
+                    timeout_s=args.timeout, connect_timeout_s=args.connect_timeout)
+
+
+async def _serve_http(args: argparse.Namespace) -> int:
+    import signal
+
+    from ..api import OpenAIApp, RequestLimits
+    from ..http import HttpServer
+
+    host, port = args.http
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with await _node(args) as edge:
+        limits = RequestLimits(max_tokens=args.max_tokens_limit,
+                               default_max_tokens=min(args.max_new_tokens or 256,
+                                                      args.max_tokens_limit))
+        api = OpenAIApp(edge, model=args.model_name, limits=limits,
+                        max_in_flight=args.max_in_flight)
+        async with HttpServer(api, host, port, max_connections=4 * args.max_in_flight + 16,
+                              name="xcosd-edge-http") as http:
+            print(f"serving {api.model!r} on {http.url}/v1 (cloud {args.connect})",
+                  file=sys.stderr, flush=True)
+            await stop.wait()
+    return 0
+
+
+async def _edge(args: argparse.Namespace) -> int:
     prompts = _prompts(args)
-    async with EdgeNode(draft=draft, connect=args.connect, transport=args.transport,
-                        config=cfg, link=link_from_args(args), curve=curve,
-                        timeout_s=args.timeout,
-                        connect_timeout_s=args.connect_timeout) as edge:
+    async with await _node(args) as edge:
         if args.concurrent or args.no_stream or args.json:
             results = ([await edge.generate(p) for p in prompts] if not args.concurrent
                        else await asyncio.gather(*[edge.generate(p) for p in prompts]))

@@ -161,6 +161,15 @@ def method_list(s: str) -> list[str]:
     return names
 
 
+def host_port(s: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) of an HTTP server; port 0: any free one."""
+    host, sep, port = s.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {s!r}")
+    return host, int(port)
+
+
 def endpoint(s: str) -> str:
     """``tcp://HOST:PORT`` (either transport) or ``ipc://PATH`` (ZeroMQ); checked here
     because a malformed endpoint otherwise shows up as a connection that never comes."""

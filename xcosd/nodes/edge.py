@@ -330,6 +330,24 @@ class EdgeNode:
         w = self._handshake.welcome
         return w.server_id if w is not None else None
 
+    @property
+    def connected(self) -> bool:
+        """Whether the node holds a live connection to its cloud now (an HTTP front
+        reports it as its health)."""
+        return self._connected and not self._closed
+
+    @property
+    def target_name(self) -> str | None:
+        """The cloud's target model name, as its welcome said (``None`` before)."""
+        w = self._handshake.welcome
+        return w.target_name if w is not None else None
+
+    @property
+    def target_size(self) -> int | None:
+        """The target vocabulary's size (``None`` before the handshake)."""
+        w = self._handshake.welcome
+        return w.target_size if w is not None else None
+
     # -- connection ------------------------------------------------------------------
 
     async def _teardown(self) -> None:

@@ -1,0 +1,9 @@
+"""The edge's OpenAI-compatible HTTP API: any OpenAI client gets the cloud's
+target model, exactly, through an edge node (:class:`OpenAIApp`, an ASGI app;
+``xcosd edge serve --http HOST:PORT`` serves it). See ``docs/API.md``."""
+
+from .app import OpenAIApp, openai_app
+from .errors import APIError
+from .requests import RequestLimits
+
+__all__ = ["APIError", "OpenAIApp", "RequestLimits", "openai_app"]

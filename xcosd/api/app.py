@@ -1,0 +1,475 @@
+"""The OpenAI-compatible HTTP API of an edge node, as an ASGI app.
+
+:class:`OpenAIApp` wraps a running :class:`~xcosd.nodes.EdgeNode`; every HTTP
+request becomes one generation (one cloud session) on the edge's one connection.
+It is a Starlette app, so a user can mount it in their own ASGI server (FastAPI,
+Starlette, any ASGI host); ``xcosd edge --http`` serves it with
+:class:`xcosd.http.HttpServer`.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (each streamed as
+Server-Sent Events with ``"stream": true``, else one JSON object), ``GET
+/v1/models``, ``GET /health`` (200 while the cloud is connected, 503 otherwise),
+``GET /metrics`` (Prometheus: :mod:`xcosd.api.metrics`).
+
+What it guarantees:
+
+* **The target's law.** Sampling settings map one to one onto the edge's
+  :class:`~xcosd.config.GenerationConfig`; whatever would change the output and is
+  not implemented is refused (:mod:`xcosd.api.requests`). A chat is rendered by the
+  **target's** chat template on the cloud (:meth:`EdgeNode.chat_prompt`) and the
+  generation starts from those target ids, so its output is the target's own
+  answer to the conversation; it ends at the target's end-of-turn token
+  (``finish_reason "stop"``). Stop strings are left out of the text, as OpenAI does
+  (:mod:`xcosd.api.stop`).
+* **Bounded.** At most ``max_in_flight`` generations at once: one more gets 429
+  with ``Retry-After``; a body over ``max_body_bytes`` is refused (413) before it is
+  read whole.
+* **A client that goes away costs nothing.** Each generation runs as a task that
+  is cancelled the moment the client disconnects (streamed or not), which closes
+  its session on the cloud at once.
+* **Errors are OpenAI's error objects** with the right status (400, 404, 405,
+  413, 415, 429, 503, 504), and nothing a request does stops the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from ..config import GenerationConfig
+from ..errors import ErrorCode, XcosdError
+from ..http.exposition import metrics_response
+from ..nodes.edge import EdgeNode
+from ..nodes.stats import GenerationResult
+from . import responses as R
+from .errors import APIError, invalid
+from .metrics import EdgeMetrics
+from .requests import ChatRequest, CompletionRequest, RequestLimits, parse_chat, parse_completion
+from .stop import StopTrim
+
+log = logging.getLogger(__name__)
+
+#: error codes of the cloud or the link, and the HTTP status each becomes
+STATUS_FOR_CODE: dict[str, int] = {
+    ErrorCode.BUSY: 429,
+    ErrorCode.METHOD: 400, ErrorCode.CODEC: 400, ErrorCode.BAD_FIELD: 400,
+    ErrorCode.BAD_TOKEN: 400, ErrorCode.TOO_LARGE: 413,
+    ErrorCode.CLOSED: 503, ErrorCode.UNREACHABLE: 503, ErrorCode.REFUSED: 503,
+    ErrorCode.CONNECT: 503, ErrorCode.TRANSPORT: 503, ErrorCode.HANDSHAKE: 503,
+    ErrorCode.VERSION: 503, ErrorCode.VOCAB: 503,
+    ErrorCode.MODEL: 502, ErrorCode.INTERNAL: 502,
+}
+
+
+def api_error_for(exc: BaseException) -> APIError:
+    """The HTTP answer to a generation that failed with ``exc``."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return APIError(504, "the generation did not finish within its deadline", None,
+                        "timeout")
+    if isinstance(exc, XcosdError):
+        code = str(exc.code)
+        status = STATUS_FOR_CODE.get(code, 500)
+        headers = {"Retry-After": "1"} if status in (429, 503) else None
+        msg = ("the cloud is unreachable: " if status == 503 else "") + exc.message
+        return APIError(status, msg, None, code, headers)
+    log.exception("generation failed", exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}", None, "internal")
+
+
+def error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+class _Generation:
+    """One request's generation, running as a task: text pieces arrive on a queue
+    (``None`` once it ended); :meth:`cancel` ends it and closes its cloud session."""
+
+    def __init__(self, run: Callable[[Callable[[str], None]],
+                                     Coroutine[Any, Any, GenerationResult]],
+                 arrived: float) -> None:
+        self.arrived = arrived
+        self.first_at: float | None = None
+        self.pieces: asyncio.Queue[str | None] = asyncio.Queue()
+        self.task: asyncio.Task[GenerationResult] = asyncio.get_running_loop().create_task(
+            run(self._on_text))
+        self.task.add_done_callback(lambda _t: self.pieces.put_nowait(None))
+
+    def _on_text(self, piece: str) -> None:
+        if piece:
+            if self.first_at is None:
+                self.first_at = time.perf_counter()
+            self.pieces.put_nowait(piece)
+
+    async def cancel(self) -> None:
+        if not self.task.done():
+            self.task.cancel()
+        with contextlib.suppress(BaseException):
+            await self.task
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_at is None else self.first_at - self.arrived
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class _EventStream(StreamingResponse):
+    """A Server-Sent Events response whose body is produced while the client stays:
+    the moment it disconnects, the producer is cancelled (whatever the server's ASGI
+    version, and even while no event is due)."""
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        super().__init__(events, 200, {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                         media_type="text/event-stream")
+        self.events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def produce() -> None:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            async for chunk in self.events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        producer = asyncio.ensure_future(produce())
+        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            await asyncio.wait({producer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (producer, watcher):
+                t.cancel()
+            for t in (producer, watcher):
+                with contextlib.suppress(BaseException):
+                    await t
+            close = getattr(self.events, "aclose", None)
+            if close is not None:
+                with contextlib.suppress(BaseException):
+                    await close()
+
+
+class OpenAIApp:
+    """The OpenAI-compatible API of ``edge`` (started, or started by the caller
+    before the first request).
+
+    ``model``: the model id clients name (default: the cloud's target name);
+    ``aliases``: more ids accepted for it. ``limits``: what one request may ask for
+    (:class:`~xcosd.api.requests.RequestLimits`). ``max_in_flight``: generations at
+    once (429 past it). ``config``: the defaults a request's settings update
+    (default: the edge's own)."""
+
+    def __init__(self, edge: EdgeNode, *, model: str | None = None,
+                 aliases: tuple[str, ...] = (), limits: RequestLimits | None = None,
+                 max_in_flight: int = 64, retry_after_s: int = 1,
+                 config: GenerationConfig | None = None,
+                 max_body_bytes: int | None = None) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        self.edge = edge
+        self._model = model
+        self.aliases = frozenset(aliases)
+        self.limits = limits or RequestLimits()
+        self.max_in_flight = max_in_flight
+        self.retry_after_s = retry_after_s
+        self.config = config
+        # a prompt's characters as JSON (escapes: up to 6 bytes each) plus the rest
+        self.max_body_bytes = (max_body_bytes if max_body_bytes is not None
+                               else 6 * self.limits.max_prompt_chars + (64 << 10))
+        self.in_flight = 0
+        self.started = int(time.time())
+        self.metrics = EdgeMetrics()
+        self.app = Starlette(
+            routes=[
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/models/{model:path}", self._model_info, methods=["GET"]),
+                Route("/health", self._health, methods=["GET", "HEAD"]),
+                Route("/metrics", self._metrics, methods=["GET", "HEAD"]),
+            ],
+            exception_handlers={HTTPException: self._http_error})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+    @property
+    def model(self) -> str:
+        """The model id this API serves."""
+        return self._model or self.edge.target_name or "xcosd"
+
+    # -- small routes ------------------------------------------------------------
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        msg = (f"no route {request.method} {request.url.path}" if exc.status_code == 404
+               else f"{request.method} is not allowed on {request.url.path}"
+               if exc.status_code == 405 else str(exc.detail))
+        self.metrics.request("other", exc.status_code)
+        return error_response(APIError(exc.status_code, msg, None,
+                                       "not_found" if exc.status_code == 404 else None))
+
+    async def _models(self, request: Request) -> Response:
+        self.metrics.request("models", 200)
+        return JSONResponse(R.models_list(self.model, self.started))
+
+    async def _model_info(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        if not self._serves(name):
+            self.metrics.request("models", 404)
+            return error_response(self._unknown_model(name))
+        self.metrics.request("models", 200)
+        return JSONResponse(R.models_list(self.model, self.started)["data"][0])
+
+    async def _health(self, request: Request) -> Response:
+        ok = self.edge.connected
+        body = {"status": "ok" if ok else "unavailable", "cloud": self.edge.endpoint,
+                "connected": ok, "in_flight": self.in_flight, "max_in_flight": self.max_in_flight}
+        self.metrics.request("health", 200 if ok else 503)
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def _metrics(self, request: Request) -> Response:
+        self.metrics.request("metrics", 200)
+        return metrics_response(self.metrics.registry, request)
+
+    def _serves(self, name: str) -> bool:
+        return name == self.model or name in self.aliases
+
+    def _unknown_model(self, name: str) -> APIError:
+        return APIError(404, f"The model '{name}' does not exist; this server serves "
+                             f"'{self.model}'", "model", "model_not_found")
+
+    # -- generations -------------------------------------------------------------
+
+    async def _completions(self, request: Request) -> Response:
+        return await self._endpoint(request, chat=False)
+
+    async def _chat(self, request: Request) -> Response:
+        return await self._endpoint(request, chat=True)
+
+    async def _endpoint(self, request: Request, chat: bool) -> Response:
+        name = "chat" if chat else "completions"
+        arrived = time.perf_counter()
+        try:
+            response = await self._generate(request, chat, arrived)
+        except APIError as e:
+            response = error_response(e)
+        self.metrics.request(name, response.status_code)
+        return response
+
+    async def _body(self, request: Request) -> Any:
+        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        if ctype not in ("application/json", ""):
+            raise APIError(415, f"the body must be application/json, got {ctype}", None,
+                           "unsupported_media_type")
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > self.max_body_bytes:
+            raise self._too_large()
+        buf = bytearray()
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) > self.max_body_bytes:
+                raise self._too_large()
+        try:
+            return json.loads(buf)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise invalid(f"the body is not valid JSON: {e}", None, "invalid_json") from None
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"the request body exceeds {self.max_body_bytes} bytes", None,
+                        "request_too_large")
+
+    def _config(self, req: CompletionRequest | ChatRequest) -> GenerationConfig:
+        base = self.config or self.edge.config
+        try:
+            return GenerationConfig.from_kwargs(base, **req.generation_kwargs())
+        except (ValueError, TypeError) as e:
+            raise invalid(str(e), "xcosd", "invalid_value") from None
+
+    async def _generate(self, request: Request, chat: bool, arrived: float) -> Response:
+        body = await self._body(request)
+        req: CompletionRequest | ChatRequest = (
+            parse_chat(body, self.limits) if chat else parse_completion(body, self.limits))
+        if not self._serves(req.model):
+            raise self._unknown_model(req.model)
+        cfg = self._config(req)
+        if self.in_flight >= self.max_in_flight:
+            raise APIError(429, f"{self.in_flight} requests are in flight, the most this "
+                                f"server takes; retry later", None, "rate_limit_exceeded",
+                           {"Retry-After": str(self.retry_after_s)})
+        self.in_flight += 1
+        self.metrics.running.inc()
+        handed_over = False
+        try:
+            prompt = await self._cancel_on_disconnect(request, self._prompt_ids(req))
+            if prompt is None:  # the client left while the prompt was prepared
+                return Response(status_code=499)
+            gen = _Generation(lambda on_text: self.edge.generate(prompt, config=cfg,
+                                                                  on_text=on_text), arrived)
+            if req.stream:
+                response = await self._stream(request, req, chat, gen, len(prompt))
+                handed_over = isinstance(response, _EventStream)
+                return response
+            return await self._whole(request, req, chat, gen, len(prompt))
+        except BaseException as e:
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            raise api_error_for(e) from None
+        finally:
+            if not handed_over:
+                self._done()
+
+    def _done(self) -> None:
+        self.in_flight -= 1
+        self.metrics.running.dec()
+
+    async def _prompt_ids(self, req: CompletionRequest | ChatRequest) -> list[int]:
+        """The prompt as target ids: a chat rendered by the target's template, text
+        tokenised by the target's tokenizer (both on the cloud), ids checked."""
+        if isinstance(req, ChatRequest):
+            ids = list(await self.edge.chat_prompt([m.as_dict() for m in req.messages]))
+        elif isinstance(req.prompt, str):
+            ids = list(await self.edge.tokenize(req.prompt))
+        else:
+            ids = list(req.prompt)
+            size = self.edge.target_size
+            if size is not None and ids and max(ids) >= size:
+                raise invalid(f"prompt token ids must be below the target's vocabulary size "
+                              f"{size}", "prompt")
+        if len(ids) > self.limits.max_prompt_tokens:
+            raise invalid(f"the prompt has {len(ids)} tokens; at most "
+                          f"{self.limits.max_prompt_tokens}", "messages" if isinstance(
+                              req, ChatRequest) else "prompt", "context_length_exceeded",
+                          status=413)
+        return ids
+
+    async def _cancel_on_disconnect(self, request: Request, coro: Awaitable[Any]) -> Any:
+        """``coro``'s result, or ``None`` (``coro`` cancelled) if the client
+        disconnects first."""
+        work = asyncio.ensure_future(coro)
+        watch = asyncio.ensure_future(_until_disconnect(request.receive))
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            with contextlib.suppress(BaseException):
+                await watch
+            left = not work.done()
+            if left:
+                work.cancel()
+                with contextlib.suppress(BaseException):
+                    await work
+        return None if left else work.result()
+
+    async def _whole(self, request: Request, req: CompletionRequest | ChatRequest, chat: bool,
+                     gen: _Generation, prompt_tokens: int) -> Response:
+        try:
+            res = await self._cancel_on_disconnect(request, asyncio.shield(gen.task))
+        except BaseException:
+            self._count(gen, "error", prompt_tokens, None)
+            raise
+        if res is None:
+            await gen.cancel()
+            self._count(gen, "abort", prompt_tokens, None)
+            return Response(status_code=499)
+        assert isinstance(res, GenerationResult)
+        trim = StopTrim(req.stop)
+        trim.feed(res.text)
+        text = trim.shown + trim.finish(res.finish_reason == "stop")
+        self._count(gen, res.finish_reason, prompt_tokens, res)
+        use = R.usage(prompt_tokens, len(res.token_ids))
+        info = R.xcosd_info(res.stats, res.token_ids)
+        build = R.chat_completion if chat else R.completion
+        return JSONResponse(build(R.completion_id(chat), R.now(), req.model, text,
+                                  res.finish_reason, use, info))
+
+    def _count(self, gen: _Generation, reason: str, prompt_tokens: int,
+               res: GenerationResult | None) -> None:
+        self.metrics.generation(reason, prompt_tokens, res.stats if res is not None else None,
+                                gen.ttft_s, time.perf_counter() - gen.arrived)
+
+    async def _stream(self, request: Request, req: CompletionRequest | ChatRequest, chat: bool,
+                      gen: _Generation, prompt_tokens: int) -> Response:
+        # wait for the first piece (or the end) before answering, so a generation that
+        # fails at once (the cloud is unreachable, the method unknown) gets its status
+        first = await self._cancel_on_disconnect(request, gen.pieces.get())
+        if first is None and not gen.task.done():  # the client left
+            await gen.cancel()
+            self._count(gen, "abort", prompt_tokens, None)
+            return Response(status_code=499)
+        if first is None and gen.task.exception() is not None:
+            self._count(gen, "error", prompt_tokens, None)
+            raise api_error_for(gen.task.exception())  # type: ignore[arg-type]
+        return _EventStream(self._events(req, chat, gen, prompt_tokens, first))
+
+    async def _events(self, req: CompletionRequest | ChatRequest, chat: bool, gen: _Generation,
+                      prompt_tokens: int, first: str | None) -> AsyncIterator[bytes]:
+        cid, created, model = R.completion_id(chat), R.now(), req.model
+        usage_null = req.include_usage
+        trim = StopTrim(req.stop)
+        reason = "abort"
+        res: GenerationResult | None = None
+
+        def piece(text: str) -> bytes:
+            if chat:
+                return R.sse(R.chat_chunk(cid, created, model, {"content": text},
+                                          include_usage=usage_null))
+            return R.sse(R.completion_chunk(cid, created, model, text, include_usage=usage_null))
+
+        try:
+            if chat:
+                yield R.sse(R.chat_chunk(cid, created, model, {"role": "assistant", "content": ""},
+                                         include_usage=usage_null))
+            item = first
+            while item is not None:
+                out = trim.feed(item)
+                if out:
+                    yield piece(out)
+                item = await gen.pieces.get()
+            try:
+                res = await gen.task
+            except Exception as e:
+                reason = "error"
+                yield R.sse(api_error_for(e).body())
+                yield R.DONE
+                return
+            reason = res.finish_reason
+            rest = trim.finish(reason == "stop")
+            if rest:
+                yield piece(rest)
+            info = R.xcosd_info(res.stats)
+            if chat:
+                last = R.chat_chunk(cid, created, model, {}, reason, include_usage=usage_null)
+            else:
+                last = R.completion_chunk(cid, created, model, "", reason,
+                                          include_usage=usage_null)
+            last["xcosd"] = info
+            yield R.sse(last)
+            if req.include_usage:
+                yield R.sse(R.usage_chunk(cid, created, model, chat,
+                                          R.usage(prompt_tokens, len(res.token_ids)), info))
+            yield R.DONE
+        finally:
+            await gen.cancel()
+            self._count(gen, reason, prompt_tokens, res)
+            self._done()
+
+
+def openai_app(edge: EdgeNode, **options: Any) -> OpenAIApp:
+    """The OpenAI-compatible ASGI app of ``edge`` (options: :class:`OpenAIApp`'s)."""
+    return OpenAIApp(edge, **options)

@@ -1,0 +1,91 @@
+"""The edge's Prometheus metrics, as its HTTP API serves them on ``/metrics``.
+
+Written with ``prometheus_client`` into a registry of the app's own (never the
+process-wide default one: two apps in one process must not share counters).
+Names follow vLLM's where one exists (``vllm:time_to_first_token_seconds`` is
+``xcosd_edge_time_to_first_token_seconds`` here, ``vllm:spec_decode_num_accepted_tokens``
+is ``xcosd_edge_spec_decode_num_accepted_tokens_total``), so a dashboard built for
+one reads the other. Label values come only from fixed sets (the endpoint's name,
+a finish reason of :data:`FINISH_REASONS`, an HTTP status class): nothing a client
+sends becomes a label, so no client can grow the number of series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ..nodes.stats import GenerationStats
+
+#: the ``endpoint`` label's values
+ENDPOINTS = ("completions", "chat", "models", "health", "metrics", "other")
+#: the ``finish_reason`` label's values; ``abort``: the client went away, ``error``:
+#: the generation failed
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+#: time-to-first-token and latency buckets, in seconds (vLLM's, cut at 2 minutes)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 120.0)
+LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                   30.0, 40.0, 50.0, 60.0, 120.0)
+
+
+def status_class(status: int) -> str:
+    """``2xx``, ``4xx`` ...: a bounded label for a status code."""
+    return f"{min(max(status // 100, 1), 5)}xx"
+
+
+class EdgeMetrics:
+    """Counters of the generations an edge's HTTP API served."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        p = "xcosd_edge_"
+        self.requests = Counter(p + "http_requests", "HTTP requests answered",
+                                ["endpoint", "status"], registry=r)
+        self.running = Gauge(p + "num_requests_running", "generations in flight", registry=r)
+        self.generations = Counter(p + "generations", "generations ended, by finish reason",
+                                   ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "prompt tokens (target)", registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "generated tokens (target)",
+                                         registry=r)
+        self.drafts = Counter(p + "spec_decode_num_drafts", "rounds (one target call each)",
+                              registry=r)
+        self.draft_tokens = Counter(p + "spec_decode_num_draft_tokens", "tokens drafted",
+                                    registry=r)
+        self.accepted_tokens = Counter(p + "spec_decode_num_accepted_tokens",
+                                       "drafted tokens the target accepted", registry=r)
+        self.uplink_bytes = Counter(p + "uplink_bytes", "wire bytes sent to the cloud",
+                                    registry=r)
+        self.downlink_bytes = Counter(p + "downlink_bytes", "wire bytes received from the cloud",
+                                      registry=r)
+        self.resumes = Counter(p + "resumes", "sessions resumed after a fault", registry=r)
+        self.ttft = Histogram(p + "time_to_first_token_seconds",
+                              "request arrival to the first generated text",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.latency = Histogram(p + "e2e_request_latency_seconds",
+                                 "request arrival to the generation's end",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        for reason in FINISH_REASONS:  # every series exists from the start, at 0
+            self.generations.labels(reason)
+
+    def request(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint if endpoint in ENDPOINTS else "other",
+                             status_class(status)).inc()
+
+    def generation(self, finish_reason: str, prompt_tokens: int, st: GenerationStats | None,
+                   ttft_s: float | None, latency_s: float) -> None:
+        """Count one generation that ended (``st``: its stats, if it got that far)."""
+        self.generations.labels(finish_reason if finish_reason in FINISH_REASONS
+                                else "error").inc()
+        self.prompt_tokens.inc(prompt_tokens)
+        if st is not None:
+            self.generation_tokens.inc(st.tokens)
+            self.drafts.inc(st.rounds)
+            self.draft_tokens.inc(st.drafted)
+            self.accepted_tokens.inc(st.accepted)
+            self.uplink_bytes.inc(st.uplink_bytes)
+            self.downlink_bytes.inc(st.downlink_bytes)
+            self.resumes.inc(st.resumes)
+        if ttft_s is not None:
+            self.ttft.observe(ttft_s)
+        self.latency.observe(latency_s)

@@ -1,0 +1,166 @@
+"""The OpenAI-compatible API against the edge's own ``stream``, in one run.
+
+    .venv/bin/python -m xcosd.bench.http_api [--tokens 64] [--passes 3]
+
+One cloud and one edge over ZeroMQ loopback, in this process, with the embedded
+n-gram pair; the same edge serves the HTTP API (uvicorn on loopback). For 1 and 16
+concurrent streams, the same seeded prompts run through ``EdgeNode.stream`` in
+process and through ``POST /v1/completions`` with ``"stream": true`` from the
+official ``openai`` client (also in this process, so its parsing costs this
+machine's cores like the server's does), alternating which goes first from pass to
+pass. Reported: tokens/s (all streams' tokens over the wall time), the median time
+to the first text, and the ratios HTTP / in process (medians over passes of the
+ratio within a pass). Seeded, so both paths generate the same tokens. Prints and
+writes ``bench/out/http_api.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from typing import Any
+
+from xcosd.bench.report import OUT_DIR, machine, table, write_json
+
+OUT = OUT_DIR / "http_api.json"
+HEADING = "## OpenAI-compatible API"
+PROMPTS = ["The default value of the", "Return a new list", "If the argument is",
+           "This module provides", "Raise an exception when", "The file object",
+           "A string containing", "When the loop is"]
+
+
+async def _one_http(client: Any, model: str, prompt: str, tokens: int,
+                    seed: int) -> tuple[int, float, float]:
+    t0 = time.perf_counter()
+    first = None
+    n = 0
+    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=tokens,
+                                             seed=seed, stream=True,
+                                             stream_options={"include_usage": True})
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text and first is None:
+            first = time.perf_counter() - t0
+        if chunk.usage is not None:
+            n = chunk.usage.completion_tokens
+    return n, first or 0.0, time.perf_counter() - t0
+
+
+async def _setting(run: Any, streams: int, tokens: int, seed0: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    out = await asyncio.gather(*[run(PROMPTS[i % len(PROMPTS)], tokens, seed0 + i)
+                                 for i in range(streams)])
+    wall = time.perf_counter() - t0
+    total = sum(n for n, _, _ in out)
+    return {"tok_s": total / wall, "tokens": total, "wall_s": wall,
+            "ttft_ms": statistics.median(f for _, f, _ in out) * 1e3}
+
+
+async def _run(tokens: int, passes: int, concurrency: list[int]) -> dict[str, Any]:
+    import openai
+
+    from xcosd.api import OpenAIApp
+    from xcosd.http import HttpServer
+    from xcosd.models import default_pair
+    from xcosd.nodes import CloudNode, EdgeNode
+
+    draft, target = default_pair()
+    rows: list[dict[str, Any]] = []
+    async with CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud, \
+            EdgeNode(draft=draft, connect=cloud.endpoint) as edge:
+        api = OpenAIApp(edge)
+        async with HttpServer(api) as http:
+            client = openai.AsyncOpenAI(base_url=http.url + "/v1", api_key="unused",
+                                        max_retries=0)
+
+            async def inproc(p: str, t: int, s: int) -> tuple[int, float, float]:
+                t0 = time.perf_counter()
+                first: list[float] = []
+
+                def on_text(piece: str) -> None:
+                    if piece and not first:
+                        first.append(time.perf_counter() - t0)
+
+                res = await edge.generate(p, max_new_tokens=t, seed=s, on_text=on_text)
+                return res.stats.tokens, (first or [0.0])[0], time.perf_counter() - t0
+
+            async def over_http(p: str, t: int, s: int) -> tuple[int, float, float]:
+                return await _one_http(client, api.model, p, t, s)
+
+            # warm both paths (connections, caches) before measuring
+            await _setting(inproc, 2, 8, 1)
+            await _setting(over_http, 2, 8, 1)
+            for c in concurrency:
+                per: dict[str, list[dict[str, Any]]] = {"inproc": [], "http": []}
+                for k in range(passes):
+                    order = [("inproc", inproc), ("http", over_http)]
+                    if k % 2:
+                        order.reverse()
+                    for name, run in order:
+                        per[name].append(await _setting(run, c, tokens, 1000 * (k + 1)))
+                ratios = [h["tok_s"] / i["tok_s"] for h, i in zip(per["http"], per["inproc"],
+                                                                 strict=True)]
+                ttft_d = [h["ttft_ms"] - i["ttft_ms"] for h, i in zip(per["http"], per["inproc"],
+                                                                     strict=True)]
+                rows.append({
+                    "streams": c,
+                    "inproc_tok_s": statistics.median(r["tok_s"] for r in per["inproc"]),
+                    "http_tok_s": statistics.median(r["tok_s"] for r in per["http"]),
+                    "inproc_ttft_ms": statistics.median(r["ttft_ms"] for r in per["inproc"]),
+                    "http_ttft_ms": statistics.median(r["ttft_ms"] for r in per["http"]),
+                    "ratio": statistics.median(ratios),
+                    "ttft_delta_ms": statistics.median(ttft_d),
+                    "passes": per})
+            await client.close()
+    # the usage counts the tokens each HTTP stream generated: the same as in process
+    return {"tokens_per_stream": tokens, "passes": passes, "rows": rows,
+            "goals": {"ratio": 0.9, "ttft_delta_ms": 5.0}}
+
+
+def format_report(rep: dict[str, Any], markdown: bool = False) -> str:
+    head = ["streams", "in process tok/s", "HTTP tok/s", "ratio", "TTFT in process ms",
+            "TTFT HTTP ms", "TTFT difference ms"]
+    body = [[r["streams"], f"{r['inproc_tok_s']:.1f}", f"{r['http_tok_s']:.1f}",
+             f"{r['ratio']:.2f}x", f"{r['inproc_ttft_ms']:.1f}", f"{r['http_ttft_ms']:.1f}",
+             f"{r['ttft_delta_ms']:+.1f}"] for r in rep["rows"]]
+    return table(head, body, markdown=markdown)
+
+
+def section_lines(rep: dict[str, Any] | None) -> list[str]:
+    """The RESULTS.md section (empty without a report)."""
+    if rep is None:
+        return []
+    met = all(r["ratio"] >= rep["goals"]["ratio"]
+              and r["ttft_delta_ms"] <= rep["goals"]["ttft_delta_ms"] for r in rep["rows"])
+    return [HEADING, "",
+            "From `python -m xcosd.bench.http_api` (bench/out/http_api.json): the embedded "
+            "n-gram pair, one cloud and one edge over ZeroMQ loopback in one process; the same "
+            "seeded prompts streamed through `EdgeNode.stream` in process and through "
+            "`POST /v1/completions` (`stream: true`) from the official `openai` client in the "
+            f"same process, {rep['tokens_per_stream']} tokens a stream, alternating over "
+            f"{rep['passes']} passes (medians; the ratio is the median of the ratios within a "
+            "pass).", "",
+            format_report(rep, markdown=True), "",
+            f"Goals: HTTP at least {rep['goals']['ratio']}x the in-process tokens/s and its "
+            f"time to first token within {rep['goals']['ttft_delta_ms']:g} ms: "
+            f"{'met' if met else 'not met'}.", ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="xcosd.bench.http_api", description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--concurrency", default="1,16")
+    ap.add_argument("--json", default=str(OUT))
+    args = ap.parse_args(argv)
+    rep = asyncio.run(_run(args.tokens, args.passes,
+                           [int(c) for c in args.concurrency.split(",")]))
+    rep["machine"] = machine()
+    print(format_report(rep))
+    write_json(args.json, rep)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
