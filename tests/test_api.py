@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -206,19 +207,33 @@ async def test_chat_streamed_and_not(ngram_pair) -> None:
 # ---------------------------------------------------------- disconnects and limits
 
 
+class HeldAfterFirstCall(GatedModel):
+    """A target whose first call runs and whose later calls wait at the gate. The
+    first call takes 50 ms, so the scheduler runs the next in its worker thread (a
+    call it has seen to be cheap it may run on the event loop, which a held gate
+    would stop)."""
+
+    calls = 0
+
+    def score(self, batch: Any) -> list[np.ndarray]:
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(0.05)
+        else:
+            self.in_score.set()
+            self._hold(True)
+        return self.inner.score(batch)
+
+
 async def test_a_client_leaving_mid_stream_frees_its_cloud_session() -> None:
     target, draft = pair()
-    gated = GatedModel(target)
-    gated.gate.set()
+    gated = HeldAfterFirstCall(target)
     async with served((gated, draft)) as s:
         stream = await s.client.completions.create(model=s.model, prompt="c", max_tokens=4000,
                                                    stream=True)
         it = stream.__aiter__()
-        await it.__anext__()
-        gated.gate.clear()  # the next target call waits: the generation is mid-stream
-        gated.hold_score = True
-        gated.in_score.clear()
-        await asyncio.to_thread(gated.in_score.wait, 30)
+        await it.__anext__()  # round 0's text streamed; round 1 waits inside the target
+        assert await asyncio.to_thread(gated.in_score.wait, 30)
         assert s.cloud.stats()["sessions_active"] == 1
         await stream.close()
         await until(lambda: s.cloud.stats()["sessions_active"] == 0, "the session closed")
