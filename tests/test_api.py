@@ -397,7 +397,7 @@ async def test_models_health_and_metrics() -> None:
                       status="2xx") == 1
         # a client's strings never become labels
         await s.raw("POST", "/v1/completions", json={"model": 'x"}\nevil 1', "prompt": "c"})
-        await s.raw("GET", '/evil"\n')
+        await s.raw("GET", "/evil%22%0Aevil_total%201")
         t = (await s.raw("GET", "/metrics")).text
         assert "evil" not in t
         assert metric(t, "xcosd_edge_http_requests_total", endpoint="completions",

@@ -34,6 +34,8 @@ from xcosd.protocol.messages import (
     Ping,
     Pong,
     Redo,
+    Render,
+    Rendered,
     ReplyMsg,
     RequestMsg,
     ServerLimits,
@@ -103,6 +105,11 @@ def cases() -> dict[str, Any]:
                                         ids=ids(1, 2), q_values=np.array([0.1, 0.2], np.float32),
                                         q_vectors=(b"vec0", b"vec1"),
                                         verify_mask=np.array([True, False]))),
+        # prompts made into target ids by the target (protocol 4)
+        "render_text": Render(5, text="héllo"),
+        "render_chat": Render(6, chat=(("system", "be brief"), ("user", "hi"))),
+        "rendered": Rendered(5, ids(2, 9, 10)),
+        "error_render": Error("unsupported", "no chat template", n=6),
     }
 
 

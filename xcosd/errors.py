@@ -44,6 +44,8 @@ class ErrorCode(StrEnum):
     CODEC = "codec"
     BUSY = "busy"
     MODEL = "model"
+    #: the cloud's target cannot do what was asked (a chat without a chat template)
+    UNSUPPORTED = "unsupported"
     INTERNAL = "internal"
     # -- the families' defaults
     PROTOCOL = "protocol"

@@ -124,7 +124,7 @@ def format_report(rep: dict[str, Any], markdown: bool = False) -> str:
     body = [[r["streams"], f"{r['inproc_tok_s']:.1f}", f"{r['http_tok_s']:.1f}",
              f"{r['ratio']:.2f}x", f"{r['inproc_ttft_ms']:.1f}", f"{r['http_ttft_ms']:.1f}",
              f"{r['ttft_delta_ms']:+.1f}"] for r in rep["rows"]]
-    return table(head, body, markdown=markdown)
+    return table(body, head, markdown=markdown)
 
 
 def section_lines(rep: dict[str, Any] | None) -> list[str]:

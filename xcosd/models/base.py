@@ -19,7 +19,7 @@ Models that produce logits convert with a float32 softmax over the full row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..vocab import Vocabulary
+from .chat import plain_chat
 
 
 @dataclass(eq=False)
@@ -91,6 +92,11 @@ class ContextModel:
 
     def tokenize(self, text: str) -> list[int]:
         return self.vocab.encode(text)
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """A chat in the plain template (:func:`xcosd.models.chat.plain_chat`), as
+        this model's ids: these models have no template of their own."""
+        return self.tokenize(plain_chat(messages))
 
     def start(self, prompt_ids: Sequence[int]) -> Session:
         ids = [int(i) for i in prompt_ids]

@@ -56,7 +56,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -371,6 +371,24 @@ class TransformersModel:
 
     def tokenize(self, text: str) -> list[int]:
         return self.vocab.encode(text)
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """A chat rendered by the tokenizer's own chat template, the generation
+        prompt added, as the ids :meth:`start` is given: the template's leading
+        start token is left out when :meth:`start` adds it anyway, so the context is
+        exactly the template's ids, as transformers' ``generate`` sees them. A
+        tokenizer without a template raises :class:`~xcosd.errors.ModelError`."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ModelError(f"{self.name}: the tokenizer has no chat template",
+                             code="unsupported")
+        out = self.tokenizer.apply_chat_template([dict(m) for m in messages],
+                                                 add_generation_prompt=True, tokenize=True)
+        if not isinstance(out, list):  # a BatchEncoding in newer transformers
+            out = out["input_ids"]
+        ids = [int(i) for i in out]
+        if self._add_bos and ids and ids[0] == self._start:
+            ids = ids[1:]
+        return ids
 
     def start(self, prompt_ids: Sequence[int]) -> Session:
         ids = [int(i) for i in prompt_ids]

@@ -64,7 +64,7 @@ from typing import Any
 
 import msgpack
 
-from ..errors import ProtocolError, TransportError
+from ..errors import ProtocolError, TransportError, XcosdError
 from ..models.base import LanguageModel
 from ..protocol import pack
 from ..protocol.cloud import (
@@ -75,6 +75,7 @@ from ..protocol.cloud import (
     CloudSession,
     Output,
     Rejected,
+    RenderNeeded,
     RoundOutcome,
     RoundVerified,
     ScoreNeeded,
@@ -280,6 +281,7 @@ class CloudNode:
             "accepted_tokens": 0, "emitted_tokens": 0, "follow_ups": 0, "messages": 0,
             "errors_sent": 0, "dropped": 0, "dropped_outbox": 0, "dropped_flood": 0,
             "refused_flood": 0, "follow_ups_held": 0, "peers_dropped": 0, "internal_errors": 0,
+            "renders": 0,
             "errors_by_code": {},
         }
 
@@ -489,15 +491,67 @@ class CloudNode:
             # candidates or a residual over the whole vocabulary: off the loop, and
             # nothing else of this peer runs until it is back (one thread at a time
             # on its connection, its messages in order)
-            p.busy = True
-            task = asyncio.get_running_loop().create_task(self._follow_up(p, msg),
-                                                          name="xcosd-cloud-follow-up")
-            self._jobs.add(task)
-            task.add_done_callback(self._jobs.discard)
+            self._off_loop(p, self._follow_up(p, msg), "xcosd-cloud-follow-up")
             return
         out = conn.receive(msg)
         self._touch(p, msg, out)
+        render = next((e for e in out.events if isinstance(e, RenderNeeded)), None)
+        if render is not None:
+            # a tokenizer or chat template: off the loop, this peer's next message
+            # after it, like a follow-up (one at a time per peer, in order)
+            self._off_loop(p, self._render(p, render), "xcosd-cloud-render")
+            return
         self._apply(p, out)
+
+    def _off_loop(self, p: _Peer, work: Any, name: str) -> None:
+        """Run ``work`` (a coroutine that ends with :meth:`_back`) with ``p`` busy."""
+        p.busy = True
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
+
+    async def _render(self, p: _Peer, ev: RenderNeeded) -> None:
+        """Answer a :class:`RenderNeeded` with the target, in the worker thread."""
+        assert self._scheduler is not None
+        took = 0.0
+        try:
+            ids, took = await self._scheduler.run(self._render_now, ev)
+            out = p.conn.rendered(ev.n, ids)
+        except asyncio.CancelledError:
+            raise
+        except XcosdError as e:
+            out = p.conn.rendered(ev.n, error=e)
+        except Exception as e:
+            self.counters["internal_errors"] += 1
+            log.exception("rendering a prompt for %s failed", bytes(p.id).hex())
+            out = p.conn.rendered(ev.n, error=XcosdError(
+                f"rendering failed: {type(e).__name__}", code="internal"))
+        self.counters["renders"] += 1
+        packed = [(m.TYPE, pack(m)) for m in out.send]
+        await self._back(p, out, packed, took)
+
+    def _render_now(self, ev: RenderNeeded) -> tuple[list[int], float]:
+        """The target's ids for ``ev``, and the seconds it took (worker thread)."""
+        t0 = time.perf_counter()
+        ids = self._render_ids(ev)
+        return ids, time.perf_counter() - t0
+
+    def _render_ids(self, ev: RenderNeeded) -> list[int]:
+        if ev.chat is None:
+            assert ev.text is not None
+            return [int(i) for i in self.target.tokenize(ev.text)]
+        chat_prompt = getattr(self.target, "chat_prompt", None)
+        if chat_prompt is None:
+            raise XcosdError(f"the target {self.target.name!r} has no chat template",
+                             code="unsupported")
+        try:
+            ids = chat_prompt([{"role": r, "content": c} for r, c in ev.chat])
+        except XcosdError:
+            raise
+        except Exception as e:  # the template raised (a role order it refuses ...)
+            raise XcosdError(f"the target's chat template refused the chat: {e}",
+                             code="unsupported") from e
+        return [int(i) for i in ids]
 
     async def _follow_up(self, p: _Peer, msg: RequestMsg) -> None:
         assert self._scheduler is not None
@@ -512,10 +566,17 @@ class CloudNode:
             out = p.conn.refuse("internal", f"the follow-up failed: {type(e).__name__}",
                                 msg.s, msg.r)
             packed = [(m.TYPE, pack(m)) for m in out.send]
+        if not p.dropped:
+            self._touch(p, msg, out)
+        await self._back(p, out, packed, took)
+
+    async def _back(self, p: _Peer, out: Output[Any], packed: Sequence[tuple[str, Any]],
+                    took: float) -> None:
+        """``p``'s work off the loop is done: send its answer, apply what arrived
+        meanwhile, and hold the peer a while if the work was expensive."""
         p.busy = False
         if p.dropped:
             return
-        self._touch(p, msg, out)
         self._apply_events(out)
         for kind, frames in packed:
             self._queue_out(p, kind, frames)

@@ -34,7 +34,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from types import TracebackType
@@ -60,10 +60,13 @@ from ..protocol.edge import (
 )
 from ..protocol.errors import exception_for
 from ..protocol.messages import (
+    CHAT_ROLES,
     Error,
     Message,
     Ping,
     Pong,
+    Render,
+    Rendered,
     VerdictMsg,
     from_wire,
 )
@@ -268,6 +271,9 @@ class EdgeNode:
         #: (draft_cost="auto"): the next such generation starts from it
         self._learned: DraftLength | None = None
         self._ids = itertools.count(1)
+        #: render requests (tokenize, chat_prompt) waiting for their answer, by number
+        self._render_ids = itertools.count(1)
+        self._renders: dict[int, asyncio.Future[Message]] = {}
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-draft")
         #: speculated drafts' random numbers (unseeded generations only), and how
         #: the last generation that could speculate was paid, per method and warpers
@@ -469,7 +475,11 @@ class EdgeNode:
                 log.warning("dropped a malformed message from the cloud: %s", e)
                 continue
             s = getattr(msg, "s", None)
-            if isinstance(msg, Ping):
+            if isinstance(msg, Rendered) or (isinstance(msg, Error) and msg.n is not None):
+                fut = self._renders.get(msg.n)  # type: ignore[arg-type]
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            elif isinstance(msg, Ping):
                 with contextlib.suppress(TransportError):
                     await conn.send(pack(Pong(msg.n)))
             elif isinstance(msg, Pong):
@@ -537,6 +547,73 @@ class EdgeNode:
                                stop=stop, stop_strings=stop_strings, seed=seed,
                                timeout_s=timeout_s, **method_options)
         return await self._generate(prompt, cfg, on_text)
+
+    async def tokenize(self, text: str, *, timeout_s: float | None = None) -> list[int]:
+        """``text`` as the target's token ids, tokenised by the cloud's target: the
+        context an ``open`` with this text starts from, so ``generate(ids)`` equals
+        ``generate(text)`` and the caller knows the prompt's length in the target's
+        tokens first. ``timeout_s``: the deadline (default ``answer_timeout_s``)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return await self._render(Render(0, text=text), timeout_s)
+
+    async def chat_prompt(self, messages: Sequence[Mapping[str, str]], *,
+                          timeout_s: float | None = None) -> list[int]:
+        """A chat as the target's token ids, rendered on the cloud by the **target's**
+        chat template with the generation prompt added: ``generate(ids)`` is then the
+        target's own answer to the conversation (and ends at its end-of-turn token,
+        which the cloud lists among its stop ids). ``messages``: ``{"role", "content"}``
+        maps, roles ``system``, ``user``, ``assistant``. A target without a template
+        raises :class:`~xcosd.errors.ProtocolError` with code ``unsupported``."""
+        chat: list[tuple[str, str]] = []
+        for i, m in enumerate(messages):
+            role, content = m.get("role"), m.get("content")
+            if role not in CHAT_ROLES or not isinstance(content, str):
+                raise ValueError(f"messages[{i}]: a role of {', '.join(CHAT_ROLES)} and a "
+                                 f"string content, got {role!r}")
+            chat.append((str(role), content))
+        if not chat:
+            raise ValueError("a chat has at least one message")
+        return await self._render(Render(0, chat=tuple(chat)), timeout_s)
+
+    async def _render(self, request: Render, timeout_s: float | None) -> list[int]:
+        """Send ``request`` (numbered here) and wait for its answer; asked again
+        every ``resend_after_s`` (after a reconnect too) until the deadline."""
+        if self._closed:
+            raise TransportError("the edge node is closed", code="closed")
+        n = next(self._render_ids)
+        msg = dataclasses.replace(request, n=n)
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._renders[n] = fut
+        try:
+            async with asyncio.timeout(timeout_s if timeout_s is not None
+                                       else self.answer_timeout_s):
+                while True:
+                    if not self._connected:
+                        await self._recover(self._epoch)
+                    conn, epoch = self._conn, self._epoch
+                    frames = pack(msg)
+                    welcome = self._handshake.welcome
+                    if welcome is not None and message_bytes(frames) > welcome.limits.max_message:
+                        raise ProtocolError("the prompt exceeds the cloud's message limit of "
+                                            f"{welcome.limits.max_message} bytes",
+                                            code="too_large")
+                    if conn is not None:
+                        try:
+                            await conn.send(frames)
+                            self._last_tx = time.monotonic()
+                        except TransportError:
+                            self._lose(epoch)
+                            continue
+                    with contextlib.suppress(TimeoutError):
+                        answer = await asyncio.wait_for(asyncio.shield(fut), self.resend_after_s)
+                        break
+        finally:
+            self._renders.pop(n, None)
+        if isinstance(answer, Error):
+            raise exception_for(answer.code, answer.message)
+        assert isinstance(answer, Rendered)
+        return [int(i) for i in answer.ids.tolist()]
 
     async def stream(self, prompt: Prompt, max_new_tokens: int | None = None, *,
                      config: GenerationConfig | None = None, method: str | None = None,

@@ -76,6 +76,8 @@ from .messages import (
     Ping,
     Pong,
     Redo,
+    Render,
+    Rendered,
     ReplyMsg,
     RequestMsg,
     ServerLimits,
@@ -183,7 +185,21 @@ class RoundVerified:
     accepted: int
 
 
-Event = ScoreNeeded | SessionOpened | SessionClosed | Rejected | RoundVerified
+@dataclass(eq=False)
+class RenderNeeded:
+    """Make request ``n``'s prompt into target ids with the target: ``text`` with its
+    tokenizer, or ``chat`` (role, content pairs) with its chat template, the
+    generation prompt added. The node does it (tokenizers are the model layer's, and
+    slow enough to keep off the event loop) and answers with
+    :meth:`CloudConnection.rendered`."""
+
+    conn: CloudConnection
+    n: int
+    text: str | None
+    chat: tuple[tuple[str, str], ...] | None
+
+
+Event = ScoreNeeded | SessionOpened | SessionClosed | Rejected | RoundVerified | RenderNeeded
 class CloudOutput(Output[Event]):
     """What :meth:`CloudConnection.receive` returns. A subclass, not the alias
     ``Output[Event]``: calling a generic alias goes through ``typing`` (it sets
@@ -491,6 +507,17 @@ class CloudConnection:
         session.last_answer = msg
         return CloudOutput([msg], [RoundVerified(session, d, n)])
 
+    def rendered(self, n: int, ids: list[int] | None = None,
+                 error: XcosdError | None = None) -> CloudOutput:
+        """The node's answer to a :class:`RenderNeeded`: the ids, or why not (an
+        error that names the request, so the edge knows which one failed)."""
+        if error is not None:
+            code = str(error.code)
+            return CloudOutput([Error(code, error.message, n=n)],
+                               [Rejected(code, error.message)])
+        assert ids is not None
+        return CloudOutput([Rendered(n, np.asarray(ids, dtype=np.int64))])
+
     def end(self, session: CloudSession, reason: CloseReason) -> CloudOutput:
         """Close ``session`` (edge closed it, timed out, failed)."""
         if session.closed:
@@ -529,6 +556,8 @@ class CloudConnection:
             return CloudOutput([Pong(msg.n)])
         if isinstance(msg, VocabRequest):
             return CloudOutput([self.config.table])
+        if isinstance(msg, Render):
+            return CloudOutput([], [RenderNeeded(self, msg.n, msg.text, msg.chat)])
         if isinstance(msg, VocabMapUpload):
             space = self.config.space(msg.fingerprint)
             if space is None:

@@ -25,6 +25,7 @@ instead of parsing messages. Codes a peer can act on:
 ``busy``                  a cloud limit (sessions, queued work); retry later
 ``codec``                 a payload the session's codec cannot decode
 ``model``                 the target model failed on this session
+``unsupported``           the target cannot do it (a chat, and it has no template)
 ``internal``              a bug on the sender's side
 ========================  =====================================================
 
@@ -52,7 +53,7 @@ CODES: tuple[ErrorCode, ...] = (
     ErrorCode.BAD_FIELD, ErrorCode.BAD_VECTOR, ErrorCode.BAD_TOKEN, ErrorCode.BAD_MESSAGE,
     ErrorCode.BAD_REQUEST, ErrorCode.NO_SESSION, ErrorCode.SESSION_EXISTS, ErrorCode.REPLAY,
     ErrorCode.STATE, ErrorCode.HANDSHAKE, ErrorCode.VOCAB, ErrorCode.METHOD, ErrorCode.CODEC,
-    ErrorCode.BUSY, ErrorCode.MODEL, ErrorCode.INTERNAL,
+    ErrorCode.BUSY, ErrorCode.MODEL, ErrorCode.UNSUPPORTED, ErrorCode.INTERNAL,
 )
 
 _CLASSES: dict[ErrorCode, type[XcosdError]] = {

@@ -80,7 +80,9 @@ from .fields import (
 )
 
 #: Version of the message set; a peer speaking another one is refused (code ``version``).
-PROTOCOL_VERSION = 3
+#: 4: ``render`` / ``rendered`` (prompts tokenised and chats rendered by the target),
+#: and an ``error`` may name the render request it answers (``n``).
+PROTOCOL_VERSION = 4
 
 #: Bounds on header fields, so a hostile header cannot make us allocate much.
 MAX_TEXT = 1 << 20  # prompt text, bytes of UTF-8
@@ -93,6 +95,9 @@ MAX_CANDIDATE_ROUNDS = 1 << 10  # SR-DV's M: candidate replies per rejection
 MAX_STOP = 64  # stop ids in a welcome
 MAX_PIECE = 4096  # bytes of one V_O token's spelling
 MAX_RESUME = 1 << 20  # target ids generated before a resume (a session's whole output)
+MAX_CHAT = 1024  # messages of one chat to render
+#: the roles a chat message may have (the target's template is given these)
+CHAT_ROLES = ("system", "user", "assistant")
 #: The largest header a legal message needs: an ``open`` whose prompt has
 #: ``MAX_TEXT`` bytes, with every other field at its bound, fits with room to
 #: spare. A receiver that accepts prompts must use at least this as its
@@ -334,7 +339,8 @@ def _known_code(code: str) -> ErrorCode | str:
 @dataclass(frozen=True)
 class Error(Message):
     """A typed error: ``code`` (see :mod:`xcosd.protocol.errors`), a human message,
-    and the session ``s`` / round ``r`` it concerns when there is one."""
+    and the session ``s`` / round ``r`` or the render request ``n`` it concerns
+    when there is one."""
 
     TYPE: ClassVar[str] = "error"
     FIELDS: ClassVar[tuple[Field, ...]] = (
@@ -343,11 +349,78 @@ class Error(Message):
               to_wire=lambda m: m[:MAX_MESSAGE]),
         Field("s", "s", Kind.INT, nullable=True, omit=omit_none),
         Field("r", "r", Kind.INT, nullable=True, omit=omit_none),
+        Field("n", "n", Kind.INT, nullable=True, omit=omit_none),
     )
     code: ErrorCode | str
     message: str
     s: int | None = None
     r: int | None = None
+    n: int | None = None
+
+
+@dataclass(frozen=True)
+class Render(Message):
+    """Edge -> cloud: a prompt as target ids, made by the target: ``text`` by its
+    tokenizer (exactly what an ``open`` with that text would start from), or
+    ``chat`` by its chat template, the generation prompt added (the context a
+    chat's answer is generated from, so its law is the target's own answer).
+
+    ``n`` numbers the request on its connection; the answer
+    (:class:`Rendered`, or an :class:`Error` with the same ``n``) carries it back,
+    so many may be in flight. Exactly one of ``text`` and ``chat`` is given. On the
+    wire ``chat`` is a list of ``[role, content]`` pairs (key ``"chat"``), at most
+    :data:`MAX_CHAT` of them, roles from :data:`CHAT_ROLES`, all contents together
+    at most :data:`MAX_TEXT` bytes of UTF-8."""
+
+    TYPE: ClassVar[str] = "render"
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("n", "n", Kind.INT),
+        Field("text", "text", Kind.TEXT, size=MAX_TEXT, nullable=True, omit=omit_none),
+    )
+    n: int
+    text: str | None = None
+    chat: tuple[tuple[str, str], ...] | None = None
+
+    def _extra_to_wire(self, h: Header) -> Buffers:
+        if self.chat is not None:
+            h["chat"] = [[role, content] for role, content in self.chat]
+        return []
+
+    @classmethod
+    def _extra_from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes], t: str,
+                         kw: dict[str, Any]) -> dict[str, Any]:
+        raw = h.get("chat")
+        if (raw is None) == (kw["text"] is None):
+            raise bad(f"{t}: exactly one of text and chat")
+        if raw is None:
+            return {}
+        if not isinstance(raw, list) or not 0 < len(raw) <= MAX_CHAT:
+            raise bad(f"{t}: chat must be a list of 1..{MAX_CHAT} messages")
+        out: list[tuple[str, str]] = []
+        size = 0
+        for m in raw:
+            if not (isinstance(m, list) and len(m) == 2 and m[0] in CHAT_ROLES
+                    and isinstance(m[1], str)):
+                raise bad(f"{t}: a chat message is [role, content] with a role of "
+                          f"{', '.join(CHAT_ROLES)}")
+            size += len(m[1].encode())
+            if size > MAX_TEXT:
+                raise bad(f"{t}: chat longer than {MAX_TEXT} bytes of UTF-8")
+            out.append((m[0], m[1]))
+        return {"chat": tuple(out)}
+
+
+@dataclass(frozen=True, eq=False)
+class Rendered(Message):
+    """Cloud -> edge: the target ids :class:`Render` request ``n`` asked for
+    (buffer: int32 ids)."""
+
+    TYPE: ClassVar[str] = "rendered"
+    FIELDS: ClassVar[tuple[Field, ...]] = (Field("n", "n", Kind.INT),)
+    BUFFERS: ClassVar[tuple[Buf, ...]] = (Buf("ids", BufKind.IDS, "rendered ids",
+                                              max_n=MAX_RESUME),)
+    n: int
+    ids: np.ndarray
 
 
 # -- a drafted block's wire form (a draft message's, or the one riding on an open) --
@@ -733,7 +806,8 @@ class Close(SessionMessage):
 MESSAGE_TYPES: dict[str, type[Message]] = {
     m.TYPE: m
     for m in (Hello, Welcome, VocabRequest, VocabTable, VocabMapUpload, VocabMapAccepted, Ping,
-              Pong, Error, Open, Opened, DraftMsg, VerdictMsg, RequestMsg, ReplyMsg, Close)
+              Pong, Error, Render, Rendered, Open, Opened, DraftMsg, VerdictMsg, RequestMsg,
+              ReplyMsg, Close)
 }
 
 
@@ -769,8 +843,10 @@ def session_of(header: Any) -> int | None:
 
 
 __all__ = [
+    "CHAT_ROLES",
     "MAX_BUFFERS",
     "MAX_CANDIDATES",
+    "MAX_CHAT",
     "MAX_DRAFT",
     "MAX_HEADER_BYTES",
     "MAX_IDS",
@@ -792,6 +868,8 @@ __all__ = [
     "Opened",
     "Ping",
     "Pong",
+    "Render",
+    "Rendered",
     "ReplyKind",
     "ReplyMsg",
     "RequestMsg",
