@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from xcosd.bench.report import OUT_DIR, machine, table, write_json
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                            [int(c) for c in args.concurrency.split(",")]))
     rep["machine"] = machine()
     print(format_report(rep))
-    write_json(args.json, rep)
+    write_json(Path(args.json), rep)
     return 0
 
 

@@ -14,7 +14,8 @@ What this class adds to a bare ``uvicorn.Server``:
   signal capture is switched off (the owner decides what a signal means).
   Logging is left to the application's own configuration.
 * **Port 0.** The socket is bound before the server starts, so ``port=0`` gets a
-  free port and :attr:`url` is known as soon as :meth:`start` returns.
+  free port and :attr:`url` is known as soon as :meth:`start` returns. Its
+  connections have TCP_NODELAY, as uvicorn's own would.
 * **Bounds against a slow or hostile client.** At most ``max_connections``
   connections are served at once (uvicorn answers 503 past it); a request's head
   must arrive whole within ``read_timeout_s`` of the connection opening (or of the
@@ -114,7 +115,10 @@ class HttpServer:
 
     async def start(self) -> HttpServer:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # the protocol named, not 0: asyncio sets TCP_NODELAY only on sockets whose
+        # proto is IPPROTO_TCP, and without it a keep-alive connection's small
+        # responses wait out the peer's delayed ACK (about 40 ms each)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self._want_port))

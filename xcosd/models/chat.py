@@ -35,3 +35,31 @@ def plain_chat(messages: Sequence[Mapping[str, str]]) -> str:
             raise ValueError(f"unknown chat role {role!r}; known: {', '.join(ROLE_NAMES)}")
         parts.append(f"{ROLE_NAMES[role]}: {m['content']}\n\n")
     return "".join(parts) + "Assistant:"
+
+
+#: Gemma 3's chat template as Google publishes it with the instruction-tuned models
+#: (text content only): a system message is folded into the first user turn, turns
+#: alternate user / model between ``<start_of_turn>`` and ``<end_of_turn>``, and the
+#: answer follows ``<start_of_turn>model``. The Gemma-3-270m GGUF this project loads
+#: carries no template, so its tokenizer is given this one (xcosd/models/registry.py).
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}"
+    "{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}"
+    "{{ '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+)

