@@ -65,6 +65,7 @@ from .errors import error_code
 from .messages import (
     MAX_CANDIDATE_ROUNDS,
     MAX_CANDIDATES,
+    MAX_RESUME,
     PROTOCOL_VERSION,
     Close,
     DraftMsg,
@@ -510,7 +511,15 @@ class CloudConnection:
     def rendered(self, n: int, ids: list[int] | None = None,
                  error: XcosdError | None = None) -> CloudOutput:
         """The node's answer to a :class:`RenderNeeded`: the ids, or why not (an
-        error that names the request, so the edge knows which one failed)."""
+        error that names the request, so the edge knows which one failed).
+
+        More ids than a ``rendered`` message may carry (:data:`MAX_RESUME`; a chat of
+        legal size can render to more, its template adding tokens to each message)
+        are refused ``too_large`` here: sent anyway, the edge would drop the answer
+        as malformed and ask again until its deadline."""
+        if error is None and ids is not None and len(ids) > MAX_RESUME:
+            error = XcosdError(f"the prompt renders to {len(ids)} target tokens, more than "
+                               f"the {MAX_RESUME} an answer carries", code="too_large")
         if error is not None:
             code = str(error.code)
             return CloudOutput([Error(code, error.message, n=n)],
