@@ -315,12 +315,21 @@ class OpenAIApp:
         self.in_flight += 1
         self.metrics.running.inc()
         handed_over = False
+        gen: _Generation | None = None
         try:
+            if isinstance(req, CompletionRequest) and isinstance(req.prompt, str):
+                # a text prompt opens as text (the cloud tokenises it as it would
+                # for tokenize): the generation starts now, its length in tokens
+                # (usage, the limit) is learned beside it, off the first token's path
+                text = req.prompt
+                gen = _Generation(lambda on_text: self.edge.generate(
+                    text, config=cfg, on_text=on_text), arrived)
             prompt = await self._cancel_on_disconnect(request, self._prompt_ids(req))
             if prompt is None:  # the client left while the prompt was prepared
                 return Response(status_code=499)
-            gen = _Generation(lambda on_text: self.edge.generate(prompt, config=cfg,
-                                                                  on_text=on_text), arrived)
+            if gen is None:
+                gen = _Generation(lambda on_text: self.edge.generate(
+                    prompt, config=cfg, on_text=on_text), arrived)
             if req.stream:
                 response = await self._stream(request, req, chat, gen, len(prompt))
                 handed_over = isinstance(response, _EventStream)
@@ -331,6 +340,8 @@ class OpenAIApp:
                 raise
             raise api_error_for(e) from None
         finally:
+            if gen is not None and not handed_over:
+                await gen.cancel()  # a refusal or a client gone: its session closes
             if not handed_over:
                 self._done()
 
@@ -435,12 +446,23 @@ class OpenAIApp:
             if chat:
                 yield R.sse(R.chat_chunk(cid, created, model, {"role": "assistant", "content": ""},
                                          include_usage=usage_null))
-            item = first
-            while item is not None:
-                out = trim.feed(item)
+            item, ended = first, first is None
+            while not ended:
+                # every piece that is already here goes in one chunk: under load a
+                # client gets fewer, larger events instead of falling behind
+                pieces = [item]
+                while not gen.pieces.empty():
+                    nxt = gen.pieces.get_nowait()
+                    if nxt is None:
+                        ended = True
+                        break
+                    pieces.append(nxt)
+                out = trim.feed("".join(p for p in pieces if p))
                 if out:
                     yield piece(out)
-                item = await gen.pieces.get()
+                if not ended:
+                    item = await gen.pieces.get()
+                    ended = item is None
             try:
                 res = await gen.task
             except Exception as e:

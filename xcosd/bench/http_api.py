@@ -4,13 +4,14 @@
 
 One cloud and one edge over ZeroMQ loopback, in this process, with the embedded
 n-gram pair; the same edge serves the HTTP API (uvicorn on loopback). For 1 and 16
-concurrent streams, the same seeded prompts run through ``EdgeNode.stream`` in
-process and through ``POST /v1/completions`` with ``"stream": true`` from the
-official ``openai`` client (also in this process, so its parsing costs this
-machine's cores like the server's does), alternating which goes first from pass to
-pass. Reported: tokens/s (all streams' tokens over the wall time), the median time
-to the first text, and the ratios HTTP / in process (medians over passes of the
-ratio within a pass). Seeded, so both paths generate the same tokens. Prints and
+concurrent streams, the same seeded prompts run in process through
+``EdgeNode.generate``, its text read from a queue as ``EdgeNode.stream`` hands it
+over, and through ``POST /v1/completions`` with
+``"stream": true`` from the official ``openai`` client in a process of its own (as
+an application would be; it is started before its timing begins), alternating
+which goes first from pass to pass. Reported: tokens/s (all streams' tokens over the
+wall time), the median time to the first text, and the ratios HTTP / in process
+(medians over passes of the ratio within a pass). Seeded, so both paths generate the same tokens. Prints and
 writes ``bench/out/http_api.json``.
 """
 
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,33 @@ HEADING = "## OpenAI-compatible API"
 PROMPTS = ["The default value of the", "Return a new list", "If the argument is",
            "This module provides", "Raise an exception when", "The file object",
            "A string containing", "When the loop is"]
+
+
+async def _client(url: str, model: str, streams: int, tokens: int, seed0: int
+                  ) -> dict[str, Any]:
+    """The HTTP side of one setting, run in the client process."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    await client.models.list()  # the connection pool warmed, as a running app's is
+    try:
+        return await _setting(lambda p, t, s: _one_http(client, model, p, t, s), streams,
+                              tokens, seed0)
+    finally:
+        await client.close()
+
+
+async def _over_http(url: str, model: str, streams: int, tokens: int,
+                     seed0: int) -> dict[str, Any]:
+    """One setting through HTTP, from a client process of its own."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "xcosd.bench.http_api", "--client", url, "--model", model,
+        "--streams", str(streams), "--tokens", str(tokens), "--seed", str(seed0),
+        stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the HTTP client failed ({proc.returncode})")
+    return dict(json.loads(out.decode().strip().splitlines()[-1]))
 
 
 async def _one_http(client: Any, model: str, prompt: str, tokens: int,
@@ -59,8 +89,6 @@ async def _setting(run: Any, streams: int, tokens: int, seed0: int) -> dict[str,
 
 
 async def _run(tokens: int, passes: int, concurrency: list[int]) -> dict[str, Any]:
-    import openai
-
     from xcosd.api import OpenAIApp
     from xcosd.http import HttpServer
     from xcosd.models import default_pair
@@ -72,34 +100,36 @@ async def _run(tokens: int, passes: int, concurrency: list[int]) -> dict[str, An
             EdgeNode(draft=draft, connect=cloud.endpoint) as edge:
         api = OpenAIApp(edge)
         async with HttpServer(api) as http:
-            client = openai.AsyncOpenAI(base_url=http.url + "/v1", api_key="unused",
-                                        max_retries=0)
 
             async def inproc(p: str, t: int, s: int) -> tuple[int, float, float]:
+                # as an application streams in process (EdgeNode.stream): the text
+                # reaches the consumer through a queue, a turn of the loop after
+                # the node commits it; generate's result gives the exact token count
                 t0 = time.perf_counter()
-                first: list[float] = []
-
-                def on_text(piece: str) -> None:
-                    if piece and not first:
-                        first.append(time.perf_counter() - t0)
-
-                res = await edge.generate(p, max_new_tokens=t, seed=s, on_text=on_text)
-                return res.stats.tokens, (first or [0.0])[0], time.perf_counter() - t0
-
-            async def over_http(p: str, t: int, s: int) -> tuple[int, float, float]:
-                return await _one_http(client, api.model, p, t, s)
+                pieces: asyncio.Queue[str] = asyncio.Queue()
+                task = asyncio.ensure_future(edge.generate(p, max_new_tokens=t, seed=s,
+                                                           on_text=pieces.put_nowait))
+                waiter = asyncio.ensure_future(pieces.get())
+                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                first = time.perf_counter() - t0
+                waiter.cancel()
+                res = await task
+                return res.stats.tokens, first, time.perf_counter() - t0
 
             # warm both paths (connections, caches) before measuring
             await _setting(inproc, 2, 8, 1)
-            await _setting(over_http, 2, 8, 1)
+            await _over_http(http.url, api.model, 2, 8, 1)
             for c in concurrency:
                 per: dict[str, list[dict[str, Any]]] = {"inproc": [], "http": []}
                 for k in range(passes):
-                    order = [("inproc", inproc), ("http", over_http)]
+                    order = ["inproc", "http"]
                     if k % 2:
                         order.reverse()
-                    for name, run in order:
-                        per[name].append(await _setting(run, c, tokens, 1000 * (k + 1)))
+                    for name in order:
+                        seed0 = 1000 * (k + 1)
+                        per[name].append(
+                            await _setting(inproc, c, tokens, seed0) if name == "inproc"
+                            else await _over_http(http.url, api.model, c, tokens, seed0))
                 ratios = [h["tok_s"] / i["tok_s"] for h, i in zip(per["http"], per["inproc"],
                                                                  strict=True)]
                 ttft_d = [h["ttft_ms"] - i["ttft_ms"] for h, i in zip(per["http"], per["inproc"],
@@ -113,7 +143,6 @@ async def _run(tokens: int, passes: int, concurrency: list[int]) -> dict[str, An
                     "ratio": statistics.median(ratios),
                     "ttft_delta_ms": statistics.median(ttft_d),
                     "passes": per})
-            await client.close()
     # the usage counts the tokens each HTTP stream generated: the same as in process
     return {"tokens_per_stream": tokens, "passes": passes, "rows": rows,
             "goals": {"ratio": 0.9, "ttft_delta_ms": 5.0}}
@@ -137,9 +166,10 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
     return [HEADING, "",
             "From `python -m xcosd.bench.http_api` (bench/out/http_api.json): the embedded "
             "n-gram pair, one cloud and one edge over ZeroMQ loopback in one process; the same "
-            "seeded prompts streamed through `EdgeNode.stream` in process and through "
-            "`POST /v1/completions` (`stream: true`) from the official `openai` client in the "
-            f"same process, {rep['tokens_per_stream']} tokens a stream, alternating over "
+            "seeded prompts streamed in process (`EdgeNode.generate`, its text read from a queue as "
+            "`EdgeNode.stream` hands it over) and "
+            "through `POST /v1/completions` (`stream: true`) from the official `openai` client "
+            f"in a process of its own, {rep['tokens_per_stream']} tokens a stream, alternating over "
             f"{rep['passes']} passes (medians; the ratio is the median of the ratios within a "
             "pass).", "",
             format_report(rep, markdown=True), "",
@@ -154,7 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--json", default=str(OUT))
+    # the client process of one HTTP setting (internal)
+    ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--streams", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.client is not None:
+        print(json.dumps(asyncio.run(_client(args.client, args.model, args.streams,
+                                             args.tokens, args.seed))))
+        return 0
     rep = asyncio.run(_run(args.tokens, args.passes,
                            [int(c) for c in args.concurrency.split(",")]))
     rep["machine"] = machine()

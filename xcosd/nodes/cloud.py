@@ -59,6 +59,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -122,6 +123,8 @@ IDLE_SLACK = 4.0
 #: most 1 / (1 + FOLLOW_UP_HOLD) of the thread (and of the GIL) from everyone else
 FOLLOW_UP_FREE_S = 0.002
 FOLLOW_UP_HOLD = 2.0
+#: render requests of one peer in the render thread or waiting for it; past it: busy
+MAX_RENDERS_PER_PEER = 64
 
 _Frames = Sequence[Any]
 
@@ -133,7 +136,8 @@ class _Peer:
     nothing else touches ``conn`` until it is back)."""
 
     __slots__ = ("busy", "conn", "deferred", "dropped", "gone", "held", "id", "inbox",
-                 "inbox_bytes", "last_seen", "outbox", "outbox_bytes", "ready", "sender")
+                 "inbox_bytes", "last_seen", "outbox", "outbox_bytes", "ready", "renders",
+                 "sender")
 
     def __init__(self, peer: bytes, conn: CloudConnection, now: float) -> None:
         self.id = peer
@@ -145,6 +149,8 @@ class _Peer:
         self.sender: asyncio.Task[None] | None = None
         self.ready = False
         self.busy = False
+        #: its render requests in the render thread or waiting for it
+        self.renders = 0
         #: served nothing for a while after an expensive follow-up
         self.held = False
         #: verdicts that arrived while busy, applied when it is back
@@ -272,6 +278,8 @@ class CloudNode:
         self._tasks: list[asyncio.Task[Any]] = []
         #: follow-ups in the worker thread
         self._jobs: set[asyncio.Task[Any]] = set()
+        #: the thread that tokenises prompts and renders chats (made on first use)
+        self._render_threads: ThreadPoolExecutor | None = None
         self._metrics: Any = None
         self._closed = False
         self._started_at = 0.0
@@ -362,6 +370,10 @@ class CloudNode:
         self._activity.clear()
         if self._scheduler is not None:
             await self._scheduler.close(left(0.2))
+        if self._render_threads is not None:
+            # an idle thread ends at once; one inside a tokenizer ends when it returns
+            self._render_threads.shutdown(wait=False, cancel_futures=True)
+            self._render_threads = None
         if self._listener is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(left(0.2)):
@@ -497,9 +509,7 @@ class CloudNode:
         self._touch(p, msg, out)
         render = next((e for e in out.events if isinstance(e, RenderNeeded)), None)
         if render is not None:
-            # a tokenizer or chat template: off the loop, this peer's next message
-            # after it, like a follow-up (one at a time per peer, in order)
-            self._off_loop(p, self._render(p, render), "xcosd-cloud-render")
+            self._start_render(p, render)
             return
         self._apply(p, out)
 
@@ -510,12 +520,29 @@ class CloudNode:
         self._jobs.add(task)
         task.add_done_callback(self._jobs.discard)
 
+    def _start_render(self, p: _Peer, ev: RenderNeeded) -> None:
+        """Render ``ev`` in the render thread. A render touches no session, so the
+        peer's other messages (its sessions' drafts) go on meanwhile; at most
+        :data:`MAX_RENDERS_PER_PEER` of a peer's wait at once (``busy`` past it), and
+        the one render thread serves them in arrival order, never holding up a
+        batch or a follow-up in the worker thread."""
+        if p.renders >= MAX_RENDERS_PER_PEER:
+            self._apply(p, p.conn.rendered(ev.n, error=XcosdError(
+                f"{p.renders} renders of this connection are waiting; retry later",
+                code="busy")))
+            return
+        p.renders += 1
+        task = asyncio.get_running_loop().create_task(self._render(p, ev),
+                                                      name="xcosd-cloud-render")
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
+
     async def _render(self, p: _Peer, ev: RenderNeeded) -> None:
-        """Answer a :class:`RenderNeeded` with the target, in the worker thread."""
-        assert self._scheduler is not None
-        took = 0.0
         try:
-            ids, took = await self._scheduler.run(self._render_now, ev)
+            if self._render_threads is None:
+                self._render_threads = ThreadPoolExecutor(1, thread_name_prefix="xcosd-render")
+            ids = await asyncio.get_running_loop().run_in_executor(
+                self._render_threads, self._render_ids, ev)
             out = p.conn.rendered(ev.n, ids)
         except asyncio.CancelledError:
             raise
@@ -526,17 +553,14 @@ class CloudNode:
             log.exception("rendering a prompt for %s failed", bytes(p.id).hex())
             out = p.conn.rendered(ev.n, error=XcosdError(
                 f"rendering failed: {type(e).__name__}", code="internal"))
+        finally:
+            p.renders -= 1
         self.counters["renders"] += 1
-        packed = [(m.TYPE, pack(m)) for m in out.send]
-        await self._back(p, out, packed, took)
-
-    def _render_now(self, ev: RenderNeeded) -> tuple[list[int], float]:
-        """The target's ids for ``ev``, and the seconds it took (worker thread)."""
-        t0 = time.perf_counter()
-        ids = self._render_ids(ev)
-        return ids, time.perf_counter() - t0
+        if not p.dropped and self._peers.get(p.id) is p:
+            self._apply(p, out)
 
     def _render_ids(self, ev: RenderNeeded) -> list[int]:
+        """The target's ids for ``ev`` (render thread)."""
         if ev.chat is None:
             assert ev.text is not None
             return [int(i) for i in self.target.tokenize(ev.text)]
