@@ -204,6 +204,7 @@ class OpenAIApp:
                 Route("/metrics", self._metrics, methods=["GET", "HEAD"]),
             ],
             exception_handlers={HTTPException: self._http_error})
+        self.app.router.redirect_slashes = False  # a path is the route or a 404
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
