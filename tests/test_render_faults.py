@@ -103,3 +103,25 @@ async def test_chats_render_on_any_replica_behind_the_broker() -> None:
         finally:
             await victim.close()
             await survivor.close()
+
+
+async def test_many_concurrent_renders_on_one_node_each_get_their_own_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """More callers at once on one node (an HTTP server's chat requests) than the
+    cloud takes from one connection: the node keeps a bounded number at the cloud
+    and queues the rest, so none is refused; where the cloud is at its bound anyway
+    (made 2 here), its ``busy`` answers are asked again after a pause, as a
+    generation's are."""
+    import xcosd.nodes.cloud as cloud_node
+
+    draft, target = default_pair()
+    chats = [[{"role": "user", "content": f"question {i}"}] for i in range(120)]
+    want = [target.chat_prompt(c) for c in chats]
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud, \
+            xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, busy_retry_s=0.01) as edge:
+        assert await asyncio.gather(*(edge.chat_prompt(c) for c in chats)) == want
+        assert cloud.stats()["renders"] == len(chats)
+        assert cloud.stats()["errors_by_code"] == {}
+        monkeypatch.setattr(cloud_node, "MAX_RENDERS_PER_PEER", 2)
+        assert await asyncio.gather(*(edge.chat_prompt(c) for c in chats[:20])) == want[:20]
+        assert cloud.stats()["errors_by_code"]["busy"] > 0

@@ -91,6 +91,11 @@ SESSION_LOST_CODES = frozenset({"no_session"})
 SPECULATE_SHARE = 0.8
 #: the (method, warpers) settings whose speculation record a node keeps
 SPECULATION_RECORDS = 16
+#: render requests (tokenize, chat_prompt) one node has at the cloud at once; the
+#: others wait their turn here. Well under the cloud's bound per connection
+#: (xcosd/nodes/cloud.py, MAX_RENDERS_PER_PEER, past which it answers ``busy``),
+#: so many concurrent callers queue instead of being refused
+MAX_RENDERS_IN_FLIGHT = 16
 
 #: a prompt: text, or target token ids (the cloud's context is then exactly those ids)
 Prompt = str | Sequence[int] | np.ndarray
@@ -274,6 +279,7 @@ class EdgeNode:
         #: render requests (tokenize, chat_prompt) waiting for their answer, by number
         self._render_ids = itertools.count(1)
         self._renders: dict[int, asyncio.Future[Message]] = {}
+        self._render_slots = asyncio.Semaphore(MAX_RENDERS_IN_FLIGHT)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-draft")
         #: speculated drafts' random numbers (unseeded generations only), and how
         #: the last generation that could speculate was paid, per method and warpers
@@ -578,42 +584,58 @@ class EdgeNode:
 
     async def _render(self, request: Render, timeout_s: float | None) -> list[int]:
         """Send ``request`` (numbered here) and wait for its answer; asked again
-        every ``resend_after_s`` (after a reconnect too) until the deadline."""
+        every ``resend_after_s`` (after a reconnect too) until the deadline. At most
+        :data:`MAX_RENDERS_IN_FLIGHT` of a node's requests are at the cloud at once
+        (the rest wait here, within their deadline); a ``busy`` answer is asked again
+        after a pause, for at most ``busy_timeout_s``, as a generation's is."""
         if self._closed:
             raise TransportError("the edge node is closed", code="closed")
         n = next(self._render_ids)
         msg = dataclasses.replace(request, n=n)
-        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self._renders[n] = fut
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s if timeout_s is not None
-                                       else self.answer_timeout_s):
+                                       else self.answer_timeout_s), self._render_slots:
+                delay, busy_since = self.busy_retry_s, 0.0
                 while True:
-                    if not self._connected:
-                        await self._recover(self._epoch)
-                    conn, epoch = self._conn, self._epoch
-                    frames = pack(msg)
-                    welcome = self._handshake.welcome
-                    if welcome is not None and message_bytes(frames) > welcome.limits.max_message:
-                        raise ProtocolError("the prompt exceeds the cloud's message limit of "
-                                            f"{welcome.limits.max_message} bytes",
-                                            code="too_large")
-                    if conn is not None:
-                        try:
-                            await conn.send(frames)
-                            self._last_tx = time.monotonic()
-                        except TransportError:
-                            self._lose(epoch)
-                            continue
-                    with contextlib.suppress(TimeoutError):
-                        answer = await asyncio.wait_for(asyncio.shield(fut), self.resend_after_s)
+                    fut: asyncio.Future[Message] = loop.create_future()
+                    self._renders[n] = fut
+                    answer = await self._render_once(msg, fut)
+                    if not (isinstance(answer, Error) and answer.code == "busy"):
                         break
+                    busy_since = busy_since or time.monotonic()
+                    if time.monotonic() - busy_since > self.busy_timeout_s:
+                        break
+                    await asyncio.sleep(delay)
+                    delay = min(1.0, delay * 2)
         finally:
             self._renders.pop(n, None)
         if isinstance(answer, Error):
             raise exception_for(answer.code, answer.message)
         assert isinstance(answer, Rendered)
         return [int(i) for i in answer.ids.tolist()]
+
+    async def _render_once(self, msg: Render, fut: asyncio.Future[Message]) -> Message:
+        """Send ``msg`` until ``fut`` (its answer) is set: again every
+        ``resend_after_s``, and after a reconnect (the caller holds the deadline)."""
+        while True:
+            if not self._connected:
+                await self._recover(self._epoch)
+            conn, epoch = self._conn, self._epoch
+            frames = pack(msg)
+            welcome = self._handshake.welcome
+            if welcome is not None and message_bytes(frames) > welcome.limits.max_message:
+                raise ProtocolError("the prompt exceeds the cloud's message limit of "
+                                    f"{welcome.limits.max_message} bytes", code="too_large")
+            if conn is not None:
+                try:
+                    await conn.send(frames)
+                    self._last_tx = time.monotonic()
+                except TransportError:
+                    self._lose(epoch)
+                    continue
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(asyncio.shield(fut), self.resend_after_s)
 
     async def stream(self, prompt: Prompt, max_new_tokens: int | None = None, *,
                      config: GenerationConfig | None = None, method: str | None = None,
