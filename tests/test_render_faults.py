@@ -9,15 +9,19 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
 
 import xcosd
 from xcosd.errors import ProtocolError
 from xcosd.models import default_pair
 from xcosd.nodes import Broker
+from xcosd.protocol import Error, Render, Rendered, pack
 from xcosd.protocol.messages import MAX_CHAT, MAX_RESUME, MAX_TEXT
+from xcosd.transport import connect
 from xcosd.transport.link import LinkSpec
 
+from .helpers.raw import handshake, reply
 from .helpers.waits import HANG_S, until
 
 CHAT = [{"role": "system", "content": "Be brief."},
@@ -125,3 +129,26 @@ async def test_many_concurrent_renders_on_one_node_each_get_their_own_answer(
         monkeypatch.setattr(cloud_node, "MAX_RENDERS_PER_PEER", 2)
         assert await asyncio.gather(*(edge.chat_prompt(c) for c in chats[:20])) == want[:20]
         assert cloud.stats()["errors_by_code"]["busy"] > 0
+
+
+async def test_answers_sent_the_wrong_way_are_refused_and_the_cloud_serves_on() -> None:
+    """A peer that sends the cloud a ``rendered`` (an answer it never asks for) is
+    told ``unknown_type``; an ``error`` naming a render is only counted; the same
+    connection's next request is answered, and so is an honest edge's."""
+    draft, target = default_pair()
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud, \
+            xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as honest:
+        conn = await connect(cloud.endpoint)
+        try:
+            await handshake(conn, draft)
+            await conn.send(pack(Rendered(3, np.array([1, 2], np.int64))))
+            m = await reply(conn)
+            assert isinstance(m, Error) and m.code == "unknown_type" and m.n is None
+            await conn.send(pack(Error("unsupported", "not from a cloud", n=4)))
+            await conn.send(pack(Render(5, chat=(("user", "hi"),))))
+            m = await reply(conn)  # the error got no answer: this is the render's
+            assert isinstance(m, Rendered) and m.n == 5
+            assert m.ids.tolist() == target.chat_prompt([{"role": "user", "content": "hi"}])
+        finally:
+            await conn.close()
+        assert await honest.chat_prompt(CHAT) == target.chat_prompt(CHAT)
