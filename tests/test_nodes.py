@@ -241,7 +241,9 @@ async def test_prometheus_endpoint() -> None:
         assert url is not None
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        # the body is read to EOF: without Connection: close the server keeps the
+        # connection open for a next request (until its idle deadline, seconds)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         body = (await reader.read()).decode()
         writer.close()
         await writer.wait_closed()
