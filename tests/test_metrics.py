@@ -250,6 +250,8 @@ async def test_health_and_unknown_paths() -> None:
         port = port_of(cloud.metrics_endpoint)
         async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as edge:
             await edge.generate("a", max_new_tokens=4)
+            # generate returns before the cloud has taken the session's close in
+            await until(lambda: cloud.config.sessions == 0, "the edge's close to arrive")
             status, headers, body = await get(port, "/health")
             assert status == 200 and headers["content-type"] == "application/json"
             health = json.loads(body)
