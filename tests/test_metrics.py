@@ -6,8 +6,11 @@ What is checked: the exposition parses and has exactly the documented families;
 counters read back exactly (as the float64 a scraper reads); a message type or an
 error code a peer chose can add neither a metric nor a label value (the byte
 meter's type is the peer's header ``"t"``, which once let a peer write
-``xcosd_fake_metric{x="0"} 37`` into the scrape); ``/health`` answers; and a slow
-or hostile HTTP client is dropped without holding the server.
+``xcosd_fake_metric{x="0"} 37`` into the scrape), and whatever a label or HELP
+text holds is escaped by the writer the server answers with; ``/health`` answers
+what its one function returns (a draining node's 503); a slow or hostile HTTP
+client is dropped without holding the server, an idle kept-alive one too; and
+``xcosd serve --replicas 2`` serves each replica's metrics on its own port.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 import xcosd
@@ -362,3 +367,138 @@ async def test_a_failing_stats_call_is_a_500_not_a_dead_server() -> None:
         assert sample_value(parse(body.decode()), "xcosd_messages_received_total", {}) == 5
     finally:
         await server.close()
+
+
+async def test_health_answers_what_its_one_function_returns() -> None:
+    # the hook a draining node plugs into: /health's status and body come from
+    # one function, read at each request; /metrics is not its business
+    state = {"draining": False, "broken": False}
+
+    def health() -> tuple[int, dict[str, Any]]:
+        if state["broken"]:
+            raise RuntimeError("boom")
+        return (503, {"status": "draining"}) if state["draining"] else (200, {"status": "ok"})
+
+    server = MetricsServer(lambda: {"messages": 1}, health=health)
+    await server.start()
+    try:
+        status, _, body = await get(server.port, "/health")
+        assert status == 200 and json.loads(body) == {"status": "ok"}
+        state["draining"] = True
+        status, headers, body = await get(server.port, "/health")
+        assert status == 503 and json.loads(body) == {"status": "draining"}
+        assert headers["content-type"] == "application/json"
+        status, _, body = await get(server.port, "/health", "HEAD")
+        assert status == 503 and body == b""
+        assert (await get(server.port, "/metrics"))[0] == 200
+        # a failing health function is a 500, not a dead server
+        state["broken"] = True
+        assert (await get(server.port, "/health"))[0] == 500
+        state["broken"] = False
+        assert (await get(server.port, "/health"))[0] == 503
+    finally:
+        await server.close()
+
+
+async def test_a_kept_alive_connection_is_served_again_and_dropped_once_idle() -> None:
+    # HTTP/1.1 keeps a connection open after its answer (a scraper reuses it); an
+    # idle one is still bounded: the next request head has a deadline too
+    server = MetricsServer(lambda: {"messages": 3}, read_timeout_s=0.3)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        for _ in range(2):
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANG_S)
+            assert head.startswith(b"HTTP/1.1 200 ")
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            assert length is not None
+            body = await asyncio.wait_for(reader.readexactly(int(length.group(1))), HANG_S)
+            assert sample_value(parse(body.decode()), "xcosd_messages_received_total", {}) == 3
+        assert server.connections == 1
+        # then it sends nothing more: the server closes it
+        with contextlib.suppress(ConnectionError):
+            assert await asyncio.wait_for(reader.read(), HANG_S) == b""
+        await until(lambda: server.connections == 0, "the idle connection to be let go")
+        writer.close()
+    finally:
+        await server.close()
+
+
+async def test_the_served_exposition_escapes_whatever_a_label_or_help_holds() -> None:
+    # no label of the node's can hold these (its values come from fixed sets); a
+    # collector added to the server's registry later could, and the writer the
+    # server answers with escapes them: they read back as they were, no line added
+    nasty = 'a\\b"c\nd} 1\nxcosd_fake_metric{x="0"} 37\n'
+
+    class Nasty:
+        def collect(self) -> Iterator[Metric]:
+            fam = CounterMetricFamily("xcosd_nasty", "two\nlines \\ and a \"quote\"",
+                                      labels=["l"])
+            fam.add_metric([nasty], 1)
+            yield fam
+
+    server = MetricsServer(lambda: {"messages": 2})
+    server.registry.register(Nasty())
+    await server.start()
+    try:
+        status, _, body = await get(server.port, "/metrics")
+    finally:
+        await server.close()
+    assert status == 200
+    text = body.decode()
+    fams = parse(text)
+    assert "xcosd_fake_metric" not in fams and set(fams) == FAMILIES | {"xcosd_nasty"}
+    assert fams["xcosd_nasty"].documentation == "two\nlines \\ and a \"quote\""
+    assert [s.labels["l"] for s in fams["xcosd_nasty"].samples] == [nasty]
+    assert not any(line.startswith("xcosd_fake_metric") for line in text.splitlines())
+    assert sample_value(fams, "xcosd_messages_received_total", {}) == 2
+
+
+async def test_each_replica_of_serve_replicas_serves_its_own_metrics() -> None:
+    """``xcosd serve --replicas 2 --metrics-port 0`` as a user runs it: each replica
+    process serves its own /metrics and /health (a free port each), and a scraper
+    summing the two sees both edges' work, label values bounded in each."""
+    from xcosd.models import SyntheticModel, load_model
+
+    from .test_replicas import _free_port, serve_process
+
+    spec = "synthetic:256"
+    target = load_model(spec)
+    draft = SyntheticModel(target.vocab, skew=0.9, name="draft")
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    async with serve_process("--replicas", "2", "--target", spec, "--bind", endpoint,
+                             "--metrics-port", "0") as lines:
+
+        def urls() -> list[str]:
+            return [m.group(1) for ln in lines if (m := re.search(r"metrics on (\S+)", ln))]
+
+        await until(lambda: "replicas live: 2 (joined 2, lost 0)" in lines, "two replicas")
+        await until(lambda: len(urls()) == 2, "both replicas' metrics endpoints")
+        ports = {port_of(u) for u in urls()}
+        assert len(ports) == 2
+        edges = [xcosd.EdgeNode(draft=draft, connect=endpoint, temperature=0.0,
+                                target_vocab=target.vocab, timeout_s=HANG_S)
+                 for _ in range(2)]
+        for e in edges:
+            await e.start()
+        try:
+            assert edges[0].server_id != edges[1].server_id  # one edge on each replica
+            results = [await e.generate("ab", max_new_tokens=16) for e in edges]
+        finally:
+            for e in edges:
+                await e.close()
+        scrapes = []
+        for port in ports:
+            status, _, body = await get(port, "/metrics")
+            assert status == 200
+            text = body.decode()
+            fams = parse(text)
+            check_bounded(fams, text)
+            scrapes.append(fams)
+            status, _, body = await get(port, "/health")
+            assert status == 200 and json.loads(body)["status"] == "ok"
+    assert all(len(r.token_ids) == 16 for r in results)
+    for fams in scrapes:  # each replica served one of the generations
+        assert sample_value(fams, "xcosd_sessions_opened_total", {}) == 1
+        assert sample_value(fams, "xcosd_spec_decode_num_rounds_total", {}) > 0
