@@ -6,10 +6,11 @@ Names follow vLLM's speculative-decoding metrics where one exists
 ``xcosd_spec_decode_num_accepted_tokens_total``, and so on), so dashboards built
 for one read the other.
 
-The exposition is ``prometheus_client``'s (text format 0.0.4: escaping, value
-printing, HELP and TYPE lines), from a collector (:class:`CloudCollector`) that
-reads one stats snapshot per scrape, in a registry of the server's own (never the
-process-wide default one: several nodes in one process must not share series).
+The exposition is ``prometheus_client``'s (the Prometheus text format, served as
+its ``CONTENT_TYPE_LATEST``: escaping, value printing, HELP and TYPE lines), from a
+collector (:class:`CloudCollector`) that reads one stats snapshot per scrape, in a
+registry of the server's own (never the process-wide default one: several nodes
+in one process must not share series).
 What this module adds is the bound on label values: **they come only from fixed
 sets.** A message type labels the byte counters only if it is one of the
 protocol's (:data:`MESSAGE_TYPE_LABELS`), an error code labels the refusal counter
@@ -23,17 +24,31 @@ Values are the float64 a Prometheus scraper reads: integers up to 2**53 print an
 parse back exactly (``2263730`` may print as ``2.26373e+06``, the same number).
 
 The server answers ``GET`` / ``HEAD`` ``/metrics`` and ``/health``, 404 for any other
-path and 405 for any other method. It is bounded against a slow or hostile client
-by :class:`~xcosd.http.HttpServer`: a request head must arrive whole within
-``read_timeout_s`` and fit in ``max_request_bytes`` (else 400), and at most
-``max_connections`` are served at once (503 past it). A client that stalls is
-dropped; it never holds the server or the node, which share the event loop.
+path and 405 for any other method; ``/health``'s status and body come from one
+function (``health``), so a node that should take no new work (draining) can
+answer 503. It is bounded against a slow or hostile client by
+:class:`~xcosd.http.HttpServer`: a request head must arrive whole within
+``read_timeout_s`` of the connection opening (or of the previous answer on a
+kept-alive connection), so a client trickling a header a line at a time is
+dropped all the same; a head still incomplete once ``max_request_bytes`` of it are
+buffered is refused (400; the cap is on what h11 buffers, so a whole head that
+arrives in one read may be longer); and at most ``max_connections`` are served at
+once (503 past it). A client that stalls is dropped; it never holds the server or
+the node, which share the event loop.
 
-Replicas (``xcosd serve --replicas N``) each serve their own port (``--metrics-port``
-+ i), scraped as separate targets, which is how Prometheus counts replicas.
-``prometheus_client``'s multiprocess mode does not fit: it sums metric objects the
-processes write to files, and these metrics are read from each node's live stats
-when scraped, not kept in such objects.
+Replicas (``xcosd serve --replicas N``): each replica is its own ``xcosd serve
+--join`` process with its own :class:`CloudNode`, and serves its own port
+(``--metrics-port`` + i; a free one each with ``--metrics-port 0``); the broker
+process serves none. They are scraped as separate targets, which is how
+Prometheus counts replicas (``sum`` across them). ``prometheus_client``'s
+multiprocess mode does not fit: it sums Counter/Gauge/Histogram objects whose
+every update the processes write to files, not custom collectors, and these
+metrics are read from each node's live stats when scraped, not kept in such
+objects; its files must lie in one directory every process shares, while a
+replica may ``--join`` from another host; and a replica the broker restarts would
+leave a dead process's files to clean up. Separate targets also show one
+replica's restart as that replica's counter reset, and a slow replica apart from
+the others.
 """
 
 from __future__ import annotations
