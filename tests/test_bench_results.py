@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xcosd.bench import streaming
+from xcosd.bench import http_api, streaming
 from xcosd.bench.results import (
     section_model_layer,
     section_overlap,
@@ -111,6 +111,23 @@ def test_overlap_section_reports_the_ratio_and_the_share_sent() -> None:
     assert "| T=1 | on | 112.0 | 1.12x | 0.25 | 3.12 | 200 | 25% | 224.0 |" in text
     assert section_overlap(None) == []
 
+
+
+def test_http_api_section_judges_each_pair_by_both_goals() -> None:
+    def row(pair: str, streams: int, ratio: float, delta: float) -> dict[str, Any]:
+        return {"pair": pair, "streams": streams, "inproc_tok_s": 100.0,
+                "http_tok_s": 100.0 * ratio, "inproc_ttft_ms": 10.0,
+                "http_ttft_ms": 10.0 + delta, "ratio": ratio, "ttft_delta_ms": delta}
+
+    rep = {"tokens_per_stream": 64, "passes": 3, "goals": {"ratio": 0.9, "ttft_delta_ms": 5.0},
+           "rows": [row("ngram", 1, 0.78, 8.0), row("ngram", 16, 0.93, 20.0),
+                    row("remote", 1, 0.99, 1.5), row("remote", 16, 0.97, 4.0)]}
+    text = "\n".join(http_api.section_lines(rep))
+    assert "| remote | 1 | 100.0 | 99.0 | 0.99x | 10.0 | 11.5 | +1.5 |" in text
+    assert "met with the cloud's compute elsewhere (`remote`), not met when it shares" in text
+    rep["rows"][3] = row("remote", 16, 0.97, 6.0)  # TTFT past the goal: not met
+    assert "not met with the cloud's compute elsewhere" in "\n".join(http_api.section_lines(rep))
+    assert http_api.section_lines(None) == []
 
 
 def test_streaming_section_reports_the_ratio_and_the_efficiencies() -> None:
