@@ -18,9 +18,15 @@ import pytest
 
 import xcosd
 
-from .test_api_real import CONVERSATIONS
 from .test_models_real import needs_real, real_group
 
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
+    [{"role": "system", "content": "You are terse."},
+     {"role": "user", "content": "Name a prime number between 10 and 20."},
+     {"role": "assistant", "content": "11"},
+     {"role": "user", "content": "Another one?"}],
+]
 MAX_NEW = 20
 
 
