@@ -41,7 +41,8 @@ async def _client(url: str, model: str, streams: int, tokens: int, seed0: int
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-    await client.models.list()  # the connection pool warmed, as a running app's is
+    # the connection pool warmed, a connection per stream, as a running app's is
+    await asyncio.gather(*[client.models.list() for _ in range(streams)])
     try:
         return await _setting(lambda p, t, s: _one_http(client, model, p, t, s), streams,
                               tokens, seed0)

@@ -100,7 +100,10 @@ class HttpServer:
         protocol = type("_Protocol", (_BoundedH11,), {"head_timeout_s": float(read_timeout_s)})
         self._config = uvicorn.Config(
             app, http=protocol, lifespan="off", log_config=None, access_log=False,
-            limit_concurrency=max_connections, timeout_keep_alive=max(1, round(keep_alive_s)),
+            # uvicorn counts the connection asking among those it compares with the
+            # limit: + 1 serves max_connections at once
+            limit_concurrency=max_connections + 1,
+            timeout_keep_alive=max(1, round(keep_alive_s)),
             timeout_graceful_shutdown=max(1, round(grace_s)),
             h11_max_incomplete_event_size=max_head_bytes, server_header=False, ws="none")
         self._server = _EmbeddedServer(self._config)
