@@ -172,6 +172,25 @@ async def test_concurrent_streams_each_get_their_own_generation() -> None:
         await until(lambda: s.cloud.stats()["sessions_active"] == 0, "sessions closed")
 
 
+async def test_the_targets_end_of_sequence_is_finish_reason_stop() -> None:
+    # a target that ends a generation (its stop ids: eos here, eos and end-of-turn for
+    # a chat model) ends the completion with "stop", streamed or not
+    async with served(pair(eos_mass=0.3)) as s:
+        reasons = []
+        for seed in range(8):
+            r = await s.client.completions.create(model=s.model, prompt="c", max_tokens=30,
+                                                  seed=seed)
+            own = await s.edge.generate("c", max_new_tokens=30, seed=seed)
+            assert r.choices[0].text == own.text
+            assert r.choices[0].finish_reason == own.finish_reason
+            reasons.append(r.choices[0].finish_reason)
+            stream = await s.client.completions.create(model=s.model, prompt="c",
+                                                       max_tokens=30, seed=seed, stream=True)
+            last = [c async for c in stream][-1]
+            assert last.choices[0].finish_reason == own.finish_reason
+        assert "stop" in reasons
+
+
 # ------------------------------------------------------------------------- chat
 
 
@@ -368,7 +387,9 @@ async def test_every_bad_input_gets_an_openai_error_and_the_server_keeps_serving
         # and the server still serves, with nothing left in flight
         r2 = await s.client.completions.create(model=s.model, prompt="c", max_tokens=3, seed=1)
         assert r2.usage.completion_tokens == 3
-        assert s.api.in_flight == 0 and s.cloud.stats()["sessions_active"] == 0
+        assert s.api.in_flight == 0
+        # the edge's close of the last session reaches the cloud after the answer
+        await until(lambda: s.cloud.stats()["sessions_active"] == 0, "every session closed")
 
 
 async def test_models_health_and_metrics() -> None:
