@@ -11,7 +11,6 @@ instruction-tuned one: its answers run on past a turn, so they end at
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import openai
 import pytest
@@ -20,41 +19,12 @@ import xcosd
 from xcosd.api import OpenAIApp
 from xcosd.http import HttpServer
 
+from .helpers.real_chat import CONVERSATIONS, own_greedy, pair, templated
 from .test_models_real import needs_real, real_group
 
-CONVERSATIONS = [
-    [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
-    [{"role": "system", "content": "You are terse."},
-     {"role": "user", "content": "Name a prime number between 10 and 20."},
-     {"role": "assistant", "content": "11"},
-     {"role": "user", "content": "Another one?"}],
-]
+__all__ = ["pair"]  # the module's fixture
+
 MAX_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def pair() -> tuple[Any, Any]:
-    from xcosd.models import load_model
-
-    return load_model("smollm2-135m"), load_model("gemma3-270m")
-
-
-def _templated(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if not isinstance(out, list):  # a BatchEncoding in newer transformers
-        out = out["input_ids"]
-    return [int(i) for i in out]
-
-
-def _own_generate(target: Any, messages: list[dict[str, str]], stops: list[int]) -> list[int]:
-    import torch
-
-    ids = _templated(target.tokenizer, messages)
-    with torch.no_grad():
-        out = target.model.generate(torch.tensor([ids], device=target.device), do_sample=False,
-                                    max_new_tokens=MAX_TOKENS, eos_token_id=stops,
-                                    pad_token_id=stops[0])
-    return [int(t) for t in out[0, len(ids):].tolist()]
 
 
 @real_group
@@ -75,7 +45,7 @@ async def test_greedy_chat_over_http_equals_the_targets_own_generate(pair) -> No
                                     timeout=300)
         stack.push_async_callback(client.close)
         for messages in CONVERSATIONS:
-            expected = _own_generate(target, messages, stops)
+            expected = own_greedy(target, templated(target.tokenizer, messages), MAX_TOKENS, stops)
             r = await client.chat.completions.create(
                 model="gemma", messages=messages, temperature=0,  # type: ignore[arg-type]
                 max_tokens=MAX_TOKENS, seed=1)
@@ -85,7 +55,7 @@ async def test_greedy_chat_over_http_equals_the_targets_own_generate(pair) -> No
             assert r.choices[0].message.content == target.vocab.decode(body).decode()
             # the context is the template's ids; the start token is the model's own
             ids = await edge.chat_prompt(messages)
-            assert [target._start, *ids] == _templated(target.tokenizer, messages)
+            assert [target._start, *ids] == templated(target.tokenizer, messages)
             assert r.usage.prompt_tokens == len(ids)
             if expected[-1] in stops:  # ended at the end-of-turn (or -sequence) token
                 assert r.choices[0].finish_reason == "stop"

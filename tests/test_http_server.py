@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from xcosd.http import HttpServer
 
+from .helpers.slow_http import trickle_head
 from .helpers.waits import HANG_S, until
 
 
@@ -58,17 +59,8 @@ async def test_a_head_that_does_not_arrive_in_time_is_dropped() -> None:
         r1, w1 = await asyncio.open_connection("127.0.0.1", server.port)  # sends nothing
         r2, w2 = await asyncio.open_connection("127.0.0.1", server.port)
 
-        async def trickle() -> None:
-            # a header line at a time, each well inside the deadline: the deadline
-            # is for the whole head, so this one is dropped all the same
-            w2.write(b"GET / HTTP/1.1\r\n")
-            with contextlib.suppress(ConnectionError):
-                while not r2.at_eof():
-                    w2.write(b"X-Slow: 1\r\n")
-                    await w2.drain()
-                    await asyncio.sleep(0.02)
-
-        trickler = asyncio.get_running_loop().create_task(trickle())
+        trickler = asyncio.get_running_loop().create_task(
+            trickle_head(r2, w2, b"GET / HTTP/1.1\r\n"))
         async with httpx.AsyncClient() as c:  # meanwhile others are served
             assert (await c.get(server.url + "/")).status_code == 200
         for r in (r1, r2):

@@ -42,6 +42,7 @@ from xcosd.nodes.metrics import (
 from xcosd.protocol.messages import MESSAGE_TYPES
 from xcosd.transport import connect
 
+from .helpers.slow_http import trickle_head
 from .helpers.waits import HANG_S, until
 from .session_pairs import pair
 
@@ -296,17 +297,8 @@ async def test_a_stalled_client_is_dropped_and_others_are_served() -> None:
             w1.write(b"GET /metrics HTTP/1.1\r\n")  # never finishes the head
             r2, w2 = await asyncio.open_connection("127.0.0.1", server.port)
 
-            async def trickle() -> None:
-                # a header line at a time, each well inside the deadline: the
-                # deadline is for the whole head, so this is dropped all the same
-                w2.write(b"GET /metrics HTTP/1.1\r\n")
-                with contextlib.suppress(ConnectionError):
-                    while not r2.at_eof():
-                        w2.write(b"X-Slow: 1\r\n")
-                        await w2.drain()
-                        await asyncio.sleep(0.02)
-
-            trickler = asyncio.get_running_loop().create_task(trickle())
+            trickler = asyncio.get_running_loop().create_task(
+                trickle_head(r2, w2, b"GET /metrics HTTP/1.1\r\n"))
             assert (await get(server.port, "/metrics"))[0] == 200
             for r in (r1, r2):
                 with contextlib.suppress(ConnectionError):

@@ -12,36 +12,16 @@ with the embedded pair)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 import xcosd
 
+from .helpers.real_chat import CONVERSATIONS, own_greedy, pair, templated
 from .test_models_real import needs_real, real_group
 
-CONVERSATIONS = [
-    [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
-    [{"role": "system", "content": "You are terse."},
-     {"role": "user", "content": "Name a prime number between 10 and 20."},
-     {"role": "assistant", "content": "11"},
-     {"role": "user", "content": "Another one?"}],
-]
+__all__ = ["pair"]  # the module's fixture
+
 MAX_NEW = 20
-
-
-@pytest.fixture(scope="module")
-def pair() -> tuple[Any, Any]:
-    from xcosd.models import load_model
-
-    return load_model("smollm2-135m"), load_model("gemma3-270m")
-
-
-def _templated(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if not isinstance(out, list):  # a BatchEncoding in newer transformers
-        out = out["input_ids"]
-    return [int(i) for i in out]
 
 
 @real_group
@@ -49,7 +29,6 @@ def _templated(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 @pytest.mark.real
 @needs_real
 async def test_greedy_chat_through_the_edge_is_the_targets_own_generate(pair) -> None:
-    import torch
 
     draft, target = pair
     eot = target.tokenizer.convert_tokens_to_ids("<end_of_turn>")
@@ -61,18 +40,16 @@ async def test_greedy_chat_through_the_edge_is_the_targets_own_generate(pair) ->
         assert welcome is not None and set(welcome.stop_ids) == {1, eot}
         stops = sorted(welcome.stop_ids)
         for messages in CONVERSATIONS:
-            templated = _templated(target.tokenizer, messages)
+            rendered = templated(target.tokenizer, messages)
             ids = await edge.chat_prompt(messages)
             # the start token is the one the model puts first itself
-            assert [target._start, *ids] == templated
+            assert [target._start, *ids] == rendered
             assert ids == target.chat_prompt(messages)
             assert target.tokenizer.decode(ids).endswith("<start_of_turn>model\n")
-            with torch.no_grad():
-                out = target.model.generate(torch.tensor([templated], device=target.device),
-                                            do_sample=False, max_new_tokens=MAX_NEW,
-                                            eos_token_id=stops, pad_token_id=stops[0])
-            want = [int(t) for t in out[0, len(templated):].tolist()]
-            res = await edge.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)
+            want = own_greedy(target, rendered, MAX_NEW, stops)
+            # a fixed draft length: the adaptive one may draft nothing when timing says so
+            res = await edge.generate(ids, max_new_tokens=MAX_NEW, do_sample=False,
+                                      draft_len=4, adaptive_draft=False)
             assert res.token_ids == want
             ended = "stop" if want[-1] in stops else "length"
             assert res.stats.finish_reason == ended
