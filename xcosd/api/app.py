@@ -130,6 +130,25 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
+async def unless_disconnected(receive: Receive, work: Awaitable[Any]) -> Any:
+    """``work``'s result, or ``None`` (``work`` cancelled) if the client disconnects
+    first: how every wait of a request is cut short when its client goes away."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        with contextlib.suppress(BaseException):
+            await watch
+        left = not task.done()
+        if left:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    return None if left else task.result()
+
+
 class _EventStream(StreamingResponse):
     """A Server-Sent Events response whose body is produced while the client stays:
     the moment it disconnects, the producer is cancelled (whatever the server's ASGI
@@ -148,16 +167,11 @@ class _EventStream(StreamingResponse):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        producer = asyncio.ensure_future(produce())
-        watcher = asyncio.ensure_future(_until_disconnect(receive))
         try:
-            await asyncio.wait({producer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            # a send to a client already gone fails: the response is over either way
+            with contextlib.suppress(Exception):
+                await unless_disconnected(receive, produce())
         finally:
-            for t in (producer, watcher):
-                t.cancel()
-            for t in (producer, watcher):
-                with contextlib.suppress(BaseException):
-                    await t
             close = getattr(self.events, "aclose", None)
             if close is not None:
                 with contextlib.suppress(BaseException):
@@ -325,7 +339,7 @@ class OpenAIApp:
                 text = req.prompt
                 gen = _Generation(lambda on_text: self.edge.generate(
                     text, config=cfg, on_text=on_text), arrived)
-            prompt = await self._cancel_on_disconnect(request, self._prompt_ids(req))
+            prompt = await unless_disconnected(request.receive, self._prompt_ids(req))
             if prompt is None:  # the client left while the prompt was prepared
                 return Response(status_code=499)
             if gen is None:
@@ -370,28 +384,10 @@ class OpenAIApp:
                           status=413)
         return ids
 
-    async def _cancel_on_disconnect(self, request: Request, coro: Awaitable[Any]) -> Any:
-        """``coro``'s result, or ``None`` (``coro`` cancelled) if the client
-        disconnects first."""
-        work = asyncio.ensure_future(coro)
-        watch = asyncio.ensure_future(_until_disconnect(request.receive))
-        try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-            with contextlib.suppress(BaseException):
-                await watch
-            left = not work.done()
-            if left:
-                work.cancel()
-                with contextlib.suppress(BaseException):
-                    await work
-        return None if left else work.result()
-
     async def _whole(self, request: Request, req: CompletionRequest | ChatRequest, chat: bool,
                      gen: _Generation, prompt_tokens: int) -> Response:
         try:
-            res = await self._cancel_on_disconnect(request, asyncio.shield(gen.task))
+            res = await unless_disconnected(request.receive, asyncio.shield(gen.task))
         except BaseException:
             self._count(gen, "error", prompt_tokens, None)
             raise
@@ -419,7 +415,7 @@ class OpenAIApp:
                       gen: _Generation, prompt_tokens: int) -> Response:
         # wait for the first piece (or the end) before answering, so a generation that
         # fails at once (the cloud is unreachable, the method unknown) gets its status
-        first = await self._cancel_on_disconnect(request, gen.pieces.get())
+        first = await unless_disconnected(request.receive, gen.pieces.get())
         if first is None and not gen.task.done():  # the client left
             await gen.cancel()
             self._count(gen, "abort", prompt_tokens, None)

@@ -5,10 +5,11 @@ CloudNode replicas behind one endpoint."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .broker import Broker
 from .cloud import CloudNode
 from .edge import EdgeNode, RoundObserved
-from .metrics import MetricsServer, prometheus_text
 from .scheduler import BatchStats, Scheduler, score_batch
 from .stats import GenerationResult, GenerationStats, merge
 
@@ -17,3 +18,14 @@ __all__ = [
     "MetricsServer", "RoundObserved", "Scheduler", "merge", "prometheus_text",
     "score_batch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``MetricsServer`` and ``prometheus_text`` on first use: their HTTP stack
+    (Starlette, uvicorn, prometheus_client) is a third of this package's import
+    time, and a node without a metrics port never needs it."""
+    if name in ("MetricsServer", "prometheus_text"):
+        from . import metrics
+
+        return getattr(metrics, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
