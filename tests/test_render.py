@@ -5,6 +5,7 @@ cloud does with render requests that are malformed, hostile or impossible."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgpack
 import pytest
@@ -19,6 +20,7 @@ from xcosd.transport import connect
 
 from .helpers.gated import GatedModel
 from .helpers.raw import handshake, reply
+from .helpers.waits import until
 from .session_pairs import pair
 
 
@@ -106,5 +108,42 @@ async def test_hostile_render_requests_get_typed_errors() -> None:
             assert isinstance(m, Error) and m.n == 10 and m.code == "vocab"
             res = await honest.generate("ab", max_new_tokens=4, seed=2)
             assert len(res.token_ids) == 4
+        finally:
+            await conn.close()
+
+
+class SlowTokenizer(GatedModel):
+    """A target whose tokenizer takes 30 ms for a text starting with ``"slow"`` and
+    records the order it tokenised texts in."""
+
+    def __init__(self, inner: object) -> None:
+        super().__init__(inner)
+        self.gate.set()
+        self.texts: list[str] = []
+
+    def tokenize(self, text: str) -> list[int]:
+        self.texts.append(text)
+        if text.startswith("slow"):
+            time.sleep(0.03)
+        return self.inner.tokenize(text[4:] if text.startswith("slow") else text)
+
+
+async def test_renders_are_served_round_robin_across_peers() -> None:
+    target, draft = pair()
+    slow = SlowTokenizer(target)
+    async with xcosd.CloudNode(target=slow, bind="tcp://127.0.0.1:0") as cloud, \
+            xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as honest:
+        conn = await connect(cloud.endpoint)
+        try:
+            await handshake(conn, draft)
+            seen = cloud.stats()["messages"]
+            for n in range(30):  # one peer queues 30 slow renders at once
+                await conn.send(pack(Render(n, text="slowab")))
+            await until(lambda: cloud.stats()["messages"] >= seen + 30, "all 30 queued")
+            # another peer's render is served after at most one more of them, not 30
+            assert await honest.tokenize("abc") == target.tokenize("abc")
+            assert slow.texts.index("abc") <= 2, slow.texts[:5]
+            answers = [await reply(conn) for _ in range(30)]
+            assert sorted(m.n for m in answers if isinstance(m, Rendered)) == list(range(30))
         finally:
             await conn.close()

@@ -278,8 +278,12 @@ class CloudNode:
         self._tasks: list[asyncio.Task[Any]] = []
         #: follow-ups in the worker thread
         self._jobs: set[asyncio.Task[Any]] = set()
-        #: the thread that tokenises prompts and renders chats (made on first use)
+        #: the thread that tokenises prompts and renders chats (made on first use),
+        #: the renders waiting for it by peer (served round robin), and the task
+        #: serving them while any wait
         self._render_threads: ThreadPoolExecutor | None = None
+        self._render_waiting: dict[bytes, deque[RenderNeeded]] = {}
+        self._render_pump: asyncio.Task[None] | None = None
         self._metrics: Any = None
         self._closed = False
         self._started_at = 0.0
@@ -503,7 +507,11 @@ class CloudNode:
             # candidates or a residual over the whole vocabulary: off the loop, and
             # nothing else of this peer runs until it is back (one thread at a time
             # on its connection, its messages in order)
-            self._off_loop(p, self._follow_up(p, msg), "xcosd-cloud-follow-up")
+            p.busy = True
+            task = asyncio.get_running_loop().create_task(self._follow_up(p, msg),
+                                                          name="xcosd-cloud-follow-up")
+            self._jobs.add(task)
+            task.add_done_callback(self._jobs.discard)
             return
         out = conn.receive(msg)
         self._touch(p, msg, out)
@@ -513,51 +521,57 @@ class CloudNode:
             return
         self._apply(p, out)
 
-    def _off_loop(self, p: _Peer, work: Any, name: str) -> None:
-        """Run ``work`` (a coroutine that ends with :meth:`_back`) with ``p`` busy."""
-        p.busy = True
-        task = asyncio.get_running_loop().create_task(work, name=name)
-        self._jobs.add(task)
-        task.add_done_callback(self._jobs.discard)
-
     def _start_render(self, p: _Peer, ev: RenderNeeded) -> None:
-        """Render ``ev`` in the render thread. A render touches no session, so the
-        peer's other messages (its sessions' drafts) go on meanwhile; at most
-        :data:`MAX_RENDERS_PER_PEER` of a peer's wait at once (``busy`` past it), and
-        the one render thread serves them in arrival order, never holding up a
-        batch or a follow-up in the worker thread."""
+        """Queue ``ev`` for the render thread. A render touches no session, so the
+        peer's other messages (its sessions' drafts) go on meanwhile. The thread
+        takes the waiting peers' renders round robin, one each in turn, so a peer
+        with many (or long) renders waiting delays another's by at most one of its
+        own; at most :data:`MAX_RENDERS_PER_PEER` of a peer's wait (``busy`` past
+        it). Renders never hold up a batch or a follow-up in the worker thread."""
         if p.renders >= MAX_RENDERS_PER_PEER:
             self._apply(p, p.conn.rendered(ev.n, error=XcosdError(
                 f"{p.renders} renders of this connection are waiting; retry later",
                 code="busy")))
             return
         p.renders += 1
-        task = asyncio.get_running_loop().create_task(self._render(p, ev),
-                                                      name="xcosd-cloud-render")
-        self._jobs.add(task)
-        task.add_done_callback(self._jobs.discard)
+        self._render_waiting.setdefault(p.id, deque()).append(ev)
+        if self._render_pump is None:
+            self._render_pump = asyncio.get_running_loop().create_task(
+                self._render_loop(), name="xcosd-cloud-render")
+            self._tasks.append(self._render_pump)
 
-    async def _render(self, p: _Peer, ev: RenderNeeded) -> None:
+    async def _render_loop(self) -> None:
+        """Serve the waiting renders, a peer at a time round robin, until none wait."""
+        if self._render_threads is None:
+            self._render_threads = ThreadPoolExecutor(1, thread_name_prefix="xcosd-render")
+        loop = asyncio.get_running_loop()
         try:
-            if self._render_threads is None:
-                self._render_threads = ThreadPoolExecutor(1, thread_name_prefix="xcosd-render")
-            ids = await asyncio.get_running_loop().run_in_executor(
-                self._render_threads, self._render_ids, ev)
-            out = p.conn.rendered(ev.n, ids)
-        except asyncio.CancelledError:
-            raise
-        except XcosdError as e:
-            out = p.conn.rendered(ev.n, error=e)
-        except Exception as e:
-            self.counters["internal_errors"] += 1
-            log.exception("rendering a prompt for %s failed", bytes(p.id).hex())
-            out = p.conn.rendered(ev.n, error=XcosdError(
-                f"rendering failed: {type(e).__name__}", code="internal"))
+            while self._render_waiting:
+                peer, queue = next(iter(self._render_waiting.items()))
+                ev = queue.popleft()
+                del self._render_waiting[peer]
+                if queue:  # its next render goes behind every other peer's
+                    self._render_waiting[peer] = queue
+                try:
+                    ids = await loop.run_in_executor(self._render_threads, self._render_ids, ev)
+                    out = ev.conn.rendered(ev.n, ids)
+                except XcosdError as e:
+                    out = ev.conn.rendered(ev.n, error=e)
+                except Exception as e:
+                    self.counters["internal_errors"] += 1
+                    log.exception("rendering a prompt for %s failed", bytes(peer).hex())
+                    out = ev.conn.rendered(ev.n, error=XcosdError(
+                        f"rendering failed: {type(e).__name__}", code="internal"))
+                self.counters["renders"] += 1
+                p = self._peers.get(peer)
+                if p is not None and p.conn is ev.conn:
+                    p.renders -= 1
+                    if not p.dropped:
+                        self._apply(p, out)
         finally:
-            p.renders -= 1
-        self.counters["renders"] += 1
-        if not p.dropped and self._peers.get(p.id) is p:
-            self._apply(p, out)
+            me, self._render_pump = self._render_pump, None
+            if me in self._tasks:
+                self._tasks.remove(me)
 
     def _render_ids(self, ev: RenderNeeded) -> list[int]:
         """The target's ids for ``ev`` (render thread)."""
@@ -788,6 +802,7 @@ class CloudNode:
             return True
         del self._peers[peer]
         p.dropped = True
+        self._render_waiting.pop(peer, None)
         p.inbox.clear()
         p.inbox_bytes = 0
         p.outbox.clear()
