@@ -604,10 +604,7 @@ class EdgeNode:
                     if not (isinstance(answer, Error) and answer.code == "busy"):
                         break
                     busy_since = busy_since or time.monotonic()
-                    if time.monotonic() - busy_since > self.busy_timeout_s:
-                        break
-                    await asyncio.sleep(delay)
-                    delay = min(1.0, delay * 2)
+                    delay = await self._busy_pause(None, delay, busy_since)
         finally:
             self._renders.pop(n, None)
         if isinstance(answer, Error):
@@ -855,12 +852,14 @@ class EdgeNode:
             raise _ConnectionLost(epoch)
         return msg
 
-    async def _busy_pause(self, st: GenerationStats, delay: float, since: float) -> float:
-        """Wait before retrying a ``busy`` refusal; the next delay. Past
-        ``busy_timeout_s`` of refusals the generation fails (typed ``busy``)."""
+    async def _busy_pause(self, st: GenerationStats | None, delay: float, since: float) -> float:
+        """Wait before retrying a ``busy`` refusal (a generation's, counted in ``st``,
+        or a render's); the next delay. Past ``busy_timeout_s`` of refusals the
+        request fails (typed ``busy``)."""
         if time.monotonic() - since > self.busy_timeout_s:
             raise exception_for("busy", f"the cloud stayed busy for {self.busy_timeout_s:g} s")
-        st.busy_retries += 1
+        if st is not None:
+            st.busy_retries += 1
         await asyncio.sleep(delay)
         return min(1.0, delay * 2)
 
