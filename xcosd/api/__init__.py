@@ -2,8 +2,8 @@
 target model, exactly, through an edge node (:class:`OpenAIApp`, an ASGI app;
 ``xcosd edge serve --http HOST:PORT`` serves it). See ``docs/API.md``."""
 
-from .app import OpenAIApp, openai_app
+from .app import OpenAIApp
 from .errors import APIError
 from .requests import RequestLimits
 
-__all__ = ["APIError", "OpenAIApp", "RequestLimits", "openai_app"]
+__all__ = ["APIError", "OpenAIApp", "RequestLimits"]

@@ -487,8 +487,3 @@ class OpenAIApp:
             await gen.cancel()
             self._count(gen, reason, prompt_tokens, res)
             self._done()
-
-
-def openai_app(edge: EdgeNode, **options: Any) -> OpenAIApp:
-    """The OpenAI-compatible ASGI app of ``edge`` (options: :class:`OpenAIApp`'s)."""
-    return OpenAIApp(edge, **options)
