@@ -31,6 +31,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("sampling / vocab", ("xcosd.sampling", "xcosd.vocab")),
     ("codecs", ("xcosd.codecs",)),
     ("methods", ("xcosd.methods", "xcosd.simulate")),
+    # the methods' server halves in torch, next to the logits (imports torch)
+    ("accel", ("xcosd.accel",)),
     ("wire", ("xcosd.wire",)),
     ("protocol", ("xcosd.protocol",)),
     ("transport", ("xcosd.transport", "xcosd.http")),

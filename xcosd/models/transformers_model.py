@@ -416,8 +416,15 @@ class TransformersModel:
         session.cached = 0
         session.cache = None
 
-    @torch.inference_mode()
     def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:
+        return [r.cpu().numpy() for r in self.score_tensors(batch)]
+
+    @torch.inference_mode()
+    def score_tensors(self, batch: Sequence[tuple[Session, Sequence[int]]]
+                      ) -> list[torch.Tensor]:
+        """:meth:`score`, with each session's rows left on the model's device as float32
+        probabilities: a cloud that verifies there (xcosd/accel/) copies to the host only
+        what crosses the wire."""
         if not batch:
             return []
         plan = []
@@ -443,7 +450,7 @@ class TransformersModel:
                 logits = self._forward_one(plan[0][1], plan[0][3], plan[0][4])
             else:
                 logits = self._forward_batch([(p[1], p[3], p[4]) for p in plan])
-        out: list[np.ndarray] = []
+        out: list[torch.Tensor] = []
         for (session, kv, new, _feed, n_out), lg in zip(plan, logits, strict=True):
             session.ids.extend(new)
             session.cached = kv.length - len(kv.prefix)
@@ -595,8 +602,8 @@ class TransformersModel:
         self.copy_s += batch.copy_s
         return [res.logits[i, : lens[i] - first] for i in range(len(items))]
 
-    def _probs(self, logits: torch.Tensor) -> np.ndarray:
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         x = logits.float()
         if self._unused is not None:
             x = x.masked_fill(self._unused, float("-inf"))
-        return torch.softmax(x, dim=-1).cpu().numpy().astype(np.float32, copy=False)
+        return torch.softmax(x, dim=-1)

@@ -46,7 +46,7 @@ from ..transport.zeromq import zmtp_overhead
 from ..vocab import VocabMap
 from ..wire.frames import FrameList, message_bytes
 from .drafter import Drafter
-from .scheduler import score_batch
+from .scheduler import score_batch, score_on_device
 from .stats import GenerationStats
 
 
@@ -94,8 +94,11 @@ class Pump:
 
     def __init__(self, target: LanguageModel, draft: LanguageModel, *,
                  vmap: VocabMap | None = None, max_sessions: int = 64, max_draft: int = 32,
-                 max_message: int = 16 << 20) -> None:
+                 max_message: int = 16 << 20, on_device: bool = False) -> None:
         self.target, self.draft = target, draft
+        #: verify next to the target's rows, in torch (:func:`score_on_device`): the
+        #: target offers ``score_tensors``
+        self.on_device = on_device
         self.limits = ServerLimits(max_message, max_sessions, max_draft, 5.0, 30.0)
         self.config = CloudConfig(target.vocab, target.tokenize, self.limits, "local")
         self.cloud = CloudConnection(self.config, b"local")
@@ -141,7 +144,8 @@ class Pump:
         for ev in out.events:
             if isinstance(ev, ScoreNeeded):
                 st.target_calls += 1
-                [outcome] = score_batch(self.target, [ev])
+                [outcome] = (score_on_device(self.target, [ev]) if self.on_device
+                             else score_batch(self.target, [ev]))
                 scored = self.cloud.scored(ev.session, outcome)
                 self.events += scored.events
                 send += scored.send

@@ -133,12 +133,18 @@ def verify_scored(session: CloudSession, scored: Scored) -> RoundOutcome:
     return _verify(session, scored) if isinstance(scored, np.ndarray) else scored
 
 
-def score_rows(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[Scored]:
+def score_rows(model: LanguageModel, batch: Sequence[ScoreNeeded],
+               score: Callable[[list[tuple[Any, list[int]]]], Sequence[Any]] | None = None
+               ) -> list[Any]:
     """The model half of :func:`score_batch`: each session's context brought in step
     and every session scored in one call; per session its rows (float32, owned by
     the caller: they are read after the next call has started), or the outcome of a
-    failure that session alone had. No randomness is drawn here."""
-    out: dict[int, Scored] = {}
+    failure that session alone had. No randomness is drawn here. ``score``: the call
+    that scores (``model.score`` by default; ``model.score_tensors`` keeps the rows on
+    the target's device, :func:`score_on_device`)."""
+    if score is None:
+        score = model.score
+    out: dict[int, Any] = {}
     prepared: list[tuple[int, ScoreNeeded]] = []
     for i, req in enumerate(batch):
         try:
@@ -146,10 +152,10 @@ def score_rows(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[Score
             prepared.append((i, req))
         except Exception as e:  # the model refused this session's context
             out[i] = _failed(e)
-    rows: dict[int, np.ndarray] = {}
+    rows: dict[int, Any] = {}
     if prepared:
         try:
-            got = model.score([(r.session.handle, r.new_ids) for _, r in prepared])
+            got = score([(r.session.handle, r.new_ids) for _, r in prepared])
             if len(got) != len(prepared):
                 raise ModelError(f"the model returned {len(got)} results for "
                                  f"{len(prepared)} sessions")
@@ -161,11 +167,58 @@ def score_rows(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[Score
             for i, r in prepared:
                 try:
                     _rewind(model, r)
-                    rows[i] = model.score([(r.session.handle, r.new_ids)])[0]
+                    rows[i] = score([(r.session.handle, r.new_ids)])[0]
                 except Exception as e:
                     out[i] = _failed(e)
     out.update(rows)
     return [out[i] for i in range(len(batch))]
+
+
+def on_device(model: Any, want: bool | None = None) -> bool:
+    """Whether a cloud verifies next to ``model``'s logits (:func:`score_on_device`).
+    ``want=None`` decides: yes when the model keeps its rows on an accelerator (it has
+    ``score_tensors`` and a non-CPU ``device``), where copying every row to the host
+    and warping it in numpy would cost more than the target's forward; on the CPU the
+    numpy path stays the default. ``True`` asks for it (a model without
+    ``score_tensors`` is a :class:`ValueError`)."""
+    has = callable(getattr(model, "score_tensors", None))
+    if want is None:
+        dev = getattr(model, "device", None)
+        return has and dev is not None and getattr(dev, "type", str(dev)) != "cpu"
+    if want and not has:
+        raise ValueError(f"{model!r} keeps no rows on a device (no score_tensors)")
+    return bool(want)
+
+
+def score_on_device(model: Any, batch: Sequence[ScoreNeeded]) -> list[RoundOutcome]:
+    """:func:`score_batch` with the rows kept on the target's device: the model's
+    ``score_tensors`` scores the batch, :func:`xcosd.accel.verify_batch` verifies every
+    session it supports in one pass, and only a session it does not (a lossy codec on
+    ``p``) has its rows copied to the host for the numpy path."""
+    from ..accel import supported, verify_batch
+
+    scored = score_rows(model, batch, model.score_tensors)
+    out: list[RoundOutcome | None] = [x if isinstance(x, RoundOutcome) else None
+                                      for x in scored]
+    on_device: list[int] = []
+    rounds = []
+    for i, (req, x) in enumerate(zip(batch, scored, strict=True)):
+        if out[i] is not None:
+            continue
+        sess = req.session
+        if not supported(sess.method):
+            out[i] = _verify(sess, x.float().cpu().numpy())
+            continue
+        try:
+            rounds.append(sess.device_round())
+            on_device.append(i)
+        except XcosdError as e:
+            out[i] = RoundOutcome(0, TokenReply(0), None, e)
+    if rounds:
+        got = verify_batch(rounds, [scored[i] for i in on_device])
+        for i, o in zip(on_device, got, strict=True):
+            out[i] = batch[i].session.device_outcome(o)
+    return [o if o is not None else _failed(RuntimeError("unverified")) for o in out]
 
 
 def _verify(session: CloudSession, rows: np.ndarray) -> RoundOutcome:
@@ -257,7 +310,8 @@ class Scheduler:
                  max_batch_tokens: int | None = None,
                  inline_max_s: float = INLINE_MAX_S,
                  live: Callable[[], int] | None = None, merge: bool = True,
-                 stream: bool = True, keep_waits: bool = False) -> None:
+                 stream: bool = True, keep_waits: bool = False,
+                 on_device: bool = False) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_batch_tokens is not None and max_batch_tokens < 1:
@@ -278,6 +332,11 @@ class Scheduler:
         #: verify on the loop, sending each verdict as it is drawn (False: the worker
         #: thread verifies the whole batch after its call, the loop then sends)
         self.stream = stream
+        #: verify next to the logits (:func:`score_on_device`): the model offers
+        #: ``score_tensors``
+        self.on_device = on_device
+        if on_device and not callable(getattr(model, "score_tensors", None)):
+            raise ValueError(f"{model!r} keeps no rows on a device (no score_tensors)")
         #: (what it would cost the loop, its share of CPU time, rows) of recent batches
         self._costs: deque[tuple[float, float, int]] = deque(maxlen=INLINE_WINDOW)
         #: peer -> its requests, oldest first; a peer is here only while it has some
@@ -367,6 +426,8 @@ class Scheduler:
         self._free_pending()
         if not batch:
             return []
+        if self.on_device:
+            return [*score_on_device(self.model, batch)]
         return score_rows(self.model, batch) if self.stream else [*score_batch(self.model, batch)]
 
     def _timed_job(self, batch: list[ScoreNeeded], inline: bool = False,

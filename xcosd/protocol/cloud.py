@@ -41,7 +41,7 @@ import enum
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -62,6 +62,9 @@ from ..methods.round import rebuild_reject, verify_block
 from ..sampling import SamplingParams, WarpedRows
 from ..vocab import Vocabulary
 from .errors import error_code
+
+if TYPE_CHECKING:  # torch is needed only where the target verifies on its device
+    from ..accel.verify import DeviceReject, Outcome, Round
 from .messages import (
     MAX_CANDIDATE_ROUNDS,
     MAX_CANDIDATES,
@@ -302,7 +305,9 @@ class RoundOutcome:
 
     accepted: int
     reply: Reply
-    reject: RejectState | None
+    #: on a rejection, what its follow-ups are answered from (on the host, or kept on
+    #: the target's device: :class:`~xcosd.accel.verify.DeviceReject`)
+    reject: RejectState | DeviceReject | None
     error: XcosdError | None = None
     #: compute time of the batch this round was verified in (reported to the edge)
     compute_s: float = 0.0
@@ -323,6 +328,10 @@ class CloudSession:
         self.space = space
         self.params = SamplingParams(msg.temperature, msg.top_k, msg.top_p)
         self.rng = np.random.default_rng(msg.seed)
+        #: the key of the session's counter-based draws when its target verifies on its
+        #: device (:mod:`xcosd.accel.philox`): the seed, or fresh entropy without one
+        self.seed = (int(msg.seed) if msg.seed is not None
+                     else int(np.random.SeedSequence().generate_state(1, np.uint64)[0]))
         self.max_new_tokens = msg.max_new_tokens
         # the model starts from the prompt alone and is then given the resumed ids, so
         # a resumed context is built exactly as the original was (a model that puts a
@@ -350,7 +359,7 @@ class CloudSession:
         #: the seq of the draft being verified (its verdict answers it)
         self.draft_seq = 0
         self.draft: Draft | None = None
-        self.reject: RejectState | None = None
+        self.reject: RejectState | DeviceReject | None = None
         self.final_token: int | None = None
         #: the node's model session (opaque here)
         self.handle: Any = None
@@ -377,6 +386,24 @@ class CloudSession:
         self.phase = nxt
 
     # -- in a worker thread -----------------------------------------------
+
+    def device_round(self) -> Round:
+        """The pending round as :func:`xcosd.accel.verify_batch` verifies it, next to
+        the target's rows on its device (keyed by this session's seed and round)."""
+        from ..accel.verify import Round
+
+        draft = self.draft
+        if draft is None:  # closed while its round was being scored
+            raise ProtocolError("session closed during scoring", code="state")
+        redo = self.redo
+        return Round(self.method, self.space, self.params, draft, self.seed, self.round,
+                     None if redo is None else (redo.accepted, Request(redo.kind).kind,
+                                                redo.candidate_rounds, redo.fallback))
+
+    def device_outcome(self, outcome: Outcome) -> RoundOutcome:
+        """A :func:`~xcosd.accel.verify_batch` result as this session's outcome."""
+        return RoundOutcome(outcome.accepted, outcome.reply, outcome.reject, outcome.error,
+                            redo=self.redo is not None and outcome.error is None)
 
     def verify_rows(self, rows: np.ndarray) -> RoundOutcome:
         """Verify the pending draft against the target's rows for it.
@@ -791,7 +818,7 @@ class CloudConnection:
             if tok != sess.final_token:
                 raise ProtocolError(f"resolved token {tok} is not the one the cloud sent "
                                     f"({sess.final_token})", code="bad_token")
-        elif rej is None or not rej.p_star[tok] > 0:
+        elif rej is None or not float(rej.p_star[tok]) > 0:
             raise ProtocolError(f"resolved token {tok} has no probability", code="bad_token")
 
     def _request(self, sess: CloudSession, msg: RequestMsg) -> CloudOutput:
@@ -799,7 +826,13 @@ class CloudConnection:
             code = "replay" if msg.r < sess.round else "state"
             raise ProtocolError(f"session {sess.s}: no rejection to follow up in round "
                                 f"{msg.r}", code=code)
-        reply = sess.method.on_request(sess.reject, Request(msg.kind), sess.space, sess.rng)
+        rej = sess.reject
+        if isinstance(rej, RejectState):
+            reply = sess.method.on_request(rej, Request(msg.kind), sess.space, sess.rng)
+        else:  # kept on the target's device
+            from ..accel.verify import on_request
+
+            reply = on_request(sess.method, rej, Request(msg.kind), sess.space)
         sess.requests += 1
         sess.final_token = int(reply.token) if isinstance(reply, TokenReply) else None
         ans = ReplyMsg(sess.s, msg.r, reply, self._other_bytes(sess.space, reply), ack=msg.seq)

@@ -1,0 +1,439 @@
+"""The server's half of a round on the target's device, for a whole batch at once.
+
+The numpy path (:func:`xcosd.methods.round.verify_block`) copies every session's
+``d + 1`` target rows to the host and warps, commits and verifies them one session at
+a time. Here the rows stay where the target computed them: one batched warp
+(:mod:`xcosd.accel.warp`), one gather of ``p(x_i)`` for every draft of every session,
+one accept test, and the draws each method makes on its terminal row (the bonus, a
+residual, SR-DV's candidates, hybrid resampling's ``theta_o`` and V_O sample) batched
+by kind. Only what crosses the wire comes back to the host: accept counts, token ids,
+candidate values, and the rows straightforward (all of V_T) and hybrid resampling (V_C)
+send. A rejected row stays on the device (:class:`DeviceReject`) for the follow-ups.
+
+Every uniform is Philox's, keyed by the session's seed and counted by ``(round, stream,
+index)`` (:mod:`xcosd.accel.philox`), and every sum is a fixed-order one
+(:mod:`xcosd.accel.sums`): a session's verdict is a function of its rows, its draft and
+its seed, never of the batch it was verified in. So a batch that fails is verified
+again session by session with the very same results.
+
+Methods whose commit rule needs the codec on ``p`` (a lossy codec with
+straightforward, ``xcosd`` or ``xcosd-e``) are not verified here: :func:`supported`
+says so and the caller verifies those sessions on the numpy path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InvalidDistribution, ProtocolError, XcosdError
+from ..methods.base import (
+    CandidatesReply,
+    Draft,
+    FullVectorReply,
+    HybridReply,
+    Method,
+    Reply,
+    Request,
+    RequestKind,
+    Space,
+    TokenReply,
+)
+from ..sampling import SamplingParams
+from .draw import draw
+from .philox import uniforms
+from .sums import fixed_sum
+from .warp import warp_rows
+
+log = logging.getLogger(__name__)
+
+#: Philox streams: which draw of a round a uniform is for
+ACCEPT, TOKEN, OTHER, CANDIDATES = 0, 1, 2, 3
+
+#: methods verified here, by name
+METHODS = frozenset({"ar", "sd-uplink", "straightforward", "xcosd", "xcosd-e",
+                     "target-resample", "greedy-resample", "uhlm"})
+
+
+def supported(method: Method) -> bool:
+    """Whether a session of ``method`` is verified on the device: every method of
+    :data:`METHODS`, unless its codec compresses ``p`` lossily (the committed row is
+    then the codec's, computed on the host)."""
+    return method.name in METHODS and (method.codec_applies_to != "p" or method.codec.exact)
+
+
+@dataclass(eq=False)
+class Round:
+    """One session's round as the device verifies it: the pending ``draft``, its
+    method, space and warper settings, the session's Philox ``key`` (its seed) and the
+    round number; ``redo`` rebuilds a rejection whose verdict was already sent
+    (``(accepted, request kind, candidate rounds, fallback sent)``, see
+    :func:`xcosd.methods.round.rebuild_reject`)."""
+
+    method: Method
+    space: Space
+    params: SamplingParams
+    draft: Draft
+    key: int
+    round: int
+    redo: tuple[int, RequestKind, int, bool] | None = None
+
+
+@dataclass(eq=False)
+class DeviceReject:
+    """A rejection kept on the device until the device side has its token: the warped
+    row ``p_j`` (the committed row: codecs on ``p`` are exact here), the rejected draft,
+    and what follow-ups were answered."""
+
+    p_star: torch.Tensor
+    rejected: int
+    key: int
+    round: int
+    candidate_rounds: int = 0
+    fallback_sent: bool = False
+
+    def mass(self, token: int) -> float:
+        """``p*_j(token)``."""
+        return float(self.p_star[int(token)])
+
+
+@dataclass(eq=False)
+class Outcome:
+    """A session's verified round: ``accepted`` drafts and the ``reply`` (with the
+    rejection's state), or the ``error`` that failed this session alone."""
+
+    accepted: int
+    reply: Reply
+    reject: DeviceReject | None
+    error: XcosdError | None = None
+
+
+class _SpaceOnDevice:
+    """A space's id sets as device tensors (built once per space and device)."""
+
+    def __init__(self, space: Space, device: torch.device) -> None:
+        self.space = space  # keeps the key's id() from being reused
+        self.common = torch.from_numpy(space.common_ids).to(device)
+        self.other = torch.from_numpy(space.other_mask).to(device)
+
+
+_SPACES: dict[tuple[int, str], _SpaceOnDevice] = {}
+_MAX_SPACES = 32
+
+
+def _on(space: Space, device: torch.device) -> _SpaceOnDevice:
+    k = (id(space), str(device))
+    got = _SPACES.get(k)
+    if got is None:
+        if len(_SPACES) >= _MAX_SPACES:
+            _SPACES.pop(next(iter(_SPACES)))
+        got = _SPACES[k] = _SpaceOnDevice(space, device)
+    return got
+
+
+def _keys(items: Sequence[Round] | Sequence[DeviceReject]) -> tuple[np.ndarray, np.ndarray]:
+    """The Philox keys (seeds) and round numbers of rounds or kept rejections."""
+    return (np.array([it.key & ((1 << 64) - 1) for it in items], dtype=np.uint64),
+            np.array([it.round for it in items], dtype=np.uint64))
+
+
+def _device(u: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(u).to(device)
+
+
+def _failed(e: BaseException) -> Outcome:
+    if isinstance(e, XcosdError):
+        err = e
+    elif isinstance(e, (ValueError, IndexError)):
+        err = ProtocolError(f"cannot verify this draft: {e}", code="bad_field")
+    else:
+        err = ProtocolError(f"verification failed: {type(e).__name__}", code="internal")
+    return Outcome(0, TokenReply(0), None, err)
+
+
+def verify_batch(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outcome]:
+    """Verify each round against its ``d + 1`` target rows (probabilities over V_T, on
+    the target's device). A session's bad draft or failure is its ``error`` alone; a
+    failure of the batched work is retried session by session (same results: no draw
+    depends on the batch)."""
+    if len(rounds) != len(rows):
+        raise ValueError(f"{len(rows)} row blocks for {len(rounds)} rounds")
+    out: list[Outcome | None] = [None] * len(rounds)
+    todo: list[int] = []
+    for i, (rd, rw) in enumerate(zip(rounds, rows, strict=True)):
+        try:
+            _check(rd, rw)
+            todo.append(i)
+        except Exception as e:
+            out[i] = _failed(e)
+    if todo:
+        try:
+            got = _verify([rounds[i] for i in todo], [rows[i] for i in todo])
+        except Exception:
+            if len(todo) > 1:
+                log.exception("batched verification failed; verifying %d sessions alone",
+                              len(todo))
+            got = []
+            for i in todo:
+                try:
+                    got.extend(_verify([rounds[i]], [rows[i]]))
+                except Exception as e:
+                    got.append(_failed(e))
+        for i, o in zip(todo, got, strict=True):
+            out[i] = o
+    return [o if o is not None else _failed(RuntimeError("unverified")) for o in out]
+
+
+def _check(rd: Round, rw: torch.Tensor) -> None:
+    d = rd.draft.length
+    size = rd.space.target_size
+    if tuple(rw.shape) != (d + 1, size):
+        raise InvalidDistribution(f"target returned rows {tuple(rw.shape)}, "
+                                  f"expected {(d + 1, size)}")
+    if not supported(rd.method):
+        raise ProtocolError(f"{rd.method!r} is not verified on the device", code="internal")
+    ids = rd.draft.ids
+    if d and (int(ids.min()) < 0 or int(ids.max()) >= size):
+        raise ProtocolError("a drafted id is outside the target vocabulary", code="bad_field")
+    q = rd.draft.q_values
+    checked = q if rd.draft.verify_mask is None else q[rd.draft.verify_mask]
+    if checked.size and not bool(np.all(checked > 0)):
+        i = int(np.flatnonzero(~(q > 0))[0])
+        raise InvalidDistribution(f"draft {i} has q(x) = {q[i]}: a drafted token must have q > 0")
+    if rd.redo is not None and not 0 <= rd.redo[0] < d:
+        raise ValueError(f"a rejection at {rd.redo[0]} of a {d}-token draft")
+
+
+def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outcome]:
+    dev = rows[0].device
+    lens = [int(r.shape[0]) for r in rows]
+    offs = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)
+    w = warp_rows(torch.cat([r for r in rows]),
+                  [rd.params for rd, n in zip(rounds, lens, strict=True) for _ in range(n)])
+    key, rnd = _keys(rounds)
+    accepted = _accept(rounds, w, offs, key, rnd)
+    term = w[torch.from_numpy(offs + accepted).to(dev)]
+    out: list[Outcome | None] = [None] * len(rounds)
+    # every session whose terminal row is drawn from as it is: a bonus after a full
+    # acceptance, target-resample's rejection, ar
+    plain = [i for i, rd in enumerate(rounds) if rd.redo is None and (
+        accepted[i] == rd.draft.length or rd.method.name == "target-resample")]
+    if plain:
+        sel = torch.tensor(plain, device=dev)
+        u = _device(uniforms(key[plain], rnd[plain], TOKEN, 0), dev)
+        toks = draw(term[sel], u[:, None])[:, 0].tolist()
+        for i, t in zip(plain, toks, strict=True):
+            full = accepted[i] == rounds[i].draft.length
+            out[i] = Outcome(int(accepted[i]), TokenReply(int(t)),
+                             None if full else _reject(rounds[i], term[i], int(accepted[i])))
+    rest = [i for i in range(len(rounds)) if out[i] is None]
+    for name, group in _by_method(rounds, rest).items():
+        states = [_reject(rounds[i], term[i], int(accepted[i])) for i in group]
+        if name == "redo":
+            for i, st in zip(group, states, strict=True):
+                try:
+                    out[i] = _redo(rounds[i], st)
+                except Exception as e:  # a follow-up this session may not ask
+                    out[i] = _failed(e)
+            continue
+        if name == "greedy-resample":
+            toks = term[torch.tensor(group, device=dev)].argmax(dim=-1).tolist()
+            replies: list[Reply] = [TokenReply(int(t)) for t in toks]
+        elif name in ("sd-uplink", "uhlm"):
+            replies = _residuals([rounds[i] for i in group], term[torch.tensor(group, device=dev)],
+                                 accepted[group], key[group], rnd[group])
+        elif name == "straightforward":
+            host = term[torch.tensor(group, device=dev)].cpu().numpy()
+            replies = [FullVectorReply(rounds[i].method.codec.encode(host[k]))
+                       for k, i in enumerate(group)]
+        elif name == "xcosd":
+            replies = _hybrid([rounds[i] for i in group], states)
+        elif name == "xcosd-e":
+            replies = _candidates([rounds[i] for i in group], states)
+        else:
+            raise ProtocolError(f"{name} is not verified on the device", code="internal")
+        for i, st, rep in zip(group, states, replies, strict=True):
+            out[i] = Outcome(int(accepted[i]), rep, st)
+    return [o if o is not None else _failed(RuntimeError("unverified")) for o in out]
+
+
+def _by_method(rounds: Sequence[Round], idx: list[int]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for i in idx:
+        rd = rounds[i]
+        # a redo answers a follow-up, whatever the method: its reply comes from
+        # :func:`on_request`
+        name = "redo" if rd.redo is not None else rd.method.name
+        groups.setdefault(name, []).append(i)
+    return groups
+
+
+def _accept(rounds: Sequence[Round], w: torch.Tensor, offs: np.ndarray, key: np.ndarray,
+            rnd: np.ndarray) -> np.ndarray:
+    """Each session's accepted count: ``u < p*(x_i) / q(x_i)`` in draft order, the first
+    failure ends it (a redo's count is the one already sent)."""
+    job, pos, row, tok, q, test = [], [], [], [], [], []
+    for j, rd in enumerate(rounds):
+        d = rd.draft.length
+        if rd.redo is not None or not d:
+            continue
+        mask = rd.draft.verify_mask
+        job.append(np.full(d, j))
+        pos.append(np.arange(d))
+        row.append(offs[j] + np.arange(d))
+        tok.append(rd.draft.ids)
+        q.append(rd.draft.q_values.astype(np.float64))
+        test.append(np.ones(d, dtype=bool) if mask is None else np.asarray(mask, dtype=bool))
+    accepted = np.array([rd.redo[0] if rd.redo is not None else rd.draft.length
+                         for rd in rounds], dtype=np.int64)
+    if not job:
+        return accepted
+    dev = w.device
+    jb = np.concatenate(job)
+    pv = w[_device(np.concatenate(row), dev),
+           _device(np.concatenate(tok).astype(np.int64), dev)].to(torch.float64)
+    # the test u * q < p is made on the host: p(x_i) is the one number per draft that
+    # comes back (u and q are there already)
+    uq = uniforms(key[jb], rnd[jb], ACCEPT, np.concatenate(pos)) * np.concatenate(q)
+    ok_h = (uq < pv.cpu().numpy()) | ~np.concatenate(test)
+    at = 0
+    for j, rd in enumerate(rounds):
+        d = rd.draft.length
+        if rd.redo is not None or not d:
+            continue
+        bad = np.flatnonzero(~ok_h[at: at + d])
+        accepted[j] = int(bad[0]) if bad.size else d
+        at += d
+    return accepted
+
+
+def _reject(rd: Round, row: torch.Tensor, n: int) -> DeviceReject:
+    cand, fb = (rd.redo[2], rd.redo[3]) if rd.redo is not None else (0, False)
+    return DeviceReject(row.clone(), int(rd.draft.ids[n]), rd.key, rd.round, cand, fb)
+
+
+def _redo(rd: Round, state: DeviceReject) -> Outcome:
+    assert rd.redo is not None
+    reply = on_request(rd.method, state, Request(rd.redo[1]), rd.space)
+    return Outcome(rd.redo[0], reply, state)
+
+
+def _uniform_row(states: Sequence[DeviceReject], stream: np.ndarray | int, k: int,
+                 device: torch.device) -> torch.Tensor:
+    """``(len(states), k)`` uniforms of ``stream`` (per state, or one for all) for each
+    state's session and round, on ``device``."""
+    key, rnd = _keys(states)
+    st = np.asarray(stream, dtype=np.uint64)
+    u = uniforms(key[:, None], rnd[:, None], st[:, None] if st.ndim else st,
+                 np.arange(k, dtype=np.uint64)[None, :])
+    return _device(u, device)
+
+
+def _residuals(rounds: Sequence[Round], term: torch.Tensor, accepted: np.ndarray,
+               key: np.ndarray, rnd: np.ndarray) -> list[Reply]:
+    """sd-uplink's and uhlm's rejection: a token from ``max(0, p*_j - q_j)``, or from
+    ``p*_j`` when rounding left the residual no mass (the numpy path's rule)."""
+    dev = term.device
+    q = np.stack([np.asarray(rd.method.server_q(rd.draft, int(n), rd.space), dtype=np.float32)
+                  for rd, n in zip(rounds, accepted, strict=True)])
+    full = torch.zeros_like(term)
+    full[:, _on(rounds[0].space, dev).common] = torch.from_numpy(q).to(dev)
+    res = (term.to(torch.float64) - full.to(torch.float64)).clamp_(min=0.0)
+    empty = fixed_sum(res) <= 0
+    res = torch.where(empty[:, None], term.to(torch.float64), res)
+    u = _device(uniforms(key, rnd, TOKEN, 0), dev)
+    return [TokenReply(int(t)) for t in draw(res, u[:, None])[:, 0].tolist()]
+
+
+def _hybrid(rounds: Sequence[Round], states: Sequence[DeviceReject]) -> list[Reply]:
+    """Hybrid resampling's payloads for a group of rejections."""
+    m = rounds[0].method
+    return _hybrid_payloads(m.codec, rounds[0].space, states,
+                            bool(getattr(m, "hr_presample", True)))
+
+
+def _hybrid_payloads(codec: Any, space: Space, states: Sequence[DeviceReject],
+                     presample: bool) -> list[Reply]:
+    """``p_j`` over V_C (to the host, encoded), ``theta_o = p_j(V_O)`` as the float32
+    that crosses, and with ``presample`` one ``y ~ p_j | V_O`` drawn up front."""
+    dev = states[0].p_star.device
+    on = _on(space, dev)
+    rows = torch.stack([s.p_star for s in states])
+    theta = fixed_sum(torch.where(on.other[None, :], rows, 0.0)).to(torch.float32).tolist()
+    vc = rows[:, on.common].cpu().numpy()
+    other: list[int | None] = [None] * len(states)
+    if presample:
+        want = [k for k, th in enumerate(theta) if th > 0]
+        if want:
+            other_rows = torch.where(on.other[None, :], rows[want], 0.0)
+            u = _uniform_row([states[k] for k in want], OTHER, 1, dev)
+            for k, t in zip(want, draw(other_rows, u)[:, 0].tolist(), strict=True):
+                other[k] = int(t)
+    return [HybridReply(codec.encode(vc[k]), float(theta[k]), other[k])
+            for k in range(len(states))]
+
+
+def _candidates(rounds: Sequence[Round], states: Sequence[DeviceReject]) -> list[Reply]:
+    """SR-DV's first ``K`` candidates for a group of rejections."""
+    k = int(getattr(rounds[0].method, "K", 20))
+    return _candidate_replies(states, k)
+
+
+def _candidate_replies(states: Sequence[DeviceReject], k: int) -> list[Reply]:
+    """``K`` candidates ``y ~ p*_j`` conditioned on ``y != x_j`` (all of ``p*_j`` when
+    rounding put every bit of mass on ``x_j``), with their values ``p*_j(y)``; each
+    state's candidate round numbers its stream."""
+    dev = states[0].p_star.device
+    rows = torch.stack([s.p_star for s in states])
+    w = rows.clone()
+    at = torch.arange(len(states), device=dev)
+    w[at, torch.tensor([s.rejected for s in states], device=dev)] = 0.0
+    w = torch.where((fixed_sum(w) > 0)[:, None], w, rows)
+    streams = np.array([CANDIDATES + s.candidate_rounds for s in states], dtype=np.uint64)
+    ids = draw(w, _uniform_row(states, streams, k, dev))
+    vals = rows.gather(1, ids)
+    ids_h, vals_h = ids.cpu().numpy(), vals.cpu().numpy().astype(np.float32)
+    for s in states:
+        s.candidate_rounds += 1
+    return [CandidatesReply(ids=ids_h[i], values=vals_h[i]) for i in range(len(states))]
+
+
+def on_request(method: Method, state: DeviceReject, request: Request, space: Space) -> Reply:
+    """A follow-up answered from a rejection kept on the device: SR-DV's ``more`` and
+    ``fallback``, hybrid resampling's ``other`` (the numpy methods' rules and limits)."""
+    name = method.name
+    if name == "xcosd-e":
+        big_m = int(getattr(method, "M", 10))
+        if request.kind == RequestKind.MORE:
+            if state.candidate_rounds >= big_m or state.fallback_sent:
+                raise ProtocolError(f"more than M={big_m} candidate rounds requested",
+                                    code="bad_request")
+            return _candidate_replies([state], int(getattr(method, "K", 20)))[0]
+        if request.kind == RequestKind.FALLBACK:
+            if state.fallback_sent:
+                raise ProtocolError("HR fallback requested twice", code="bad_request")
+            state.fallback_sent = True
+            return _hybrid_payloads(method.codec, space, [state],
+                                    bool(getattr(method, "hr_presample", True)))[0]
+        if request.kind == RequestKind.OTHER and state.fallback_sent:
+            return TokenReply(_other(state, space))
+    if name == "xcosd" and request.kind == RequestKind.OTHER:
+        return TokenReply(_other(state, space))
+    raise ProtocolError(f"{name} takes no follow-up request {request.kind!r}",
+                        code="bad_request")
+
+
+def _other(state: DeviceReject, space: Space) -> int:
+    """``y ~ p*_j | V_O``."""
+    dev = state.p_star.device
+    row = torch.where(_on(space, dev).other, state.p_star, 0.0)[None, :]
+    return int(draw(row, _uniform_row([state], OTHER, 1, dev))[0, 0])
+
+
+__all__ = ["ACCEPT", "CANDIDATES", "METHODS", "OTHER", "TOKEN", "DeviceReject", "Outcome",
+           "Round", "on_request", "supported", "verify_batch"]
