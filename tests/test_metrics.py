@@ -56,7 +56,7 @@ FAMILIES = {
     "xcosd_sessions_timed_out", "xcosd_sessions_failed", "xcosd_messages_received",
     "xcosd_messages_dropped", "xcosd_internal_errors", "xcosd_protocol_errors",
     "xcosd_batch_size", "xcosd_batch_compute_seconds", "xcosd_queue_wait_seconds_mean",
-    "xcosd_busy_refusals", "xcosd_wire_bytes", "xcosd_renders",
+    "xcosd_busy_refusals", "xcosd_wire_bytes", "xcosd_renders", "xcosd_draining",
 }
 
 #: header types a peer might send to break the scrape: each fits the 31-byte short
@@ -263,7 +263,7 @@ async def test_health_and_unknown_paths() -> None:
             health = json.loads(body)
             assert health["status"] == "ok" and health["peers"] == 1
             assert health["sessions"] == 0 and health["uptime_s"] >= 0
-            assert set(health) == {"status", "uptime_s", "sessions", "peers"}
+            assert set(health) == {"status", "uptime_s", "sessions", "peers", "server_id"}
         assert (await get(port, "/health?verbose=1"))[0] == 200
         assert (await get(port, "/metrics?x=1"))[0] == 200
         for path in ("/", "/metricsx", "/health/", "/../metrics"):

@@ -43,6 +43,8 @@ class ErrorCode(StrEnum):
     METHOD = "method"
     CODEC = "codec"
     BUSY = "busy"
+    #: the cloud is draining (leaving): connect again, to another node, and resume there
+    DRAINING = "draining"
     MODEL = "model"
     #: the cloud's target cannot do what was asked (a chat without a chat template)
     UNSUPPORTED = "unsupported"

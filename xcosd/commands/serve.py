@@ -124,6 +124,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics server")
     p.add_argument("--stats-every", type=nonneg_float, default=0.0,
                    help="print a stats line every N seconds (0: only at exit)")
+    p.add_argument("--drain-timeout", type=nonneg_float, default=30.0,
+                   help="on SIGTERM, seconds running generations get to finish before the "
+                        "rest are handed off (resumed elsewhere); then the process exits. "
+                        "SIGINT, or a second SIGTERM, stops at once")
     g = p.add_argument_group("replicas", "many target replicas behind one endpoint")
     g.add_argument("--replicas", type=nonneg_int, default=None, metavar="N",
                    help="run a broker on --bind and N replica processes behind it (0: the "
@@ -240,6 +244,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 @contextlib.asynccontextmanager
+async def _draining() -> AsyncIterator[tuple[asyncio.Event, asyncio.Event]]:
+    """``(drain, stop)``: SIGTERM sets ``drain`` (a balancer's or an orchestrator's
+    "leave now, gracefully"); SIGINT, or SIGTERM once ``drain`` is set, sets
+    ``stop`` (leave at once)."""
+    drain, stop = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def term() -> None:
+        (stop if drain.is_set() else drain).set()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGTERM, term)
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+    yield drain, stop
+
+
+@contextlib.asynccontextmanager
 async def _stopping(parent_pid: int | None = None) -> AsyncIterator[asyncio.Event]:
     """An event set on SIGINT / SIGTERM, or once ``parent_pid`` is no longer this
     process's parent (the broker process that started this replica is gone)."""
@@ -267,13 +289,42 @@ async def _stopping(parent_pid: int | None = None) -> AsyncIterator[asyncio.Even
 
 async def _serve(args: argparse.Namespace) -> int:
     from ..models import load_model
-    from ..nodes import CloudNode
 
     print(f"loading {args.target} ...", file=sys.stderr, flush=True)
     target = await asyncio.to_thread(load_model, args.target)
     methods = tuple(args.methods) if args.methods else None
     replica = args.join is not None
-    async with _stopping(args.parent_pid) as stop, CloudNode(
+    if replica:
+        # behind the broker, SIGTERM stops at once: the replica says BYE and the broker
+        # moves its edges, which resume on another replica
+        return await _serve_node(args, target, methods, replica)
+    async with _draining() as (drain, stop):
+        return await _serve_node(args, target, methods, replica, drain, stop)
+
+
+async def _serve_node(args: argparse.Namespace, target: Any, methods: tuple[str, ...] | None,
+                      replica: bool, drain: asyncio.Event | None = None,
+                      stop_now: asyncio.Event | None = None) -> int:
+    """Serve until stopped; with ``drain``, a set ``drain`` drains the node first
+    (xcosd/nodes/drain.py) unless ``stop_now`` is set meanwhile."""
+    async with contextlib.AsyncExitStack() as stack:
+        if stop_now is None:
+            stop = await stack.enter_async_context(_stopping(args.parent_pid))
+        else:
+            stop = stop_now
+        stats = await _run_node(args, target, methods, replica, stop, drain)
+    stats.pop("bytes", None)
+    print(json.dumps(stats, indent=2, default=str), file=sys.stderr)
+    return 0
+
+
+async def _run_node(args: argparse.Namespace, target: Any, methods: tuple[str, ...] | None,
+                    replica: bool, stop: asyncio.Event,
+                    drain: asyncio.Event | None) -> dict[str, Any]:
+    """One CloudNode, served until ``stop`` (or ``drain``, then drained); its stats."""
+    from ..nodes import CloudNode
+
+    async with CloudNode(
             target=target, bind=args.join if replica else args.bind,
             transport="replica" if replica else args.transport, link=link_from_args(args),
             curve=join_curve_client(args) if replica else curve_server(args),
@@ -284,27 +335,44 @@ async def _serve(args: argparse.Namespace) -> int:
             max_queue=args.max_queue, max_draft=args.max_draft,
             max_message_bytes=int(args.max_message_mb * (1 << 20)),
             heartbeat_s=args.heartbeat, timeout_s=args.timeout, methods=methods,
-            metrics_port=args.metrics_port, metrics_host=args.metrics_host) as cloud:
+            metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+            drain_timeout_s=args.drain_timeout) as cloud:
         where = f"as a replica of the broker at {cloud.endpoint}" if replica else \
             f"on {cloud.endpoint}"
         print(f"serving {target.name} {where}"
               + (f", metrics on {cloud.metrics_endpoint}" if cloud.metrics_endpoint else ""),
               file=sys.stderr, flush=True)
-        while not stop.is_set():
-            every = args.stats_every or 3600.0
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every)
-            if args.stats_every and not stop.is_set():
+        waits = [asyncio.ensure_future(e.wait()) for e in (stop, drain) if e is not None]
+        try:
+            while not any(w.done() for w in waits):
+                every = args.stats_every or 3600.0
+                await asyncio.wait(waits, timeout=every, return_when=asyncio.FIRST_COMPLETED)
+                if any(w.done() for w in waits) or not args.stats_every:
+                    continue
                 s = cloud.stats()
                 print(f"sessions {s['sessions_active']}  rounds {s['rounds']}  "
                       f"acceptance {s['acceptance_rate']:.3f}  "
                       f"mean batch {s['scheduler'].get('mean_batch_size', 0):.1f}"
                       f"{_merge_note(s['scheduler'].get('merge'))}",
                       file=sys.stderr, flush=True)
-        stats = cloud.stats()
-    stats.pop("bytes", None)
-    print(json.dumps(stats, indent=2, default=str), file=sys.stderr)
-    return 0
+        finally:
+            for w in waits:
+                w.cancel()
+        if drain is not None and drain.is_set() and not stop.is_set():
+            print(f"draining: {cloud.stats()['sessions_active']} sessions have "
+                  f"{args.drain_timeout:g} s to finish", file=sys.stderr, flush=True)
+            draining = asyncio.ensure_future(cloud.drain())
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([draining, stopped], return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if draining.done():
+                print("drained: " + json.dumps(draining.result()), file=sys.stderr, flush=True)
+            else:  # stopped at once: what was left ends with the node
+                draining.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await draining
+                print("stopped before the drain ended", file=sys.stderr, flush=True)
+        return cloud.stats()
 
 
 # ------------------------------------------------------------------ replicas

@@ -86,7 +86,9 @@ from ..protocol.cloud import (
 from ..protocol.messages import (
     MAX_HEADER_BYTES,
     DraftMsg,
+    Hello,
     Message,
+    Open,
     RequestMsg,
     ServerLimits,
     from_wire,
@@ -95,7 +97,8 @@ from ..protocol.messages import (
 from ..transport import LinkListener, LinkSpec, Listener, listen
 from ..transport.burst import Burst
 from ..wire.frames import Limits, decode_message, message_bytes
-from .scheduler import BatchStats, Scheduler
+from .drain import Drain, HealthAnswer
+from .scheduler import BatchStats, Scheduler, on_device
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,10 @@ FOLLOW_UP_FREE_S = 0.002
 FOLLOW_UP_HOLD = 2.0
 #: render requests of one peer in the render thread or waiting for it; past it: busy
 MAX_RENDERS_PER_PEER = 64
+#: how often a drain looks whether its sessions are done
+DRAIN_POLL_S = 0.05
+#: how long a drain's hand-off waits for its ``draining`` notices to leave
+HAND_OFF_FLUSH_S = 1.0
 
 _Frames = Sequence[Any]
 
@@ -216,6 +223,11 @@ class CloudNode:
     edge's own options override. ``metrics_port``: serve Prometheus text there.
     ``keep_queue_waits``: keep every request's queue wait in :attr:`batch_stats` (a
     benchmark's cloud; memory that grows with every round served).
+    ``verify_on_device``: verify each batch next to the target's logits, in torch on
+    its device (xcosd/accel/); ``None`` decides by the target (a model on an
+    accelerator does, the CPU keeps the numpy path: :func:`~xcosd.nodes.scheduler.on_device`).
+    ``drain_timeout_s``: how long :meth:`drain` lets running generations finish
+    before it hands the rest off (xcosd/nodes/drain.py).
     """
 
     def __init__(self, target: LanguageModel, bind: str = "tcp://127.0.0.1:5555", *,
@@ -232,7 +244,8 @@ class CloudNode:
                  method_options: dict[str, dict[str, Any]] | None = None,
                  metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                  transport_options: dict[str, Any] | None = None,
-                 keep_queue_waits: bool = False) -> None:
+                 keep_queue_waits: bool = False, drain_timeout_s: float = 30.0,
+                 verify_on_device: bool | None = None) -> None:
         if max_peer_queue < 1:
             raise ValueError(f"max_peer_queue must be >= 1, got {max_peer_queue}")
         self.target = target
@@ -257,13 +270,20 @@ class CloudNode:
                                   max_sessions_per_peer=max_sessions_per_peer)
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
+        if drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
+        self.drain_timeout_s = drain_timeout_s
+        #: readiness and the graceful drain (sans-I/O)
+        self._drain = Drain()
+        self._drained: asyncio.Event | None = None
         self._transport_options = dict(transport_options or {})
         self._sched_opts: dict[str, Any] = {"max_batch": max_batch, "max_wait_s": max_wait_s,
                                             "max_queue": max_queue,
                                             "max_batch_tokens": max_batch_tokens,
                                             "merge": merge_batches,
                                             "stream": stream_verdicts,
-                                            "keep_waits": keep_queue_waits}
+                                            "keep_waits": keep_queue_waits,
+                                            "on_device": on_device(target, verify_on_device)}
         self._listener: Listener | None = None
         self._scheduler: Scheduler | None = None
         self._peers: dict[bytes, _Peer] = {}
@@ -310,6 +330,70 @@ class CloudNode:
     def metrics_endpoint(self) -> str | None:
         return self._metrics.url if self._metrics is not None else None
 
+    # -- readiness and draining ----------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        """Whether a drain began: no new connection or session is taken."""
+        return not self._drain.accepting
+
+    def health(self) -> HealthAnswer:
+        """``/health``'s answer: 200 ``ok`` while new sessions are taken, 503
+        ``draining`` once a drain began, 503 ``full`` while every session is in use:
+        the form a balancer's HTTP check reads (xcosd/nodes/drain.py)."""
+        sessions = self.config.sessions
+        body = {"uptime_s": round(time.perf_counter() - self._started_at, 3)
+                if self._started_at else 0.0,
+                "sessions": sessions, "peers": len(self._peers),
+                "server_id": self.server_id}
+        return self._drain.health(sessions, self.limits.max_sessions, body)
+
+    async def drain(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Leave without losing a token: from now on ``/health`` answers 503 and a
+        ``hello`` or ``open`` is refused ``draining`` (its edge connects again,
+        through a balancer to another node, and opens or resumes there); running
+        generations go on for up to ``timeout_s`` (default ``drain_timeout_s``);
+        then every peer still connected is told ``draining`` and its remaining
+        sessions are handed off (the edge resumes them elsewhere from their committed
+        tokens) and freed here. Returns the drain's counts (``sessions_at_start``,
+        ``finished``, ``handed_off``, ``ended_otherwise``, ``refused``,
+        ``peers_told``, ``took_s``). The node keeps running until closed; a second
+        call waits for the first drain and returns its counts."""
+        if self._listener is None or self._closed:
+            raise TransportError("the cloud node is not running", code="closed")
+        timeout = self.drain_timeout_s if timeout_s is None else timeout_s
+        if not self._drain.start(time.monotonic(), timeout, self.config.sessions):
+            assert self._drained is not None
+            await self._drained.wait()
+            return self._drain.report.to_dict()
+        self._drained = asyncio.Event()
+        log.info("draining: %d sessions have %.1f s to finish", self.config.sessions, timeout)
+        while not self._drain.due(time.monotonic(), self.config.sessions):
+            await asyncio.sleep(min(DRAIN_POLL_S, max(0.001, self._drain.left_s(time.monotonic()))))
+        await self._hand_off()
+        report = self._drain.done(time.monotonic())
+        self._drained.set()
+        log.info("drained: %s", report.to_dict())
+        return report.to_dict()
+
+    async def _hand_off(self) -> None:
+        """Tell every peer still connected that this node is leaving (its edge
+        resumes its sessions elsewhere), let the notices leave, then free the
+        peers' sessions here."""
+        peers = [p for p in self._peers.values() if not p.dropped]
+        sessions = 0
+        for p in peers:
+            sessions += len(p.conn.sessions)
+            self._apply(p, p.conn.refuse("draining", "this cloud is leaving; resume elsewhere"))
+        self._turn.flush()
+        self._drain.handed_off(sessions, len(peers))
+        loop = asyncio.get_running_loop()
+        until = loop.time() + HAND_OFF_FLUSH_S
+        while any(p.outbox or p.sender is not None for p in peers) and loop.time() < until:
+            await asyncio.sleep(0.01)
+        for p in peers:
+            self._drop_peer(p.id, CloseReason.SHUTDOWN)
+
     async def start(self) -> CloudNode:
         opts = dict(self._transport_options)
         if self.transport != "memory" and not self.bind.startswith("mem://"):
@@ -328,7 +412,8 @@ class CloudNode:
         if self.metrics_port is not None:
             from .metrics import MetricsServer
 
-            self._metrics = MetricsServer(self.stats, self.metrics_host, self.metrics_port)
+            self._metrics = MetricsServer(self.stats, self.metrics_host, self.metrics_port,
+                                          health=self.health)
             await self._metrics.start()
         self._started_at = time.perf_counter()
         log.info("cloud %s serving %s on %s", self.server_id, self.target.name, self.endpoint)
@@ -495,6 +580,13 @@ class CloudNode:
             self._apply(p, conn.refuse(e.code, e.message, session_of(header)))
             return
         assert self._scheduler is not None
+        if not self._drain.accepting and isinstance(msg, (Hello, Open)):
+            # leaving: this edge connects again (through a balancer, elsewhere) and
+            # opens or resumes its session there
+            self._drain.refused()
+            self._apply(p, conn.refuse("draining", "this cloud is draining; connect again",
+                                       getattr(msg, "s", None)))
+            return
         if isinstance(msg, DraftMsg) and self._scheduler.full():
             self._scheduler.stats.busy_refusals += 1
             if msg.s in conn.sessions:  # its edge is trying: the session is not idle
@@ -678,6 +770,7 @@ class CloudNode:
                 self._activity[ev.session.key] = time.monotonic()
             elif isinstance(ev, SessionClosed):
                 c["sessions_closed"] += 1
+                self._drain.session_ended(by_peer=ev.reason is CloseReason.CLOSED)
                 if ev.reason in (CloseReason.TIMEOUT, CloseReason.DISCONNECTED):
                     c["sessions_timed_out"] += 1
                 elif ev.reason is CloseReason.ERROR:
@@ -897,6 +990,8 @@ class CloudNode:
             "queued": sched.queued if sched else 0,
             "inbox": sum(len(p.inbox) for p in self._peers.values()),
             "outbox": sum(len(p.outbox) for p in self._peers.values()),
+            "draining": self.draining,
+            "drain": self._drain.report.to_dict() if self.draining else None,
             "acceptance_rate": accepted / drafted if drafted else 0.0,
             "mean_acceptance_length": 1 + accepted / c["rounds"] if c["rounds"] else 0.0,
             **c,

@@ -11,10 +11,12 @@ verdict is in flight that thread drafts on past it (speculation, see
 verdict arrives.
 
 Faults: the edge pings every ``heartbeat_s``; when the cloud is silent for
-``timeout_s``, the transport fails, or the cloud answers that it does not know the
-connection (it restarted), the edge reconnects (with backoff, for up to
-``connect_timeout_s``) and resumes every running generation from its committed
-tokens: the cloud rebuilds the context from prompt + committed target ids, so no
+``timeout_s``, the transport fails, the cloud answers that it does not know the
+connection (it restarted) or that it is leaving (``draining``), the edge reconnects
+(with jittered backoff, for up to ``connect_timeout_s``, to the next of its
+addresses: ``connect`` may name several, or a host name with several, see
+``xcosd/transport/addresses.py``) and resumes every running generation from its
+committed tokens: the cloud rebuilds the context from prompt + committed target ids, so no
 token is lost or repeated (a round whose verdict was already seen is completed, not
 drawn again; see ``xcosd/protocol/edge.py``). An answer that does not come within
 ``resend_after_s`` is asked for again with the same sequence number (the cloud
@@ -72,6 +74,7 @@ from ..protocol.messages import (
 )
 from ..sampling import SamplingParams
 from ..transport import LinkConnection, LinkSpec, Meter, connect, sequence_latency
+from ..transport.addresses import Addresses, Backoff, resolve, split_endpoints
 from ..transport.base import Connection
 from ..vocab import VocabMap, Vocabulary
 from ..wire.frames import Limits, decode_message, message_bytes
@@ -81,8 +84,14 @@ from .stats import GenerationResult, GenerationStats
 
 log = logging.getLogger(__name__)
 
-#: codes that mean "the cloud no longer has this connection's state": resume
-LOST_CODES = frozenset({"handshake", "no_session"})
+#: codes that mean "the cloud no longer has this connection's state" (or is leaving:
+#: ``draining``): connect again and resume
+LOST_CODES = frozenset({"handshake", "no_session", "draining"})
+#: answers to a ``hello`` after which another attempt (another address) may succeed
+RETRY_CONNECT_CODES = frozenset({"draining"})
+#: with several addresses, the longest one attempt's handshake may take before the
+#: next address is tried (ZeroMQ connects lazily: a dead address shows only as silence)
+ATTEMPT_TIMEOUT_S = 3.0
 #: of those, the one that concerns one session only (the cloud closed it, e.g. as
 #: idle, but knows the connection): that session alone is opened again
 SESSION_LOST_CODES = frozenset({"no_session"})
@@ -231,7 +240,15 @@ class EdgeNode:
                  on_round: Callable[[RoundObserved], None] | None = None,
                  **method_options: Any) -> None:
         self.draft = draft
+        #: what ``connect`` names: one endpoint, several (comma-separated) or a host
+        #: name with several addresses
         self.endpoint = connect
+        split_endpoints(connect)  # a list with nothing in it fails here
+        self._addresses: Addresses | None = None
+        #: the address of the connection held now (or last held)
+        self.address: str | None = None
+        #: connections made after the first (each one resumed what was running)
+        self.reconnects = 0
         self.transport = transport
         self.link = link
         self.model_link = model_link if model_link is not None else link
@@ -377,14 +394,14 @@ class EdgeNode:
     def _wire(self, frames: list[Any]) -> int:
         return message_bytes(frames) + self._overhead(frames)
 
-    async def _connect_once(self) -> None:
+    async def _connect_once(self, address: str, attempt_s: float) -> None:
         opts = dict(self._transport_options)
         opts["meter"] = self.meter
-        if self.transport != "memory" and not self.endpoint.startswith("mem://"):
+        if self.transport != "memory" and not address.startswith("mem://"):
             opts.setdefault("limits", self.limits)
         if self.curve is not None:
             opts["curve"] = self.curve
-        conn: Connection = await connect(self.endpoint, transport=self.transport, **opts)
+        conn: Connection = await connect(address, transport=self.transport, **opts)
         if self.link is not None:
             conn = LinkConnection(conn, self.link)
         self._conn = conn
@@ -396,7 +413,7 @@ class EdgeNode:
             self._receive_loop(conn, self._epoch), name="xcosd-edge-recv")
         hs = self._handshake
         pending: list[Message] = [hs.hello()]
-        deadline = time.monotonic() + min(self.timeout_s, self.connect_timeout_s)
+        deadline = time.monotonic() + attempt_s
         while True:
             for m in pending:
                 await conn.send(pack(m))
@@ -413,7 +430,12 @@ class EdgeNode:
                 continue
             if isinstance(msg, _Lost):
                 raise TransportError("connection lost during the handshake", code="closed")
-            pending = hs.receive(msg).send
+            try:
+                pending = hs.receive(msg).send
+            except XcosdError as e:
+                if e.code in RETRY_CONNECT_CODES:  # leaving: another address, or later
+                    raise TransportError(f"{address}: {e.message}", code=e.code) from e
+                raise
         vmap = hs.vmap
         assert vmap is not None
         if self._space is None or self._space.target_size != vmap.target.size:
@@ -421,28 +443,53 @@ class EdgeNode:
         if self.heartbeat_s is None and hs.welcome is not None:
             self.heartbeat_s = hs.welcome.limits.heartbeat_s or 1.0
         self._connected = True
-        log.info("edge connected to %s (cloud %s)", self.endpoint, self.server_id)
+        self.address = address
+        log.info("edge connected to %s (cloud %s)", address, self.server_id)
 
     async def _connect_with_retry(self) -> None:
+        """Connect to one of the addresses, each pass over them in turn
+        (xcosd/transport/addresses.py), with a jittered pause after a pass in which
+        none answered, until ``connect_timeout_s`` has passed."""
         deadline = time.monotonic() + self.connect_timeout_s
-        delay = 0.05
+        backoff = Backoff(0.05, 1.0)
+        first = self.address is None
         while True:
-            try:
-                await self._connect_once()
+            found = await resolve(self.endpoint, ipv6=self.transport != "zmq")
+            if self._addresses is None:
+                self._addresses = Addresses(found)
+            else:
+                self._addresses.update(found)
+            several = len(found) > 1
+            error: BaseException | None = None
+            for address in self._addresses.pass_():
+                left = deadline - time.monotonic()
+                attempt = min(self.timeout_s, self.connect_timeout_s, max(0.05, left))
+                if several:
+                    attempt = min(attempt, ATTEMPT_TIMEOUT_S)
+                self._addresses.tried(address)
+                try:
+                    await self._connect_once(address, attempt)
+                except (TransportError, TimeoutError, OSError) as e:
+                    await self._teardown()
+                    error = e
+                    log.info("cloud at %s not reachable (%s)", address, e or "no answer")
+                    if time.monotonic() >= deadline:
+                        break
+                    continue
+                except XcosdError:
+                    await self._teardown()
+                    raise
+                if not first:
+                    self.reconnects += 1
                 return
-            except (TransportError, TimeoutError, OSError) as e:
-                await self._teardown()
-                if time.monotonic() + delay > deadline:
-                    # asyncio's TimeoutError has no text: say what timed out
-                    reason = str(e) or f"no answer within {self.connect_timeout_s:g} s"
-                    raise TransportError(f"cannot reach the cloud at {self.endpoint}: {reason}",
-                                         code="connect") from e
-                log.info("cloud not reachable (%s); retrying in %.2fs", e, delay)
-                await asyncio.sleep(delay)
-                delay = min(1.0, delay * 2)
-            except XcosdError:
-                await self._teardown()
-                raise
+            delay = backoff.next()
+            if time.monotonic() + delay > deadline:
+                # asyncio's TimeoutError has no text: say what timed out
+                reason = str(error) or f"no answer within {self.connect_timeout_s:g} s"
+                raise TransportError(f"cannot reach the cloud at {self.endpoint}: {reason}",
+                                     code="connect") from error
+            log.info("no cloud reachable; retrying in %.2fs", delay)
+            await asyncio.sleep(delay)
 
     async def _recover(self, seen_epoch: int) -> None:
         """Reconnect once per loss, however many sessions noticed it."""

@@ -167,6 +167,8 @@ class CloudCollector:
         yield gauge("xcosd_num_sessions_running", "Open sessions.", g("sessions_active", 0))
         yield gauge("xcosd_num_peers", "Connected edges.", g("peers", 0))
         yield gauge("xcosd_num_requests_waiting", "Rounds queued for scoring.", g("queued", 0))
+        yield gauge("xcosd_draining", "1 once the node drains (takes no new session), else 0.",
+                    1 if g("draining") else 0)
         yield counter("xcosd_sessions_opened", "Sessions opened.", g("sessions_opened", 0))
         yield counter("xcosd_sessions_closed", "Sessions closed, for any reason (timed-out "
                       "and failed ones included).", g("sessions_closed", 0))

@@ -23,6 +23,7 @@ instead of parsing messages. Codes a peer can act on:
 ``vocab``                 vocabulary fingerprints do not match
 ``method``                unknown method, codec or method options
 ``busy``                  a cloud limit (sessions, queued work); retry later
+``draining``              the cloud is leaving: connect again (elsewhere) and resume
 ``codec``                 a payload the session's codec cannot decode
 ``model``                 the target model failed on this session
 ``unsupported``           the target cannot do it (a chat, and it has no template)
@@ -53,7 +54,7 @@ CODES: tuple[ErrorCode, ...] = (
     ErrorCode.BAD_FIELD, ErrorCode.BAD_VECTOR, ErrorCode.BAD_TOKEN, ErrorCode.BAD_MESSAGE,
     ErrorCode.BAD_REQUEST, ErrorCode.NO_SESSION, ErrorCode.SESSION_EXISTS, ErrorCode.REPLAY,
     ErrorCode.STATE, ErrorCode.HANDSHAKE, ErrorCode.VOCAB, ErrorCode.METHOD, ErrorCode.CODEC,
-    ErrorCode.BUSY, ErrorCode.MODEL, ErrorCode.UNSUPPORTED, ErrorCode.INTERNAL,
+    ErrorCode.BUSY, ErrorCode.DRAINING, ErrorCode.MODEL, ErrorCode.UNSUPPORTED, ErrorCode.INTERNAL,
 )
 
 _CLASSES: dict[ErrorCode, type[XcosdError]] = {
