@@ -1,0 +1,257 @@
+"""The accelerator path's parts (xcosd/accel/): Philox, the fixed-order sums, draws,
+the batched warpers, and verification that does not depend on the batch.
+
+The laws through the whole protocol are in ``tests/test_law_accel.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from xcosd.accel import DeviceReject, Round, on_request, supported, verify_batch
+from xcosd.accel.draw import draw
+from xcosd.accel.philox import philox4x32, uniforms
+from xcosd.accel.sums import fixed_cumsum, fixed_sum
+from xcosd.accel.warp import warp_rows
+from xcosd.errors import InvalidDistribution, ProtocolError
+from xcosd.methods import Space, get_method
+from xcosd.methods.base import (
+    CandidatesReply,
+    Draft,
+    FullVectorReply,
+    HybridReply,
+    Request,
+    RequestKind,
+    TokenReply,
+)
+from xcosd.sampling import SamplingParams, warp
+from xcosd.vocab import VocabMap
+
+from .session_pairs import pair
+
+# Random123's kat_vectors for Philox4x32-10: (counter, key) -> output
+KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
+
+
+@pytest.mark.parametrize(("counter", "key", "want"), KAT)
+def test_philox_known_answers(counter: tuple[int, ...], key: tuple[int, int],
+                              want: tuple[int, ...]) -> None:
+    got = philox4x32(tuple(np.uint64(c) for c in counter), (np.uint64(key[0]), np.uint64(key[1])))
+    assert tuple(int(g) for g in got) == want
+
+
+def test_uniforms_are_a_function_of_their_counter() -> None:
+    """A uniform depends on (key, round, stream, index) alone: asked for in a batch
+    of 1,000 or alone, the same bits; and they are uniform."""
+    keys = np.arange(1000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    batch = uniforms(keys, 7, 3, np.arange(1000) % 5)
+    alone = np.array([uniforms(int(k), 7, 3, i % 5) for i, k in enumerate(keys)])
+    assert np.array_equal(batch, alone)
+    assert uniforms(1, 7, 3, 0) != uniforms(1, 8, 3, 0) != uniforms(1, 7, 4, 0)
+    many = uniforms(12345, np.arange(20_000), 0, 0)
+    assert stats.kstest(many, "uniform").pvalue > 1e-3
+    assert many.min() >= 0.0 and many.max() < 1.0
+
+
+def test_fixed_sums_do_not_depend_on_the_batch() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand((64, 3001), generator=g) ** 8
+    whole_sum, whole_cum = fixed_sum(x), fixed_cumsum(x)
+    for i in (0, 17, 63):
+        assert torch.equal(fixed_sum(x[i: i + 1])[0], whole_sum[i])
+        assert torch.equal(fixed_cumsum(x[i: i + 1])[0], whole_cum[i])
+    exact = x.to(torch.float64).sum(-1)
+    assert torch.allclose(whole_sum, exact, rtol=1e-12, atol=0)
+    assert torch.allclose(whole_cum[:, -1], whole_sum, rtol=1e-12, atol=0)
+
+
+def test_draws_follow_their_row() -> None:
+    """Chi-square and TV of 40,000 Philox draws against a known row with zeros, the
+    zeros never drawn; a row without mass is refused."""
+    p = np.array([0.0, 0.1, 0.0, 0.25, 0.05, 0.0, 0.4, 0.2], dtype=np.float32)
+    u = uniforms(99, 0, 1, np.arange(40_000))
+    got = draw(torch.from_numpy(p)[None].expand(40_000, -1),
+               torch.from_numpy(u)[:, None])[:, 0].numpy()
+    counts = np.bincount(got, minlength=p.shape[0])
+    assert counts[p == 0].sum() == 0
+    pos = p > 0
+    assert stats.chisquare(counts[pos], p[pos] / p.sum() * counts.sum()).pvalue > 1e-3
+    assert 0.5 * np.abs(counts / counts.sum() - p / p.sum()).sum() < 0.01
+    # a draw at the very top of the range stays on a weighted index
+    top = draw(torch.from_numpy(p)[None], torch.tensor([[1.0 - 2**-53]], dtype=torch.float64))
+    assert int(top) == 7
+    with pytest.raises(InvalidDistribution):
+        draw(torch.zeros((1, 4)), torch.zeros((1, 1), dtype=torch.float64))
+
+
+WARPERS = [SamplingParams(), SamplingParams(temperature=0.0), SamplingParams(top_p=0.9),
+           SamplingParams(temperature=0.7, top_k=50), SamplingParams(temperature=1.3, top_k=20,
+                                                                     top_p=0.8),
+           SamplingParams(top_k=1), SamplingParams(temperature=0.5, top_p=0.5)]
+
+
+@pytest.mark.parametrize("params", WARPERS, ids=lambda sp: sp.label())
+def test_warpers_match_the_numpy_path(params: SamplingParams) -> None:
+    """The same kept sets as :func:`xcosd.sampling.warp` (transformers' rules), values
+    within float32 rounding, on peaked rows with exact ties."""
+    rng = np.random.default_rng(1)
+    p = rng.dirichlet(np.full(4096, 0.05), size=6).astype(np.float32)
+    p[:, 10] = p[:, 11] = p[:, 12] = p.max(axis=1)  # ties at the top
+    p /= p.sum(axis=1, keepdims=True)
+    want = warp(p, params)
+    got = warp_rows(torch.from_numpy(p), [params] * 6).numpy()
+    assert np.array_equal(want > 0, got > 0)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-9)
+    assert np.allclose(got.sum(axis=1, dtype=np.float64), 1.0, atol=1e-5)
+
+
+def test_a_batch_mixes_warpers_row_by_row() -> None:
+    rng = np.random.default_rng(2)
+    p = torch.from_numpy(rng.dirichlet(np.full(500, 0.1), size=len(WARPERS)).astype(np.float32))
+    mixed = warp_rows(p, WARPERS)
+    for i, sp in enumerate(WARPERS):
+        assert torch.equal(mixed[i], warp_rows(p[i: i + 1], [sp])[0])
+
+
+def test_top_p_keeps_the_lowest_ids_of_a_tie_at_the_cut() -> None:
+    """Stable ascending sort: at a tie straddling the cut the lowest ids go first."""
+    p = torch.tensor([[0.2, 0.2, 0.2, 0.2, 0.2]])
+    got = warp_rows(p, [SamplingParams(top_p=0.5)])[0]
+    assert (got > 0).tolist() == [False, False, True, True, True]
+
+
+# -- verification that does not depend on the batch --------------------------------
+
+METHODS = ["ar", "sd-uplink", "straightforward", "xcosd", "xcosd-e", "target-resample",
+           "greedy-resample", "uhlm"]
+
+
+def _rounds(n: int, seed: int) -> tuple[list[Round], list[torch.Tensor], Space]:
+    """``n`` rounds of mixed methods and warpers on the cross-vocabulary pair's space:
+    random target rows, drafts drawn from random q over V_C."""
+    target, draft = pair()
+    space = Space.from_vocab_map(VocabMap(draft.vocab, target.vocab))
+    rng = np.random.default_rng(seed)
+    rounds, rows = [], []
+    for i in range(n):
+        m = get_method(METHODS[i % len(METHODS)])
+        d = 0 if not m.drafts else int(rng.integers(1, 5))
+        q = rng.dirichlet(np.full(space.n_common, 0.3), size=max(d, 1)).astype(np.float32)
+        pos = np.array([rng.choice(space.n_common, p=q[j] / q[j].sum()) for j in range(d)],
+                       dtype=np.int64)
+        ids = space.common_ids[pos]
+        qv = q[np.arange(d), pos].astype(np.float32)
+        vecs = None
+        mask = None
+        if m.name in ("sd-uplink", "uhlm"):
+            mask = np.ones(d, dtype=bool) if m.name == "uhlm" else None
+            vecs = tuple(m.codec.encode(q[j]) for j in range(d))
+        dr = Draft(ids=ids, q_values=qv, q_vectors=vecs, verify_mask=mask)
+        params = WARPERS[i % 5] if i % 3 else SamplingParams()
+        rounds.append(Round(m, space, params, dr, key=1_000 + i, round=int(rng.integers(0, 50))))
+        rows.append(torch.from_numpy(
+            rng.dirichlet(np.full(space.target_size, 0.4), size=d + 1).astype(np.float32)))
+    return rounds, rows, space
+
+
+def _same(a: object, b: object) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, TokenReply):
+        return a.token == b.token  # type: ignore[attr-defined]
+    if isinstance(a, CandidatesReply):
+        return (np.array_equal(a.ids, b.ids)  # type: ignore[attr-defined]
+                and np.array_equal(a.values, b.values))  # type: ignore[attr-defined]
+    if isinstance(a, HybridReply):
+        return (a.data, a.theta_o, a.other_token) == (  # type: ignore[attr-defined]
+            b.data, b.theta_o, b.other_token)  # type: ignore[attr-defined]
+    if isinstance(a, FullVectorReply):
+        return a.data == b.data  # type: ignore[attr-defined]
+    raise AssertionError(type(a))
+
+
+def test_a_session_verified_alone_or_in_a_batch_gets_the_same_bits() -> None:
+    """200 sessions of every method and warper, verified in one batch, alone, and in
+    another order: the same verdicts, payloads and follow-ups, bit for bit."""
+    rounds, rows, space = _rounds(200, seed=3)
+    batch = verify_batch(rounds, rows)
+    order = np.random.default_rng(4).permutation(len(rounds))
+    shuffled = verify_batch([rounds[i] for i in order], [rows[i] for i in order])
+    back = {int(i): o for i, o in zip(order, shuffled, strict=True)}
+    kinds = set()
+    for i, (rd, rw) in enumerate(zip(rounds, rows, strict=True)):
+        [alone] = verify_batch([rd], [rw])
+        for other in (batch[i], back[i]):
+            assert other.error is None and alone.error is None
+            assert other.accepted == alone.accepted
+            assert _same(other.reply, alone.reply), (rd.method.name, other.reply, alone.reply)
+        kinds.add(type(alone.reply).__name__)
+        if rd.method.name == "xcosd-e" and alone.reject is not None:
+            assert batch[i].reject is not None
+            more = [on_request(rd.method, st, Request(RequestKind.MORE), space)
+                    for st in (alone.reject, batch[i].reject)]
+            assert _same(*more)
+    assert kinds == {"TokenReply", "CandidatesReply", "HybridReply", "FullVectorReply"}
+
+
+def test_follow_ups_keep_the_numpy_paths_rules() -> None:
+    rounds, rows, space = _rounds(40, seed=5)
+    srdv = next(i for i, rd in enumerate(rounds) if rd.method.name == "xcosd-e"
+                and verify_batch([rd], [rows[i]])[0].reject is not None)
+    rd = rounds[srdv]
+    out = verify_batch([rd], [rows[srdv]])[0]
+    st = out.reject
+    assert isinstance(st, DeviceReject) and isinstance(out.reply, CandidatesReply)
+    assert st.rejected not in out.reply.ids.tolist()  # conditioned on y != x_j
+    assert np.array_equal(out.reply.values, st.p_star[torch.from_numpy(out.reply.ids)].numpy())
+    seen = {tuple(out.reply.ids.tolist())}
+    m = rd.method
+    for _ in range(m.M - 1):  # type: ignore[attr-defined]
+        r = on_request(m, st, Request(RequestKind.MORE), space)
+        assert isinstance(r, CandidatesReply)
+        seen.add(tuple(r.ids.tolist()))
+    assert len(seen) == m.M  # type: ignore[attr-defined]  # a fresh stream each round
+    with pytest.raises(ProtocolError):
+        on_request(m, st, Request(RequestKind.MORE), space)
+    fb = on_request(m, st, Request(RequestKind.FALLBACK), space)
+    assert isinstance(fb, HybridReply)
+    with pytest.raises(ProtocolError):
+        on_request(m, st, Request(RequestKind.FALLBACK), space)
+    with pytest.raises(ProtocolError):
+        on_request(get_method("sd-uplink"), st, Request(RequestKind.OTHER), space)
+
+
+def test_bad_drafts_fail_their_session_alone() -> None:
+    rounds, rows, _ = _rounds(16, seed=6)
+    bad = next(i for i, rd in enumerate(rounds) if rd.draft.length and rd.method.name == "xcosd")
+    rd = rounds[bad]
+    q = rd.draft.q_values.copy()
+    q[0] = 0.0
+    rounds[bad] = Round(rd.method, rd.space, rd.params,
+                        Draft(ids=rd.draft.ids, q_values=q), rd.key, rd.round)
+    short = (bad + 1) % 16
+    rows[short] = rows[short][:-1] if rows[short].shape[0] > 1 else rows[short][:0]
+    got = verify_batch(rounds, rows)
+    assert got[bad].error is not None and isinstance(got[bad].error, InvalidDistribution)
+    assert got[short].error is not None
+    ok = [i for i in range(16) if i not in (bad, short)]
+    assert all(got[i].error is None for i in ok)
+    alone = [verify_batch([rounds[i]], [rows[i]])[0] for i in ok]
+    assert all(a.accepted == got[i].accepted and _same(a.reply, got[i].reply)
+               for a, i in zip(alone, ok, strict=True))
+
+
+def test_lossy_codecs_on_p_stay_on_the_host() -> None:
+    assert supported(get_method("xcosd-e", codec="f32"))
+    assert supported(get_method("xcosd", codec="sparse"))
+    assert supported(get_method("sd-uplink", codec="q8"))  # its codec is on q
+    assert not supported(get_method("xcosd-e", codec="q8"))
+    assert not supported(get_method("straightforward", codec="f16"))

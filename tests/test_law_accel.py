@@ -1,0 +1,144 @@
+"""The law tests of ``tests/test_law.py`` on the accelerator path.
+
+The same generations through the same state machines, but the cloud's rows go to
+:func:`xcosd.nodes.scheduler.score_on_device`: the target's rows become torch tensors
+(on the CPU device here; the same code runs on a GPU in ``bench/gpu_check.py``) and
+:func:`xcosd.accel.verify_batch` warps, verifies and draws there, with Philox
+uniforms keyed by each session's seed. Every lossless method through the fault
+injector (cloud restarts mid-resolution included: Redo on the device path), every
+warper, every codec (the lossy codecs on ``p`` are verified on the host by design,
+and their committed law must still hold through that hand-off), the real 200k-wide
+vocabularies, and the controls: lossy methods and a resume that draws a seen round
+again fail the very same checks.
+
+N is lower than the numpy path's (each test states the deviation it is built to
+catch, from ``tests/test_law_power.py``): the torch path pays a few small tensor
+calls per round on the CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xcosd.models.on_device import OnDevice
+from xcosd.nodes.pump import Pump
+
+from .helpers.law import check_law, markov_law
+from .session_pairs import pair, real_pair
+from .test_law import (
+    CODECS,
+    DRAFT_LEN,
+    LOSSLESS,
+    T1,
+    TOKENS,
+    TOPK,
+    TOPP,
+    RedrawnRound,
+    ReplayedSeed,
+    assert_law,
+    exact_law,
+    generate,
+    generate_faulty,
+)
+
+N_FAULTS = 4_000  # TV 0.05 at one step
+N_WARPER = 2_500  # TV 0.06
+N_CODEC = 800  # TV 0.12 and any token off the committed support
+N_LOSSY = 3_000
+N_REAL = 1_000
+
+
+@pytest.fixture(scope="module")
+def link() -> Pump:
+    target, draft = pair()
+    return Pump(OnDevice(target, "cpu"), draft, on_device=True)  # type: ignore[arg-type]
+
+
+def test_the_pump_verifies_on_the_device(link: Pump) -> None:
+    """The rows really go through torch: a verdict's rejection state is kept on the
+    device (not a numpy RejectState)."""
+    from xcosd.accel import DeviceReject
+    from xcosd.protocol import RoundVerified
+
+    kept = []
+    for i in range(40):
+        link.events.clear()
+        link.generate("xcosd-e", prompt="c", max_new_tokens=TOKENS, params=T1, seed=i,
+                      draft_len=DRAFT_LEN, adaptive_draft=False)
+        kept += [s.reject for s in link.cloud.sessions.values() if s.reject is not None]
+        assert any(isinstance(ev, RoundVerified) for ev in link.events)
+    assert all(isinstance(r, DeviceReject) for r in kept)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(LOSSLESS))
+def test_every_lossless_method_through_faults(link: Pump, variant: str) -> None:
+    seqs, rejected_at, faulty = generate_faulty(link, variant, N_FAULTS, seed=11_000_000)
+    report = check_law(seqs, exact_law(link, variant, "f32", T1))
+    c = faulty.counts
+    assert report.ok, f"{variant} on the device, through faults ({c}): {report}"
+    assert min(c.dropped, c.duplicated, c.restarts, c.resends) > 20, c
+    if variant in ("xcosd-nopresample", "xcosd-e-K1M3"):
+        assert c.redone > 20, c  # rounds completed on the device after a restart
+    if variant != "ar":
+        assert (rejected_at[:DRAFT_LEN] > 0).all(), rejected_at
+
+
+@pytest.mark.slow
+def test_a_redrawn_round_fails_on_the_device(link: Pump) -> None:
+    """The fault test has teeth here too: a resume that throws a seen verdict away and
+    draws the round again biases the law, and the same check says so."""
+    seqs, _, _ = generate_faulty(link, "xcosd-nopresample", N_LOSSY, seed=11_000_000,
+                                 session_cls=RedrawnRound)
+    assert not check_law(seqs, exact_law(link, "xcosd-nopresample", "f32", T1)).ok
+
+
+@pytest.mark.slow
+def test_a_replayed_seed_is_harmless_on_the_device(link: Pump) -> None:
+    """On the numpy path a resume that gives the cloud its first seed again replays its
+    random stream from the start, and fails the law test (``tests/test_law.py``). A
+    Philox draw is keyed by the round as well as the seed, so the replayed seed draws
+    what it would have drawn in each round: the law holds."""
+    seqs, _, _ = generate_faulty(link, "ar", N_LOSSY, seed=11_000_000, session_cls=ReplayedSeed)
+    assert check_law(seqs, exact_law(link, "ar", "f32", T1)).ok
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("variant", "params"), [("xcosd-e", TOPK), ("xcosd-e", TOPP),
+                                                 ("xcosd", TOPP), ("sd-uplink", TOPK)])
+def test_every_warper(link: Pump, variant: str, params: object) -> None:
+    assert_law(link, variant, "f32", params, N_WARPER, seed=12_000_000)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("variant", "codec"),
+                         [("xcosd-e", c) for c in CODECS if c != "f32"]
+                         + [("sd-uplink", "q8"), ("sd-uplink", "topk:3"),
+                            ("straightforward", "sparse"), ("xcosd", "f16")])
+def test_every_codec(link: Pump, variant: str, codec: str) -> None:
+    assert_law(link, variant, codec, T1, N_CODEC, seed=13_000_000)
+
+
+@pytest.mark.parametrize("method", ["target-resample", "greedy-resample", "uhlm"])
+def test_lossy_methods_fail_the_same_check(link: Pump, method: str) -> None:
+    seqs, _ = generate(link, method, "f32", T1, N_LOSSY, seed=14_000_000)
+    assert not check_law(seqs, exact_law(link, "ar", "f32", T1)).ok, method
+
+
+@pytest.mark.slow
+def test_real_vocabularies_on_the_device() -> None:
+    """200k-wide rows, V_C scattered over the real ids (o200k <- cl100k)."""
+    target, draft, _ = real_pair()
+    link = Pump(OnDevice(target, "cpu"), draft, on_device=True)  # type: ignore[arg-type]
+    seqs, rejected_at = generate(link, "xcosd-e", "f32", T1, N_REAL, seed=15_000_000)
+    support = target.support
+    assert np.isin(seqs, support).all(), "a token off the target's support"
+    index = np.searchsorted(np.sort(support), seqs)
+    order = np.argsort(support)
+    rows = target.rows[order][:, order]
+    start = target.start_row[order]
+    report = check_law(index, markov_law(start / start.sum(), rows / rows.sum(1, keepdims=True),
+                                         TOKENS))
+    assert report.ok, f"xcosd-e on the device, o200k <- cl100k: {report}"
+    assert (rejected_at[:DRAFT_LEN] > 0).all(), rejected_at
