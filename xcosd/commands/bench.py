@@ -28,7 +28,7 @@ from .options import (
     check_curve_client,
     check_model,
     codec_name,
-    endpoint,
+    endpoints,
     existing_file,
     generation_config,
     method_list,
@@ -100,7 +100,7 @@ def _add_load(bsub: Any) -> None:
     p.add_argument("--draft", default=None,
                    help="draft model spec (default: a cost-free synthetic draft for a "
                         "synthetic target, default-draft otherwise)")
-    p.add_argument("--connect", default=None, type=endpoint, metavar="ENDPOINT",
+    p.add_argument("--connect", default=None, type=endpoints, metavar="ENDPOINT",
                    help="load the cloud already running there (xcosd serve, a deployment) "
                         "instead of starting one; the cloud's own side is then not measured")
     add_curve_client_args(p, "device key file (NAME.key_secret) of every device: turns "
@@ -126,6 +126,10 @@ def _add_load(bsub: Any) -> None:
     p.add_argument("--prompts-file", default=None, type=existing_file, metavar="PATH",
                    help="prompts, cycled: one per line, or JSON Lines with a \"prompt\" field "
                         "(default: a few built-in ones)")
+    p.add_argument("--check-greedy", action="store_true",
+                   help="compare every generation with the target's own greedy decode of its "
+                        "prompt (with --greedy; --target names what the cloud serves): the "
+                        "report's greedy check")
     p.add_argument("--percentiles", type=percentile_list, default="50,90,99",
                    help="latency percentiles to report (the JSON always has p50, p90, p99 too)")
     # the generation flags of `xcosd edge`, every one (the devices are edges); only
@@ -177,6 +181,13 @@ def check_load(args: argparse.Namespace) -> None:
         raise UsageError("--scaling sweeps the batching of a cloud it starts; not with --connect")
     if args.burstiness != 1.0 and args.request_rate is None:
         raise UsageError("--burstiness shapes the open loop's arrivals: it needs --request-rate")
+    if args.check_greedy:
+        g = generation_config(args)
+        if g.do_sample and g.temperature != 0:
+            raise UsageError("--check-greedy compares greedy generations: add --greedy")
+        if args.connect and args.target is None:
+            raise UsageError("--check-greedy with --connect needs --target (what the cloud "
+                             "serves)")
     if args.max_concurrency is not None and args.request_rate is None:
         raise UsageError("--max-concurrency caps the open loop: it needs --request-rate (a "
                          "closed loop's concurrency is its devices)")
@@ -218,7 +229,7 @@ def load_config(args: argparse.Namespace) -> Any:
         burstiness=args.burstiness, goodput=dict(args.goodput) if args.goodput else None,
         max_concurrency=args.max_concurrency,
         prompts=read_prompts(args.prompts_file) if args.prompts_file else None,
-        percentiles=tuple(args.percentiles))
+        percentiles=tuple(args.percentiles), check_greedy=args.check_greedy)
 
 
 @many_sessions_gc()  # its cloud and devices (xcosd/gc_tuning.py)

@@ -33,7 +33,7 @@ from .options import (
     add_verbose,
     check_curve_client,
     check_model,
-    endpoint,
+    endpoints,
     existing_file,
     generation_config,
     host_port,
@@ -54,8 +54,9 @@ def add_parser(sub: Any) -> None:
                    help="one prompt per line")
     p.add_argument("--draft", default="default-draft",
                    help="model spec for xcosd.models.load_model")
-    p.add_argument("--connect", default="tcp://127.0.0.1:5555", type=endpoint,
-                   help="the cloud's endpoint")
+    p.add_argument("--connect", default="tcp://127.0.0.1:5555", type=endpoints,
+                   help="the cloud's endpoint, or several comma-separated (tried in turn; a "
+                        "host name with several addresses counts as several)")
     add_transport_arg(p)
     add_generation_args(p, method_options=True, stop=True)
     p.add_argument("--http", default=None, type=host_port, metavar="HOST:PORT",

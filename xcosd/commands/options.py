@@ -187,6 +187,17 @@ def endpoint(s: str) -> str:
     return s
 
 
+def endpoints(s: str) -> str:
+    """One endpoint or several, comma-separated (an edge tries them in turn:
+    xcosd/transport/addresses.py), each checked as :func:`endpoint` checks one."""
+    parts = [p.strip() for p in s.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"bad endpoint {s!r}: no address")
+    for part in parts:
+        endpoint(part)
+    return ",".join(parts)
+
+
 def existing_file(s: str) -> str:
     if not Path(s).is_file():
         raise argparse.ArgumentTypeError(f"file {s!r} does not exist")
@@ -382,19 +393,27 @@ def probe(endpoint_: str, timeout_s: float) -> None:
     reason instead of after a load and a handshake that never answers. ZeroMQ
     accepts and drops a connection without a greeting, so the probe is harmless.
     """
-    if not endpoint_.startswith("tcp://"):
+    if not any(p.strip().startswith("tcp://") for p in endpoint_.split(",")):
         return
     from ..errors import TransportError
     from ..transport.tcp import parse_tcp_endpoint
 
-    host, port = parse_tcp_endpoint(endpoint_)
+    # several addresses: any one that accepts will do
+    targets = [parse_tcp_endpoint(p.strip()) for p in endpoint_.split(",")
+               if p.strip().startswith("tcp://")]
     deadline = time.monotonic() + timeout_s
     delay = 0.05
     while True:
         left = deadline - time.monotonic()
         try:
-            with socket.create_connection((host, port), timeout=max(0.05, min(left, 2.0))):
-                return
+            for i, (host, port) in enumerate(targets):
+                try:
+                    with socket.create_connection((host, port),
+                                                  timeout=max(0.05, min(left, 2.0))):
+                        return
+                except OSError:
+                    if i == len(targets) - 1:
+                        raise
         except OSError as e:
             if time.monotonic() + delay >= deadline:
                 reason = e.strerror or str(e) or type(e).__name__
@@ -413,3 +432,42 @@ def is_tty(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def add_device_args(p: argparse.ArgumentParser, what: str, prefix: str = "") -> None:
+    """``--device`` / ``--dtype`` (``prefix``: ``draft-`` gives ``--draft-device``)."""
+    p.add_argument(f"--{prefix}device", default=None, metavar="DEVICE",
+                   help=f"torch device for {what} (cpu, cuda, cuda:1, mps); a model that "
+                        "computes its rows in numpy hands them over on it")
+    p.add_argument(f"--{prefix}dtype", default=None, choices=DTYPES,
+                   help=f"float type of {what}'s weights (transformers models)")
+
+
+def device_kw(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
+    """The ``device`` / ``dtype`` keywords of :func:`xcosd.models.load_model` from the
+    flags :func:`add_device_args` added."""
+    attr = prefix.replace("-", "_")
+    out: dict[str, Any] = {}
+    for key in ("device", "dtype"):
+        v = getattr(args, attr + key, None)
+        if v is not None:
+            out[key] = v
+    return out
+
+
+def check_device(args: argparse.Namespace, prefix: str = "") -> None:
+    """A device this machine lacks fails here, before any model loads."""
+    from ..errors import ModelError
+
+    dev = getattr(args, prefix.replace("-", "_") + "device", None)
+    if dev is None:
+        return
+    from ..models.on_device import torch_device
+
+    try:
+        torch_device(dev)
+    except ModelError as e:
+        raise UsageError(f"--{prefix}device: {e.message}") from None

@@ -188,6 +188,12 @@ def analyse(cfg: LoadConfig, records: list[dict[str, Any]],
         "errors": errors,
         "errors_total": sum(errors.values()),
         "error_messages": messages,
+        # over the whole run (warm-up included): faults survived, and the greedy check
+        "resumed_generations": sum(1 for g in records if g.get("resumes")),
+        "exact": None if not cfg.check_greedy else {
+            "checked": sum(1 for g in records if g.get("exact") is not None),
+            "equal": sum(1 for g in records if g.get("exact") is True),
+            "mismatched": sum(1 for g in records if g.get("exact") is False)},
         "machine": machine(),
     }
     if observed:

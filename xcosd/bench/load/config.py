@@ -147,6 +147,9 @@ class LoadConfig:
     prompts: tuple[str, ...] | None = None
     #: the percentiles every latency summary reports, beside p50, p90 and p99
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    #: compare every generation with the target's own greedy decode of its prompt
+    #: (greedy generations and a target named by spec); the report's ``exact``
+    check_greedy: bool = False
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -197,6 +200,13 @@ class LoadConfig:
             if not self.prompts or not all(isinstance(p, str) for p in self.prompts):
                 raise ValueError("prompts must be a non-empty sequence of strings")
         self.percentiles = check_percentiles(self.percentiles)
+        if self.check_greedy:
+            g = self.generation
+            if g.do_sample and g.temperature != 0:
+                raise ValueError("check_greedy compares greedy generations: set do_sample=False")
+            if self.target is None or g.stop_strings:
+                raise ValueError("check_greedy needs the target (what the cloud serves) and "
+                                 "no stop strings")
         why = self.in_process_only()
         if self.procs is None:
             self.procs = 0 if why else 1

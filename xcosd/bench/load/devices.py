@@ -174,6 +174,35 @@ def _route(tally: list[int] | None) -> Callable[[RoundObserved], None]:
     return on_round
 
 
+#: the target's greedy decodes, by (target spec, prompt, tokens): the check of
+#: ``check_greedy`` in this process
+_GREEDY: dict[tuple[str, str, int], list[int]] = {}
+_REFERENCE: dict[str, LanguageModel] = {}
+
+
+def greedy_reference_of(cfg: LoadConfig, prompt: str) -> list[int]:
+    """The target's own greedy decode of ``prompt`` (cached; a synthetic target is
+    loaded without its costs)."""
+    from ...models import load_model
+    from ..scale import greedy_reference
+
+    target = cfg.target
+    assert target is not None
+    spec = target_spec(cfg) or f"object:{id(target)}"
+    n = cfg.generation.max_new_tokens
+    key = (spec, prompt, n)
+    if key not in _GREEDY:
+        if spec not in _REFERENCE:
+            if not isinstance(target, str):
+                _REFERENCE[spec] = target
+            elif spec.startswith("synthetic:"):
+                _REFERENCE[spec] = load_model(spec, a=0.0, b=0.0)
+            else:
+                _REFERENCE[spec] = load_model(spec)
+        _GREEDY[key] = greedy_reference(_REFERENCE[spec], prompt, n)
+    return _GREEDY[key]
+
+
 async def _generation(idx: int, k: int, edge: EdgeNode, cfg: LoadConfig, sched: Schedule,
                       start: float, warmup: bool) -> dict[str, Any]:
     """Device ``idx``'s ``k``-th generation, started (or due, in an open loop) at
@@ -185,7 +214,7 @@ async def _generation(idx: int, k: int, edge: EdgeNode, cfg: LoadConfig, sched: 
     rec: dict[str, Any] = {"device": idx, "k": k, "warmup": warmup, "start": start,
                            "end": start, "first": None, "tokens": 0, "error": None,
                            "message": None, "cut": False, "busy_retries": 0, "resumes": 0,
-                           "up_bytes": 0, "down_bytes": 0}
+                           "up_bytes": 0, "down_bytes": 0, "exact": None}
     try:
         if late:  # an open loop's arrival that waited for a slot past the window
             raise WindowEnded()
@@ -194,6 +223,9 @@ async def _generation(idx: int, k: int, edge: EdgeNode, cfg: LoadConfig, sched: 
         async with asyncio.timeout(max(0.0, start + cfg.timeout_s - time.monotonic())):
             res = await edge.generate(prompts[(idx + k) % len(prompts)],
                                       seed=cfg.seed * 1_000_003 + idx * 10_007 + k)
+        if cfg.check_greedy:
+            rec["exact"] = list(res.token_ids) == greedy_reference_of(
+                cfg, prompts[(idx + k) % len(prompts)])
         st = res.stats
         rec.update(tokens=st.tokens, busy_retries=st.busy_retries, resumes=st.resumes,
                    up_bytes=st.uplink_bytes, down_bytes=st.downlink_bytes)

@@ -133,6 +133,10 @@ def merge_reports(reports: Sequence[Mapping[str, Any]], *,
         "errors": errors,
         "errors_total": sum(errors.values()),
         "error_messages": [m for rep in reports for m in rep["error_messages"]][:5],
+        "resumed_generations": sum(rep.get("resumed_generations") or 0 for rep in reports),
+        "exact": None if any(rep.get("exact") is None for rep in reports) else {
+            k: sum(rep["exact"][k] for rep in reports)
+            for k in ("checked", "equal", "mismatched")},
         "machine": None,
         # a merged input contributes its own sources: the list names every generator
         "sources": [src for rep in reports for src in rep.get("sources") or [

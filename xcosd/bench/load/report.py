@@ -110,6 +110,13 @@ def format_report(rep: dict[str, Any]) -> str:
         lines.append(describe_cpu(rep["cpu"]))
     lines.append("  errors: " + ", ".join(f"{k} {v}" for k, v in rep["errors"].items())
                  + f" (total {rep['errors_total']})")
+    if rep.get("resumed_generations"):
+        lines.append(f"  resumed: {rep['resumed_generations']} generations survived a lost "
+                     "connection (exact resume)")
+    ex = rep.get("exact")
+    if ex is not None:
+        lines.append(f"  greedy check: {ex['equal']} of {ex['checked']} generations equal the "
+                     f"target's greedy decode, {ex['mismatched']} differ")
     idl = rep.get("ideal")
     if idl:
         head = (f"  ideal (a={1e3 * idl['a_s']:g} ms, b={1e3 * idl['b_s']:g} ms/row, "
