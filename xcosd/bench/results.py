@@ -24,7 +24,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from xcosd.bench import http_api, plots, scale, streaming
+from xcosd.bench import balancers, http_api, plots, scale, streaming
 from xcosd.bench.load import SCALING_HEADER, batching_mode, generation_settings, scaling_rows
 from xcosd.bench.methods import format_report, merge_reports
 from xcosd.bench.report import OUT_DIR, machine, table
@@ -783,6 +783,10 @@ SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
             "replicas": ("## Replicas", lambda: scale.section_lines(_load(scale.OUT_FILE.name)),
                          ("## Soak", "## Methods", REAL_PAIR_HEADING, "## Framework overhead",
                           "## Sizes used", MUTATION_HEADING)),
+            "balancers": (balancers.HEADING,
+                          lambda: balancers.section_lines(_load(balancers.OUT_FILE.name)),
+                          ("## Soak", "## Methods", REAL_PAIR_HEADING, "## Framework overhead",
+                           "## Sizes used", MUTATION_HEADING)),
             "sampling": (SAMPLING_HEADING, lambda: section_sampling(_load("sampling.json")),
                          ("## Codecs", "## Sizes used", MUTATION_HEADING)),
             "streaming": (streaming.HEADING,
@@ -829,6 +833,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_load(load)
     doc += section_scaling(scaling)
     doc += scale.section_lines(_load(scale.OUT_FILE.name))
+    doc += balancers.section_lines(_load(balancers.OUT_FILE.name))
     doc += section_soak(_load("soak.json"))
     doc += section_methods(methods)
     doc += section_model_layer(_load("model_layer.json"))

@@ -296,10 +296,12 @@ class _WindowEnded(Exception):
 
 @contextlib.asynccontextmanager
 async def _devices(cfg: ScaleConfig, endpoints: list[str],
-                   devices: int | None = None) -> AsyncIterator[list[EdgeNode]]:
+                   devices: int | None = None,
+                   prepare: Any = None) -> AsyncIterator[list[EdgeNode]]:
     """``devices`` (default ``cfg.devices``) connected edges, device ``i`` to
     ``endpoints[i % len(endpoints)]``; the first builds the V_C map, the rest reuse
-    it (every endpoint serves the same target)."""
+    it (every endpoint serves the same target). ``prepare(i, edge)`` is called on
+    each before it connects."""
     from ..models import SyntheticModel, load_model
 
     target = load_model(cfg.target, a=0.0, b=0.0)
@@ -309,9 +311,12 @@ async def _devices(cfg: ScaleConfig, endpoints: list[str],
     n = cfg.devices if devices is None else devices
 
     def make(i: int, vmap: Any = None) -> EdgeNode:
-        return EdgeNode(draft, endpoints[i % len(endpoints)], config=gen,
-                        target_vocab=target.vocab, vocab_map=vmap, busy_retry_s=0.01,
-                        name="bench-scale")
+        e = EdgeNode(draft, endpoints[i % len(endpoints)], config=gen,
+                     target_vocab=target.vocab, vocab_map=vmap, busy_retry_s=0.01,
+                     name="bench-scale")
+        if prepare is not None:
+            prepare(i, e)
+        return e
 
     try:
         first = make(0)

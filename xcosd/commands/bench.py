@@ -436,6 +436,12 @@ def _add_scale(bsub: Any) -> None:
                    help="seconds into the killed run to kill a replica")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="write the report there (default: bench/out/scale.json)")
+    p.add_argument("--balancers", default="2,4", metavar="N,N,...|none",
+                   help="cloud counts at which to compare the broker, HAProxy in front of "
+                        "plain xcosd serve processes, and independent clouds (then a kill "
+                        "for each way); written to bench/out/balancers.json")
+    p.add_argument("--only-balancers", action="store_true",
+                   help="run only that comparison")
     add_verbose(p)
     p.set_defaults(func=run_scale, check=check_scale)
 
@@ -453,6 +459,10 @@ def _replica_counts(text: str) -> tuple[int, ...]:
 def check_scale(args: argparse.Namespace) -> None:
     check_model(args.target, "--target")
     _replica_counts(args.replicas)
+    if args.balancers != "none":
+        _replica_counts(args.balancers)
+    elif args.only_balancers:
+        raise UsageError("--only-balancers with --balancers none runs nothing")
     if not args.no_kill and args.kill_replicas < 2:
         raise UsageError("--kill-replicas: the killed run needs 2 replicas or more")
 
@@ -468,13 +478,30 @@ def run_scale(args: argparse.Namespace) -> int:
         max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
         controls=not args.no_controls, kill=not args.no_kill, kill_replicas=args.kill_replicas,
         kill_generations=args.kill_generations, kill_after_s=args.kill_after)
-    rep = run_scale_sync(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
-    rep["command"] = "xcosd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "xcosd bench scale"
-    print(format_report(rep))
-    _write_json(args.json or str(OUT_FILE), rep)
-    k = rep["killed"]
-    failed = any(p["errors"] for p in rep["points"]) or (
-        k is not None and (k["tokens_lost"] or k["failed"]))
+    command = "xcosd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "xcosd bench scale"
+    failed = False
+    if not args.only_balancers:
+        rep = run_scale_sync(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+        rep["command"] = command
+        print(format_report(rep))
+        _write_json(args.json or str(OUT_FILE), rep)
+        k = rep["killed"]
+        failed = any(p["errors"] for p in rep["points"]) or bool(
+            k is not None and (k["tokens_lost"] or k["failed"]))
+    if args.balancers != "none":
+        import asyncio
+
+        from ..bench import balancers
+        from ..bench.report import machine
+
+        brep = asyncio.run(balancers.compare(
+            cfg, _replica_counts(args.balancers),
+            log=lambda line: print(line, file=sys.stderr, flush=True)))
+        brep.update(schema_version=1, kind="balancers", config=cfg.to_dict(),
+                    machine=machine(), command=command)
+        print(balancers.format_report(brep))
+        _write_json(str(balancers.OUT_FILE), brep)
+        failed = failed or any(p["errors"] for p in brep["points"])
     return 1 if failed else 0
 
 # ------------------------------------------------------------------ soak

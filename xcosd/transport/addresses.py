@@ -89,14 +89,19 @@ async def resolve(spec: str, *, ipv6: bool = True) -> list[str]:
 
 class Addresses:
     """The order in which an edge tries its addresses (module docstring).
-    ``rng`` draws the first pass's starting offset (seed it to repeat)."""
+    ``rng`` draws the first pass's starting offset (seed it to repeat); ``start``
+    gives it instead (a benchmark spreading its devices evenly)."""
 
-    def __init__(self, addresses: Sequence[str], rng: random.Random | None = None) -> None:
+    def __init__(self, addresses: Sequence[str], rng: random.Random | None = None,
+                 start: int | None = None) -> None:
         self._rng = rng if rng is not None else random.Random()
         self._list: list[str] = []
         self._next = 0
         self._started = False
         self.update(addresses)
+        if start is not None:
+            self._started = True
+            self._next = start % len(self._list)
 
     @property
     def addresses(self) -> list[str]:
