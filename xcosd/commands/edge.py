@@ -26,13 +26,16 @@ from typing import Any
 from .options import (
     UsageError,
     add_curve_client_args,
+    add_device_args,
     add_generation_args,
     add_link_args,
     add_loop_args,
     add_transport_arg,
     add_verbose,
     check_curve_client,
+    check_device,
     check_model,
+    device_kw,
     endpoints,
     existing_file,
     generation_config,
@@ -58,6 +61,7 @@ def add_parser(sub: Any) -> None:
                    help="the cloud's endpoint, or several comma-separated (tried in turn; a "
                         "host name with several addresses counts as several)")
     add_transport_arg(p)
+    add_device_args(p, "the draft", "draft-")
     add_generation_args(p, method_options=True, stop=True)
     p.add_argument("--http", default=None, type=host_port, metavar="HOST:PORT",
                    help="serve the OpenAI-compatible API on HOST:PORT instead of generating "
@@ -94,6 +98,7 @@ def check(args: argparse.Namespace) -> None:
     generation_config(args)
     check_curve_client(args)
     check_model(args.draft, "--draft")
+    check_device(args, "draft-")
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
@@ -131,7 +136,7 @@ async def _node(args: argparse.Namespace) -> Any:
 
         curve = CurveClient.from_files(args.curve_secret, args.curve_server_key)
     print(f"loading {args.draft} ...", file=sys.stderr, flush=True)
-    draft = await asyncio.to_thread(load_model, args.draft)
+    draft = await asyncio.to_thread(load_model, args.draft, **device_kw(args, "draft-"))
     return EdgeNode(draft=draft, connect=args.connect, transport=args.transport,
                     config=cfg, link=link_from_args(args), curve=curve,
                     timeout_s=args.timeout, connect_timeout_s=args.connect_timeout)

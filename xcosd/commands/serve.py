@@ -40,12 +40,15 @@ from ..gc_tuning import many_sessions_gc
 from ..transport.fds import raise_fd_limit
 from .options import (
     UsageError,
+    add_device_args,
     add_link_args,
     add_loop_args,
     add_transport_arg,
     add_verbose,
     check_curve_transport,
+    check_device,
     check_model,
+    device_kw,
     endpoint,
     existing_dir,
     existing_file,
@@ -87,6 +90,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--bind", default="tcp://127.0.0.1:5555", type=endpoint,
                    help="endpoint to bind")
     add_transport_arg(p)
+    add_device_args(p, "the target")
+    p.add_argument("--verify", choices=("auto", "device", "host"), default="auto",
+                   help="where each batch is warped and verified: next to the target's rows "
+                        "in torch on its device, or in numpy on the host; auto: on the device "
+                        "when the target is on an accelerator (see xcosd/accel/)")
     p.add_argument("--max-batch", type=positive_int, default=32, help="sessions per target call")
     p.add_argument("--max-batch-tokens", type=positive_int, default=256,
                    help="rows one target call scores at most")
@@ -181,6 +189,7 @@ def check(args: argparse.Namespace) -> None:
     if args.replicas == 0:
         return  # the broker loads no model
     check_model(args.target, "--target")
+    check_device(args)
     check_curve_transport(args, bool(args.curve_secret))
     if (args.curve_allow or args.curve_allow_any) and not args.curve_secret:
         raise UsageError("--curve-allow and --curve-allow-any need --curve-secret")
@@ -291,7 +300,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from ..models import load_model
 
     print(f"loading {args.target} ...", file=sys.stderr, flush=True)
-    target = await asyncio.to_thread(load_model, args.target)
+    target = await asyncio.to_thread(load_model, args.target, **device_kw(args))
     methods = tuple(args.methods) if args.methods else None
     replica = args.join is not None
     if replica:
@@ -336,7 +345,9 @@ async def _run_node(args: argparse.Namespace, target: Any, methods: tuple[str, .
             max_message_bytes=int(args.max_message_mb * (1 << 20)),
             heartbeat_s=args.heartbeat, timeout_s=args.timeout, methods=methods,
             metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-            drain_timeout_s=args.drain_timeout) as cloud:
+            drain_timeout_s=args.drain_timeout,
+            verify_on_device={"auto": None, "device": True, "host": False}[args.verify]
+    ) as cloud:
         where = f"as a replica of the broker at {cloud.endpoint}" if replica else \
             f"on {cloud.endpoint}"
         print(f"serving {target.name} {where}"
@@ -402,6 +413,11 @@ def replica_argv(args: argparse.Namespace, backend: str, index: int,
             "--timeout", repr(args.timeout), "--parent-pid", str(os.getpid()), *curve]
     if args.methods:
         argv += ["--methods", ",".join(args.methods)]
+    if args.device is not None:
+        argv += ["--device", args.device]
+    if args.dtype is not None:
+        argv += ["--dtype", args.dtype]
+    argv += ["--verify", args.verify]
     if args.no_merge:
         argv.append("--no-merge")
     if args.no_stream:

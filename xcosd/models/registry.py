@@ -138,7 +138,43 @@ def load_model(spec: str, **kw: Any) -> LanguageModel:
     backend: ``corpus=[paths]``, ``cache=``, ``alpha=`` for n-grams; ``device=``,
     ``dtype=``, ``cache=False`` (skip the converted-GGUF cache, see
     :mod:`xcosd.models.model_cache`) for transformers; ``a=``, ``b=``, ``busy=``
-    for synthetic models."""
+    for synthetic models.
+
+    ``device`` and ``dtype`` place any model: a transformers model is loaded there
+    (``dtype`` one of its float types); a model that computes its rows in numpy is
+    wrapped in :class:`~xcosd.models.on_device.OnDevice`, so a cloud can verify next
+    to its rows on that device (``dtype`` does not apply to it). A device this machine
+    lacks is a :class:`~xcosd.errors.ModelError` that says so."""
+    device = kw.pop("device", None)
+    dtype = kw.pop("dtype", None)
+    if device is not None:
+        from .on_device import torch_device
+
+        device = torch_device(device)
+    if _is_transformers(spec):
+        if device is not None:
+            kw["device"] = device
+        if dtype is not None:
+            kw["dtype"] = dtype
+        return _load(spec, **kw)
+    if dtype is not None:
+        raise ModelError(f"{spec!r} computes its rows in numpy: --dtype applies to "
+                         "transformers models only")
+    model = _load(spec, **kw)
+    if device is not None:
+        from .on_device import OnDevice
+
+        return OnDevice(model, device)
+    return model
+
+
+def _is_transformers(spec: str) -> bool:
+    """Whether ``spec`` loads a transformers model (a real name, a directory, a GGUF)."""
+    return not (spec in ("default-draft", "default-target")
+                or spec.startswith(("ngram:", "synthetic:")))
+
+
+def _load(spec: str, **kw: Any) -> LanguageModel:
     if spec in ("default-draft", "default-target"):
         from .default import default_draft, default_target
 

@@ -991,6 +991,8 @@ class CloudNode:
             "inbox": sum(len(p.inbox) for p in self._peers.values()),
             "outbox": sum(len(p.outbox) for p in self._peers.values()),
             "draining": self.draining,
+            #: where batches are warped and verified (xcosd/accel/: next to the rows)
+            "verify": "device" if self._sched_opts["on_device"] else "host",
             "drain": self._drain.report.to_dict() if self.draining else None,
             "acceptance_rate": accepted / drafted if drafted else 0.0,
             "mean_acceptance_length": 1 + accepted / c["rounds"] if c["rounds"] else 0.0,
