@@ -111,6 +111,8 @@ SCOPE: dict[str, frozenset[str] | None] = {
     "xcosd/protocol/edge.py": None,
     "xcosd/protocol/cloud.py": None,
     "xcosd/wire/frames.py": frozenset({"check_limits", "StreamDecoder", "Limits"}),
+    # the accelerator path's verification, its warpers, draws, sums and Philox
+    "xcosd/accel/*.py": None,
 }
 
 #: tests that can observe a method's law, cheapest first: ``-x`` stops at the first
@@ -146,6 +148,14 @@ FRAME_TESTS = (
     "tests/test_curve.py",
 )
 
+#: tests of the accelerator path: its parts (seconds), its CLI and node wiring, then the
+#: laws through the state machines on it
+ACCEL_TESTS = (
+    "tests/test_accel.py",
+    "tests/test_accel_cli.py",
+    "tests/test_law_accel.py",
+)
+
 #: mutated file (glob) -> the test files run against its mutants, in this order.
 #: Files that do not exist (yet) are left out at run time and listed in the report.
 TEST_MAP: list[tuple[str, tuple[str, ...]]] = [
@@ -155,6 +165,7 @@ TEST_MAP: list[tuple[str, tuple[str, ...]]] = [
     ("xcosd/protocol/edge.py", PROTOCOL_TESTS),
     ("xcosd/protocol/cloud.py", PROTOCOL_TESTS),
     ("xcosd/wire/frames.py", FRAME_TESTS),
+    ("xcosd/accel/*.py", ACCEL_TESTS),
 ]
 
 

@@ -24,7 +24,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from xcosd.bench import balancers, http_api, plots, scale, streaming
+from xcosd.bench import accel, balancers, http_api, plots, scale, streaming
 from xcosd.bench.load import SCALING_HEADER, batching_mode, generation_settings, scaling_rows
 from xcosd.bench.methods import format_report, merge_reports
 from xcosd.bench.report import OUT_DIR, machine, table
@@ -725,6 +725,9 @@ def sizes_note(run: Any) -> list[str]:
 #: a section another tool writes (``bench/mutation.py --update-results``, hours of
 #: CPU): carried over from the current file rather than dropped
 MUTATION_HEADING = "## Mutation testing"
+#: figures from a lent GPU (bench/gpu_check.py, ``make gpu-check``): kept as written,
+#: since ``make bench`` runs where there is none
+GPU_HEADING = "## The accelerator check"
 
 
 def kept_section(heading: str) -> list[str]:
@@ -797,6 +800,8 @@ SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
                          lambda: http_api.section_lines(_load(http_api.OUT.name)),
                          (OVERLAP_HEADING, KV_HEADING, "## Framework overhead", "## Codecs",
                           "## Sizes used", MUTATION_HEADING)),
+            "accel": (accel.HEADING, lambda: accel.section_lines(_load(accel.OUT.name)),
+                      (GPU_HEADING, "## Codecs", "## Sizes used", MUTATION_HEADING)),
             "overlap": (OVERLAP_HEADING, lambda: section_overlap(_load("overlap.json")),
                         (KV_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
                          MUTATION_HEADING)),
@@ -845,6 +850,8 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_transport(_load("transport.json"))
     doc += section_rounds(_load("rounds.json"))
     doc += section_sampling(_load("sampling.json"))
+    doc += accel.section_lines(_load(accel.OUT.name))
+    doc += kept_section(GPU_HEADING)
     doc += section_codecs(_load("codecs.json"))
     doc += section_models(_load("models.json"))
     doc += sizes_note(run)

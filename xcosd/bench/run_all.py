@@ -65,6 +65,8 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
                             f"{out}/streaming.json"]))
     # the OpenAI-compatible API against the edge's own stream, 1 and 16 streams
     s.append(("http-api", [PY, "-m", "xcosd.bench.http_api", "--json", f"{out}/http_api.json"]))
+    # warp + verify per batch: the accelerator path in torch on the CPU against numpy
+    s.append(("accel", [PY, "-m", "xcosd.bench.accel", "--json", f"{out}/accel.json"]))
     # drafting while a verdict is in flight, on and off (sleeping synthetic models)
     s.append(("overlap", [PY, "-m", "xcosd.bench.overlap", "--json", f"{out}/overlap.json"]))
     # the soak (256 devices, faults throughout) for 600 s, its memory baseline at 360 s
