@@ -438,8 +438,9 @@ def _add_scale(bsub: Any) -> None:
                    help="write the report there (default: bench/out/scale.json)")
     p.add_argument("--balancers", default="2,4", metavar="N,N,...|none",
                    help="cloud counts at which to compare the broker, HAProxy in front of "
-                        "plain xcosd serve processes, and independent clouds (then a kill "
-                        "for each way); written to bench/out/balancers.json")
+                        "plain xcosd serve processes, and independent clouds (then, at each "
+                        "count, a kill for each way and a drain through HAProxy and without "
+                        "a balancer); written to bench/out/balancers.json")
     p.add_argument("--only-balancers", action="store_true",
                    help="run only that comparison")
     add_verbose(p)
@@ -501,7 +502,7 @@ def run_scale(args: argparse.Namespace) -> int:
                     machine=machine(), command=command)
         print(balancers.format_report(brep))
         _write_json(str(balancers.OUT_FILE), brep)
-        failed = failed or any(p["errors"] for p in brep["points"])
+        failed = failed or balancers.failed(brep)
     return 1 if failed else 0
 
 # ------------------------------------------------------------------ soak
