@@ -3,9 +3,12 @@
 The rule is :func:`xcosd.sampling.sample_index`'s, inverse CDF on float64 running
 sums: the first index whose running mass exceeds ``u * total``, stepped back to the
 nearest index with weight when rounding lands past the last one. The running sums are
-:func:`~xcosd.accel.sums.fixed_cumsum`'s, so a draw is a function of its row and its
-uniform alone (not of the batch beside it); the uniforms are Philox's
-(:mod:`xcosd.accel.philox`).
+taken in two levels, as the numpy path's long rows are: each block of :data:`BLOCK`
+ids is totalled (:func:`~xcosd.accel.sums.fixed_sum`), the block totals are scanned
+(:func:`~xcosd.accel.sums.fixed_cumsum`), and only the block a draw falls in is scanned
+id by id. Two passes over the row instead of a scan's ``log2(V)``, and every sum is a
+fixed pattern of additions, so a draw is a function of its row and its uniform alone
+(not of the batch beside it); the uniforms are Philox's (:mod:`xcosd.accel.philox`).
 """
 
 from __future__ import annotations
@@ -13,23 +16,54 @@ from __future__ import annotations
 import torch
 
 from ..errors import InvalidDistribution
-from .sums import fixed_cumsum
+from .sums import fixed_cumsum, fixed_sum
+
+#: ids per block of the two-level running sums
+BLOCK = 1024
 
 
 def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Indices drawn from each row of ``weights`` (``(n, V)``, non-negative): ``u`` is
     ``(n, k)`` float64 uniforms in ``[0, 1)``, one per draw; the result is ``(n, k)``
     int64. A row without mass raises :class:`~xcosd.errors.InvalidDistribution`."""
-    c = fixed_cumsum(weights)
-    total = c[:, -1:]
+    n, size = weights.shape
+    nb = -(-size // BLOCK)
+    if nb * BLOCK == size:
+        w = weights.to(torch.float64)
+    else:  # one copy: the float64 values and their zero padding together
+        w = weights.new_zeros((n, nb * BLOCK), dtype=torch.float64)
+        w[:, :size] = weights
+    blocks = w.view(n, nb, BLOCK)
+    ends = fixed_cumsum(fixed_sum(blocks))  # (n, nb): the mass up to each block's end
+    total = ends[:, -1:]
     if not bool((total > 0).all()):
         raise InvalidDistribution("cannot sample from a vector with no mass")
-    idx = torch.searchsorted(c, u * total, right=True).clamp_(max=weights.shape[-1] - 1)
-    # a target rounded onto the total lands past the last weighted index: the nearest
-    # weighted index at or before it (a running maximum of weighted positions)
+    target = u * total  # (n, k)
+    b = torch.searchsorted(ends, target, right=True).clamp_(max=nb - 1)
+    before = torch.where(b > 0, ends.gather(1, (b - 1).clamp(min=0)), 0.0)
+    rows = torch.arange(n, device=w.device)[:, None].expand_as(b)
+    seg = blocks[rows, b]  # (n, k, BLOCK): the blocks the draws fall in
+    run = fixed_cumsum(seg) + before[..., None]
+    at = torch.searchsorted(run, target[..., None], right=True)[..., 0].clamp_(max=BLOCK - 1)
+    idx = b * BLOCK + at
+    # a target rounded onto its block's end lands past the last weighted id: step back
+    # to the nearest weighted id at or before it (in this block, else an earlier one)
+    pos = torch.arange(BLOCK, device=w.device).expand_as(seg)
+    last_in = torch.where(seg > 0, pos, -1).cummax(dim=-1).values.gather(
+        -1, at[..., None])[..., 0]
+    ok = last_in >= 0
+    idx = torch.where(ok, b * BLOCK + last_in.clamp(min=0), idx)
+    if not bool(ok.all()):  # nothing weighted up to it in its block: an earlier block's
+        idx = torch.where(ok, idx, _last_weighted_before(weights, b * BLOCK))
+    return idx.clamp_(max=size - 1)
+
+
+def _last_weighted_before(weights: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """The last id with weight before ``start`` in each row (rare: a draw rounded onto
+    a block that holds no mass)."""
     pos = torch.arange(weights.shape[-1], device=weights.device).expand_as(weights)
-    last = torch.where(weights > 0, pos, torch.zeros_like(pos)).cummax(dim=-1).values
-    return last.gather(1, idx)
+    last = torch.where(weights > 0, pos, 0).cummax(dim=-1).values
+    return last.gather(1, (start - 1).clamp(min=0))
 
 
-__all__ = ["draw"]
+__all__ = ["BLOCK", "draw"]

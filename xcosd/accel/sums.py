@@ -18,13 +18,15 @@ import torch
 def fixed_sum(x: torch.Tensor) -> torch.Tensor:
     """Float64 totals along the last axis by a pairwise tree (the axis zero-padded to a
     power of two, then halved: ``x[:h] + x[h:]`` until one element is left)."""
-    y = x.to(torch.float64)
-    n = y.shape[-1]
+    n = x.shape[-1]
     if n == 0:
-        return y.sum(-1)
+        return x.to(torch.float64).sum(-1)
     width = 1 << (n - 1).bit_length()
-    if width != n:
-        y = torch.nn.functional.pad(y, (0, width - n))
+    if width == n:
+        y = x.to(torch.float64)
+    else:  # one copy: the float64 values and their zero padding together
+        y = x.new_zeros((*x.shape[:-1], width), dtype=torch.float64)
+        y[..., :n] = x
     while width > 1:
         width //= 2
         y = y[..., :width] + y[..., width:]
