@@ -269,34 +269,37 @@ async def _load(target: Any, draft: Any, method: str, devices: int, seconds: flo
         edges = [xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) for _ in range(edges_n)]
         for e in edges:
             await e.__aenter__()
+
+        def committed() -> int:
+            # every round commits its accepted drafts and one token more
+            st = cloud.stats()
+            return int(st["rounds"]) + int(st["accepted_tokens"])
+
+        async def device(i: int) -> None:
+            k = 0
+            while True:
+                await edges[i % edges_n].generate(PROMPT, max_new_tokens=16, method=method,
+                                                  seed=i * 1000 + k, top_p=TOPP.top_p)
+                k += 1
+
+        tasks = [asyncio.ensure_future(device(i)) for i in range(devices)]
         try:
-            tokens = 0
-            stop = time.perf_counter() + seconds
-            counting = False
-
-            async def device(i: int) -> None:
-                nonlocal tokens
-                k = 0
-                while time.perf_counter() < stop:
-                    r = await edges[i % edges_n].generate(
-                        PROMPT, max_new_tokens=16, method=method, seed=i * 1000 + k,
-                        top_p=TOPP.top_p)
-                    k += 1
-                    if counting:
-                        tokens += len(r.token_ids)
-
-            warm = [asyncio.ensure_future(device(i)) for i in range(devices)]
-            await asyncio.sleep(min(2.0, seconds / 4))
-            counting = True
+            await asyncio.sleep(min(2.0, seconds / 4))  # warm-up
+            c0, b0 = committed(), cloud.stats()["scheduler"]
             t0 = time.perf_counter()
-            await asyncio.gather(*warm)
-            wall = time.perf_counter() - t0
+            await asyncio.sleep(seconds)  # the window: a fixed time, whatever is in flight
+            tokens, wall = committed() - c0, time.perf_counter() - t0
+            b1 = cloud.stats()["scheduler"]
         finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             for e in edges:
                 await e.__aexit__(None, None, None)
-        sched = cloud.stats()["scheduler"]
+        batches = b1["batches"] - b0["batches"]
+        mean_batch = (b1["requests"] - b0["requests"]) / batches if batches else None
     return {"tokens": tokens, "s": wall, "tokens_per_s": tokens / wall,
-            "mean_batch": sched.get("mean_batch_size")}
+            "mean_batch": mean_batch}
 
 
 async def check_load(target: Any, draft: Any, devices: int, seconds: float,

@@ -255,3 +255,23 @@ def test_lossy_codecs_on_p_stay_on_the_host() -> None:
     assert supported(get_method("sd-uplink", codec="q8"))  # its codec is on q
     assert not supported(get_method("xcosd-e", codec="q8"))
     assert not supported(get_method("straightforward", codec="f16"))
+
+
+def test_candidates_leave_out_the_rejected_draft() -> None:
+    """SR-DV's candidates are drawn from ``p`` given ``y != x_j``, even where ``x_j``
+    holds most of the mass (it has alpha = 0: sending it would waste a slot); when
+    rounding left all of the mass on it, from ``p`` itself."""
+    _, _, space = _rounds(1, seed=7)
+    m = get_method("xcosd-e")
+    row = torch.zeros(space.target_size)
+    row[5], row[2], row[7] = 0.9, 0.06, 0.04
+    st = DeviceReject(row, rejected=5, key=3, round=2)
+    r = on_request(m, st, Request(RequestKind.MORE), space)
+    assert isinstance(r, CandidatesReply) and r.ids.shape[0] == m.K  # type: ignore[attr-defined]
+    assert 5 not in r.ids.tolist() and set(r.ids.tolist()) <= {2, 7}
+    assert np.allclose(r.values, row[torch.from_numpy(r.ids)].numpy())
+    alone = torch.zeros(space.target_size)
+    alone[5] = 1.0
+    r2 = on_request(m, DeviceReject(alone, rejected=5, key=3, round=2), Request(RequestKind.MORE),
+                    space)
+    assert set(r2.ids.tolist()) == {5}  # type: ignore[attr-defined]
