@@ -275,3 +275,59 @@ def test_candidates_leave_out_the_rejected_draft() -> None:
     r2 = on_request(m, DeviceReject(alone, rejected=5, key=3, round=2), Request(RequestKind.MORE),
                     space)
     assert set(r2.ids.tolist()) == {5}  # type: ignore[attr-defined]
+
+
+def _inverse_cdf(row: np.ndarray, u: float) -> int:
+    """The index ``sample_index`` draws from ``row`` for the uniform ``u``."""
+    c = np.cumsum(row.astype(np.float64))
+    return int(np.searchsorted(c, u * c[-1], side="right"))
+
+
+def test_draws_use_the_documented_counters() -> None:
+    """The streams docs/MODELS.md names: the accept test of draft ``i`` uses (round, 0,
+    i), the terminal token (round, 1, 0), the V_O sample (round, 2, 0), SR-DV's c-th
+    candidate round (round, 3 + c, k); a plugin or a second implementation can draw
+    the same numbers."""
+    target, draft = pair()
+    space = Space.from_vocab_map(VocabMap(draft.vocab, target.vocab))
+    rng = np.random.default_rng(8)
+    row = rng.dirichlet(np.full(space.target_size, 1.0)).astype(np.float32)
+    key, rnd = 77, 12
+    # ar: no drafts, the terminal token is (round, 1, 0)'s draw from row 0
+    ar = Round(get_method("ar"), space, SamplingParams(), Draft(ids=np.zeros(0, dtype=np.int64),
+               q_values=np.zeros(0, dtype=np.float32)), key, rnd)
+    [out] = verify_batch([ar], [torch.from_numpy(row[None])])
+    assert out.reply.token == _inverse_cdf(row, float(uniforms(key, rnd, 1, 0)))  # type: ignore[attr-defined]
+    # xcosd-e: one draft with q = 1 on a token of p = 0 (rejected whatever u), then K
+    # candidates from stream 3 (the first candidate round), index k
+    x = int(space.common_ids[0])
+    p = row.copy()
+    p[x] = 0.0
+    p /= p.sum()
+    srdv = Round(get_method("xcosd-e"), space, SamplingParams(),
+                 Draft(ids=np.array([x]), q_values=np.ones(1, dtype=np.float32)), key, rnd)
+    [out] = verify_batch([srdv], [torch.from_numpy(np.stack([p, p]))])
+    assert out.accepted == 0 and isinstance(out.reply, CandidatesReply)
+    want = [_inverse_cdf(p, float(u)) for u in uniforms(key, rnd, 3, np.arange(20))]
+    assert out.reply.ids.tolist() == want
+    # hybrid resampling's presampled V_O token is (round, 2, 0)'s draw from p | V_O
+    hr = Round(get_method("xcosd"), space, SamplingParams(), srdv.draft, key, rnd)
+    [out] = verify_batch([hr], [torch.from_numpy(np.stack([p, p]))])
+    assert isinstance(out.reply, HybridReply)
+    vo = np.where(space.other_mask, p, 0.0)
+    assert out.reply.other_token == _inverse_cdf(vo, float(uniforms(key, rnd, 2, 0)))
+    # without presampling there is none: the device asks for it when its coin says so
+    nopre = Round(get_method("xcosd", hr_presample=False), space, SamplingParams(), srdv.draft,
+                  key, rnd)
+    [out] = verify_batch([nopre], [torch.from_numpy(np.stack([p, p]))])
+    assert isinstance(out.reply, HybridReply) and out.reply.other_token is None
+    # the accept test of draft i: u(round, 0, i) * q < p(x_i)
+    p2 = row.copy()
+    p2[x] = 0.0
+    p2 *= 0.5 / p2.sum()
+    p2[x] = 0.5
+    for r in range(8):
+        rd = Round(get_method("xcosd-e"), space, SamplingParams(),
+                   Draft(ids=np.array([x]), q_values=np.ones(1, dtype=np.float32)), key, r)
+        [got] = verify_batch([rd], [torch.from_numpy(np.stack([p2, p2]))])
+        assert got.accepted == int(uniforms(key, r, 0, 0) < float(p2[x]))
