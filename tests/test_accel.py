@@ -249,12 +249,50 @@ def test_bad_drafts_fail_their_session_alone() -> None:
                for a, i in zip(alone, ok, strict=True))
 
 
-def test_lossy_codecs_on_p_stay_on_the_host() -> None:
+def test_which_codecs_commit_on_the_device() -> None:
     assert supported(get_method("xcosd-e", codec="f32"))
     assert supported(get_method("xcosd", codec="sparse"))
     assert supported(get_method("sd-uplink", codec="q8"))  # its codec is on q
+    assert supported(get_method("straightforward", codec="f16"))
+    assert supported(get_method("xcosd-e", codec="bf16+zstd"))
     assert not supported(get_method("xcosd-e", codec="q8"))
-    assert not supported(get_method("straightforward", codec="f16"))
+    assert not supported(get_method("xcosd", codec="topk:3"))
+
+
+@pytest.mark.parametrize("codec", ["f16", "bf16", "f16+zstd"])
+def test_the_device_commits_what_the_host_decodes(codec: str) -> None:
+    """Bit for bit: the committed rows made in torch equal the numpy commit rule's,
+    which is what the device computes from the bytes (straightforward's whole row,
+    and the hybrid row of xcosd / xcosd-e with its V_O part), on rows with a long tail
+    that reaches f16's subnormals and flushes to zero."""
+    from xcosd.accel.commit import committed_full, committed_hybrid, device_commit, theta_other
+    from xcosd.codecs import get_codec
+    from xcosd.methods import commit as host
+
+    target, draft = pair()
+    space = Space.from_vocab_map(VocabMap(draft.vocab, target.vocab))
+    rng = np.random.default_rng(9)
+    c = get_codec(codec)
+    fn = device_commit(c)
+    assert fn is not None
+    for size, sp in ((space.target_size, space),
+                     (50_000, Space(50_000, np.sort(rng.choice(50_000, 30_000, replace=False))))):
+        logits = rng.standard_normal((4, size)) * 6.0
+        rows = np.exp(logits - logits.max(axis=1, keepdims=True)).astype(np.float32)
+        rows /= rows.sum(axis=1, keepdims=True)
+        t = torch.from_numpy(rows)
+        full = committed_full(fn, t).numpy()
+        common = torch.from_numpy(sp.common_ids)
+        other = torch.from_numpy(sp.other_mask)
+        hyb = committed_hybrid(fn, t, common, other).numpy()
+        sent = theta_other(t, other).tolist()  # the theta_o the device path sends
+        for r in range(4):
+            assert np.array_equal(full[r], host.committed_full(c, rows[r]))
+            # what the device makes of the bytes and the theta_o on the wire
+            dec = c.decode(c.encode(rows[r][sp.common_ids]), sp.n_common)
+            p_c, _ = host.hybrid_view(c, dec, float(sent[r]))
+            assert np.array_equal(hyb[r][sp.common_ids], p_c)
+            assert hyb[r][sp.other_ids].sum(dtype=np.float64) > 0
 
 
 def test_candidates_leave_out_the_rejected_draft() -> None:

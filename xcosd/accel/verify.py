@@ -16,9 +16,10 @@ index)`` (:mod:`xcosd.accel.philox`), and every sum is a fixed-order one
 its seed, never of the batch it was verified in. So a batch that fails is verified
 again session by session with the very same results.
 
-Methods whose commit rule needs the codec on ``p`` (a lossy codec with
-straightforward, ``xcosd`` or ``xcosd-e``) are not verified here: :func:`supported`
-says so and the caller verifies those sessions on the numpy path.
+A lossy codec on ``p`` (straightforward, ``xcosd``, ``xcosd-e``) commits on the device
+where :mod:`xcosd.accel.commit` reproduces the host's commit bit for bit (``f16``,
+``bf16``); for the others (``q8``, ``topk:K``) :func:`supported` says no and the caller
+verifies those sessions on the numpy path.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ..methods.base import (
     TokenReply,
 )
 from ..sampling import SamplingParams
+from .commit import Commit, committed_full, committed_hybrid, device_commit, theta_other
 from .draw import draw
 from .philox import uniforms
 from .sums import fixed_sum
@@ -62,9 +64,18 @@ METHODS = frozenset({"ar", "sd-uplink", "straightforward", "xcosd", "xcosd-e",
 
 def supported(method: Method) -> bool:
     """Whether a session of ``method`` is verified on the device: every method of
-    :data:`METHODS`, unless its codec compresses ``p`` lossily (the committed row is
-    then the codec's, computed on the host)."""
-    return method.name in METHODS and (method.codec_applies_to != "p" or method.codec.exact)
+    :data:`METHODS`, unless its codec compresses ``p`` in a way the device cannot
+    commit bit for bit as the host decodes it (:func:`~xcosd.accel.commit.device_commit`)."""
+    return method.name in METHODS and (method.codec_applies_to != "p"
+                                       or device_commit(method.codec) is not None)
+
+
+def _commit(method: Method) -> Commit | None:
+    """The device commit of a method whose codec compresses ``p`` lossily, else None
+    (its committed row is the warped row itself)."""
+    if method.codec_applies_to != "p" or method.codec.exact:
+        return None
+    return device_commit(method.codec)
 
 
 @dataclass(eq=False)
@@ -86,9 +97,10 @@ class Round:
 
 @dataclass(eq=False)
 class DeviceReject:
-    """A rejection kept on the device until the device side has its token: the warped
-    row ``p_j`` (the committed row: codecs on ``p`` are exact here), the rejected draft,
-    and what follow-ups were answered."""
+    """A rejection kept on the device until the device side has its token: the
+    committed row ``p*_j`` every decision uses, the warped row ``p_j`` the payloads
+    encode (``None``: the same row, an exact codec), the rejected draft, and what
+    follow-ups were answered."""
 
     p_star: torch.Tensor
     rejected: int
@@ -96,6 +108,12 @@ class DeviceReject:
     round: int
     candidate_rounds: int = 0
     fallback_sent: bool = False
+    p_raw: torch.Tensor | None = None
+
+    @property
+    def raw(self) -> torch.Tensor:
+        """``p_j`` before the codec."""
+        return self.p_star if self.p_raw is None else self.p_raw
 
     def mass(self, token: int) -> float:
         """``p*_j(token)``."""
@@ -215,9 +233,12 @@ def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outco
     offs = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)
     w = warp_rows(torch.cat([r for r in rows]),
                   [rd.params for rd, n in zip(rounds, lens, strict=True) for _ in range(n)])
+    ps = _committed(rounds, w, offs, lens)
     key, rnd = _keys(rounds)
-    accepted = _accept(rounds, w, offs, key, rnd)
-    term = w[torch.from_numpy(offs + accepted).to(dev)]
+    accepted = _accept(rounds, ps, offs, key, rnd)
+    at = torch.from_numpy(offs + accepted).to(dev)
+    term = ps[at]
+    term_raw = w[at] if ps is not w else None
     out: list[Outcome | None] = [None] * len(rounds)
     # every session whose terminal row is drawn from as it is: a bonus after a full
     # acceptance, target-resample's rejection, ar
@@ -229,11 +250,11 @@ def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outco
         toks = draw(term[sel], u[:, None])[:, 0].tolist()
         for i, t in zip(plain, toks, strict=True):
             full = accepted[i] == rounds[i].draft.length
-            out[i] = Outcome(int(accepted[i]), TokenReply(int(t)),
-                             None if full else _reject(rounds[i], term[i], int(accepted[i])))
+            out[i] = Outcome(int(accepted[i]), TokenReply(int(t)), None if full else
+                             _reject(rounds[i], term, term_raw, i, int(accepted[i])))
     rest = [i for i in range(len(rounds)) if out[i] is None]
     for name, group in _by_method(rounds, rest).items():
-        states = [_reject(rounds[i], term[i], int(accepted[i])) for i in group]
+        states = [_reject(rounds[i], term, term_raw, i, int(accepted[i])) for i in group]
         if name == "redo":
             for i, st in zip(group, states, strict=True):
                 try:
@@ -248,7 +269,7 @@ def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outco
             replies = _residuals([rounds[i] for i in group], term[torch.tensor(group, device=dev)],
                                  accepted[group], key[group], rnd[group])
         elif name == "straightforward":
-            host = term[torch.tensor(group, device=dev)].cpu().numpy()
+            host = torch.stack([st.raw for st in states]).cpu().numpy()
             replies = [FullVectorReply(rounds[i].method.codec.encode(host[k]))
                        for k, i in enumerate(group)]
         elif name == "xcosd":
@@ -312,9 +333,32 @@ def _accept(rounds: Sequence[Round], w: torch.Tensor, offs: np.ndarray, key: np.
     return accepted
 
 
-def _reject(rd: Round, row: torch.Tensor, n: int) -> DeviceReject:
+def _committed(rounds: Sequence[Round], w: torch.Tensor, offs: np.ndarray,
+               lens: list[int]) -> torch.Tensor:
+    """The committed rows every decision uses: the warped rows themselves, or, for a
+    session whose codec compresses ``p`` lossily, its rows committed on the device."""
+    lossy = [(i, c) for i, rd in enumerate(rounds) if (c := _commit(rd.method)) is not None]
+    if not lossy:
+        return w
+    out = w.clone()
+    for i, commit in lossy:
+        rd, lo, hi = rounds[i], int(offs[i]), int(offs[i]) + lens[i]
+        if rd.method.name == "straightforward":
+            out[lo:hi] = committed_full(commit, w[lo:hi])
+        else:
+            on = _on(rd.space, w.device)
+            out[lo:hi] = committed_hybrid(commit, w[lo:hi], on.common, on.other)
+    return out
+
+
+def _reject(rd: Round, term: torch.Tensor, term_raw: torch.Tensor | None, i: int,
+            n: int) -> DeviceReject:
     cand, fb = (rd.redo[2], rd.redo[3]) if rd.redo is not None else (0, False)
-    return DeviceReject(row.clone(), int(rd.draft.ids[n]), rd.key, rd.round, cand, fb)
+    raw = None
+    if term_raw is not None and _commit(rd.method) is not None:
+        raw = term_raw[i].clone()
+    return DeviceReject(term[i].clone(), int(rd.draft.ids[n]), rd.key, rd.round, cand, fb,
+                        raw)
 
 
 def _redo(rd: Round, state: DeviceReject) -> Outcome:
@@ -363,9 +407,10 @@ def _hybrid_payloads(codec: Any, space: Space, states: Sequence[DeviceReject],
     that crosses, and with ``presample`` one ``y ~ p_j | V_O`` drawn up front."""
     dev = states[0].p_star.device
     on = _on(space, dev)
+    raw = torch.stack([s.raw for s in states])
+    theta = theta_other(raw, on.other).tolist()
+    vc = raw[:, on.common].cpu().numpy()
     rows = torch.stack([s.p_star for s in states])
-    theta = fixed_sum(torch.where(on.other[None, :], rows, 0.0)).to(torch.float32).tolist()
-    vc = rows[:, on.common].cpu().numpy()
     other: list[int | None] = [None] * len(states)
     if presample:
         want = [k for k, th in enumerate(theta) if th > 0]

@@ -250,12 +250,34 @@ def verify(p_star: Rows, ids: np.ndarray, q_values: np.ndarray, rng: np.random.G
     return d
 
 
-def normalise(v: np.ndarray, extra: float = 0.0) -> np.ndarray:
-    """``v / (sum(v) + extra)`` in float64, rounded to float32: the committed vector.
+def fixed_total(v: np.ndarray) -> float:
+    """The float64 total of ``v`` by a fixed pairwise tree: the vector zero-padded to a
+    power of two, then halved (``x[:h] + x[h:]``) until one element is left.
 
-    Used identically by both sides, so both get the same bits.
+    Every step is one IEEE addition per element, so the bits do not depend on the
+    library or the device: ``xcosd.accel.sums.fixed_sum`` adds in the same pattern in
+    torch, on a GPU too, and a committed row made there is the one a device decodes here.
     """
-    total = float(np.sum(v, dtype=np.float64)) + float(extra)
+    a = np.asarray(v)
+    n = a.shape[0]
+    if n == 0:
+        return 0.0
+    width = 1 << (n - 1).bit_length()
+    y = np.zeros(width, dtype=np.float64)
+    y[:n] = a
+    while width > 1:
+        width //= 2
+        y = y[:width] + y[width:]
+    return float(y[0])
+
+
+def normalise(v: np.ndarray, extra: float = 0.0) -> np.ndarray:
+    """``v / (total(v) + extra)`` in float64, rounded to float32: the committed vector.
+
+    Used identically by both sides, so both get the same bits; the total is
+    :func:`fixed_total`'s, which the accelerator path reproduces bit for bit.
+    """
+    total = fixed_total(v) + float(extra)
     if not total > 0:
         raise InvalidDistribution("committed vector has no mass")
     return (np.asarray(v, dtype=np.float64) / total).astype(np.float32)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..codecs import Codec
-from .base import Space, normalise
+from .base import Space, fixed_total, normalise
 
 
 def committed_full(codec: Codec, p: np.ndarray) -> np.ndarray:
@@ -36,7 +36,7 @@ def hybrid_view(codec: Codec, dec: np.ndarray, theta_o: float) -> tuple[np.ndarr
     """``(p*_C, theta_o*)`` from the decoded V_C values and the sent ``theta_o``."""
     if codec.exact:
         return dec, float(theta_o)
-    total = float(np.sum(dec, dtype=np.float64)) + float(theta_o)
+    total = fixed_total(dec) + float(theta_o)
     return normalise(dec, float(theta_o)), float(theta_o) / total
 
 
