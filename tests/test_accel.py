@@ -369,3 +369,15 @@ def test_draws_use_the_documented_counters() -> None:
                    Draft(ids=np.array([x]), q_values=np.ones(1, dtype=np.float32)), key, r)
         [got] = verify_batch([rd], [torch.from_numpy(np.stack([p2, p2]))])
         assert got.accepted == int(uniforms(key, r, 0, 0) < float(p2[x]))
+
+
+def test_a_draw_at_the_top_of_the_range_stays_on_a_weight() -> None:
+    """Rows whose mass ends blocks before the row does: the largest uniform draws the
+    last id with weight, never one of the empty ids after it."""
+    from xcosd.accel.draw import BLOCK
+
+    w = torch.zeros((2, 3 * BLOCK + 7))
+    w[0, 5], w[0, 17] = 0.25, 0.75
+    w[1, BLOCK + 3] = 1.0
+    top = torch.full((2, 1), 1.0 - 2**-53, dtype=torch.float64)
+    assert draw(w, top)[:, 0].tolist() == [17, BLOCK + 3]

@@ -45,25 +45,15 @@ def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     seg = blocks[rows, b]  # (n, k, BLOCK): the blocks the draws fall in
     run = fixed_cumsum(seg) + before[..., None]
     at = torch.searchsorted(run, target[..., None], right=True)[..., 0].clamp_(max=BLOCK - 1)
-    idx = b * BLOCK + at
-    # a target rounded onto its block's end lands past the last weighted id: step back
-    # to the nearest weighted id at or before it (in this block, else an earlier one)
+    # a target past the block's last weighted id (the block's scan and its total are
+    # sums in different orders, and may differ in the last bit) steps back to that id;
+    # the block has mass, since ``ends`` rises across it (``u * total < total`` for any
+    # ``u < 1``, so no target lands past the row's last weighted block)
     pos = torch.arange(BLOCK, device=w.device).expand_as(seg)
     last_in = torch.where(seg > 0, pos, -1).cummax(dim=-1).values.gather(
         -1, at[..., None])[..., 0]
-    ok = last_in >= 0
-    idx = torch.where(ok, b * BLOCK + last_in.clamp(min=0), idx)
-    if not bool(ok.all()):  # nothing weighted up to it in its block: an earlier block's
-        idx = torch.where(ok, idx, _last_weighted_before(weights, b * BLOCK))
-    return idx.clamp_(max=size - 1)
-
-
-def _last_weighted_before(weights: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-    """The last id with weight before ``start`` in each row (rare: a draw rounded onto
-    a block that holds no mass)."""
-    pos = torch.arange(weights.shape[-1], device=weights.device).expand_as(weights)
-    last = torch.where(weights > 0, pos, 0).cummax(dim=-1).values
-    return last.gather(1, (start - 1).clamp(min=0))
+    first_in = torch.where(seg > 0, pos, BLOCK).min(dim=-1).values
+    return (b * BLOCK + torch.where(last_in >= 0, last_in, first_in)).clamp_(max=size - 1)
 
 
 __all__ = ["BLOCK", "draw"]

@@ -45,6 +45,8 @@ from ..methods.base import (
     Space,
     TokenReply,
 )
+from ..methods.hybrid_resampling import HybridResampling
+from ..methods.sr_dv import SrDv
 from ..sampling import SamplingParams
 from .commit import Commit, committed_full, committed_hybrid, device_commit, theta_other
 from .draw import draw
@@ -398,7 +400,7 @@ def _hybrid(rounds: Sequence[Round], states: Sequence[DeviceReject]) -> list[Rep
     """Hybrid resampling's payloads for a group of rejections."""
     m = rounds[0].method
     return _hybrid_payloads(m.codec, rounds[0].space, states,
-                            bool(getattr(m, "hr_presample", True)))
+                            _presample(m))
 
 
 def _hybrid_payloads(codec: Any, space: Space, states: Sequence[DeviceReject],
@@ -425,7 +427,7 @@ def _hybrid_payloads(codec: Any, space: Space, states: Sequence[DeviceReject],
 
 def _candidates(rounds: Sequence[Round], states: Sequence[DeviceReject]) -> list[Reply]:
     """SR-DV's first ``K`` candidates for a group of rejections."""
-    k = int(getattr(rounds[0].method, "K", 20))
+    k = _srdv(rounds[0].method).K
     return _candidate_replies(states, k)
 
 
@@ -453,24 +455,38 @@ def on_request(method: Method, state: DeviceReject, request: Request, space: Spa
     ``fallback``, hybrid resampling's ``other`` (the numpy methods' rules and limits)."""
     name = method.name
     if name == "xcosd-e":
-        big_m = int(getattr(method, "M", 10))
+        big_m = _srdv(method).M
         if request.kind == RequestKind.MORE:
             if state.candidate_rounds >= big_m or state.fallback_sent:
                 raise ProtocolError(f"more than M={big_m} candidate rounds requested",
                                     code="bad_request")
-            return _candidate_replies([state], int(getattr(method, "K", 20)))[0]
+            return _candidate_replies([state], _srdv(method).K)[0]
         if request.kind == RequestKind.FALLBACK:
             if state.fallback_sent:
                 raise ProtocolError("HR fallback requested twice", code="bad_request")
             state.fallback_sent = True
             return _hybrid_payloads(method.codec, space, [state],
-                                    bool(getattr(method, "hr_presample", True)))[0]
+                                    _presample(method))[0]
         if request.kind == RequestKind.OTHER and state.fallback_sent:
             return TokenReply(_other(state, space))
     if name == "xcosd" and request.kind == RequestKind.OTHER:
         return TokenReply(_other(state, space))
     raise ProtocolError(f"{name} takes no follow-up request {request.kind!r}",
                         code="bad_request")
+
+
+def _srdv(method: Method) -> SrDv:
+    if not isinstance(method, SrDv):
+        raise ProtocolError(f"{method.name} has no candidates", code="bad_request")
+    return method
+
+
+def _presample(method: Method) -> bool:
+    """Whether the HR payload carries a V_O sample drawn up front (xcosd and
+    xcosd-e's fallback have the option)."""
+    if not isinstance(method, (HybridResampling, SrDv)):
+        raise ProtocolError(f"{method.name} sends no HR payload", code="bad_request")
+    return method.hr_presample
 
 
 def _other(state: DeviceReject, space: Space) -> int:
