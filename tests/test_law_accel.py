@@ -18,6 +18,8 @@ calls per round on the CPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -47,6 +49,18 @@ N_WARPER = 2_500  # TV 0.06
 N_CODEC = 800  # TV 0.12 and any token off the committed support
 N_LOSSY = 3_000
 N_REAL = 1_000
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    """One intra-op thread: the rows here are tiny, and the suite runs a worker per
+    core, so torch's thread pools would only spin against each other."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
