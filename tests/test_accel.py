@@ -6,8 +6,6 @@ The laws through the whole protocol are in ``tests/test_law_accel.py``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -32,20 +30,8 @@ from xcosd.methods.base import (
 from xcosd.sampling import SamplingParams, warp
 from xcosd.vocab import VocabMap
 
+from .helpers.torch_threads import one_torch_thread  # noqa: F401
 from .session_pairs import pair
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: the rows here are tiny, and the suite runs a worker per
-    core, so torch's thread pools would only spin against each other."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 # Random123's kat_vectors for Philox4x32-10: (counter, key) -> output
 KAT = [

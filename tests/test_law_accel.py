@@ -18,8 +18,6 @@ calls per round on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
@@ -27,6 +25,7 @@ from xcosd.models.on_device import OnDevice
 from xcosd.nodes.pump import Pump
 
 from .helpers.law import check_law, markov_law
+from .helpers.torch_threads import one_torch_thread  # noqa: F401
 from .session_pairs import pair, real_pair
 from .test_law import (
     CODECS,
@@ -49,18 +48,6 @@ N_WARPER = 2_500  # TV 0.06
 N_CODEC = 800  # TV 0.12 and any token off the committed support
 N_LOSSY = 3_000
 N_REAL = 1_000
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: the rows here are tiny, and the suite runs a worker per
-    core, so torch's thread pools would only spin against each other."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,35 @@ class LanguageModel(Protocol):
         ...
 
 
+class ModelWrapper:
+    """A :class:`LanguageModel` that forwards every call to ``inner``: the base of the
+    wrappers that change one thing about a model (where its rows go, what is recorded
+    of its calls)."""
+
+    def __init__(self, inner: LanguageModel) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.vocab = inner.vocab
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.inner.tokenize(text)
+
+    def start(self, prompt_ids: Sequence[int]) -> Session:
+        return self.inner.start(prompt_ids)
+
+    def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:
+        return self.inner.score(batch)
+
+    def append(self, session: Session, ids: Sequence[int]) -> None:
+        self.inner.append(session, ids)
+
+    def rollback(self, session: Session, length: int) -> None:
+        self.inner.rollback(session, length)
+
+    def end(self, session: Session) -> None:
+        self.inner.end(session)
+
+
 class ContextModel:
     """Shared bookkeeping for models whose next-token row is a pure function of the
     context (n-gram, table, synthetic): they keep no cache, so :meth:`score`,

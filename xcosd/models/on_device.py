@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelError
-from .base import LanguageModel, Session
+from .base import LanguageModel, ModelWrapper, Session
 
 
 def torch_device(name: str | torch.device) -> torch.device:
@@ -41,44 +41,26 @@ def torch_device(name: str | torch.device) -> torch.device:
     return dev
 
 
-class OnDevice:
+class OnDevice(ModelWrapper):
     """``model``, whose :meth:`score_tensors` puts each session's rows on ``device``
     (every other call goes to ``model``)."""
 
     def __init__(self, model: LanguageModel, device: str | torch.device = "cpu") -> None:
-        self.inner = model
+        super().__init__(model)
         self.device = torch_device(device)
-        self.name = model.name
-        self.vocab = model.vocab
 
     def __repr__(self) -> str:
         return f"OnDevice({self.inner!r}, {self.device})"
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.inner.tokenize(text)
-
-    def start(self, prompt_ids: Sequence[int]) -> Session:
-        return self.inner.start(prompt_ids)
-
-    def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:
-        return self.inner.score(batch)
 
     def score_tensors(self, batch: Sequence[tuple[Session, Sequence[int]]]
                       ) -> list[torch.Tensor]:
         return [torch.from_numpy(np.ascontiguousarray(r, dtype=np.float32)).to(self.device)
                 for r in self.inner.score(batch)]
-
-    def append(self, session: Session, ids: Sequence[int]) -> None:
-        self.inner.append(session, ids)
-
-    def rollback(self, session: Session, length: int) -> None:
-        self.inner.rollback(session, length)
-
-    def end(self, session: Session) -> None:
-        self.inner.end(session)
 
 
 __all__ = ["OnDevice", "torch_device"]

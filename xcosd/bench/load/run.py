@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ...models.base import LanguageModel, Session
+from ...models.base import LanguageModel, ModelWrapper, Session
 from ...nodes import CloudNode
 from ...transport.fds import raise_fd_limit
 from ..progress import Progress
@@ -41,37 +41,20 @@ from .devices import Schedule, arrival_offsets, device_models, run_devices
 log = logging.getLogger(__name__)
 
 
-class RecordingModel:
+class RecordingModel(ModelWrapper):
     """A :class:`~xcosd.models.LanguageModel` that forwards to ``inner`` and records
     every :meth:`score` call as ``(start, end, sessions, rows)`` (monotonic clock):
     the batches the cloud ran, timestamped, so a window can be cut after the fact."""
 
     def __init__(self, inner: LanguageModel) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.vocab = inner.vocab
+        super().__init__(inner)
         self.calls: list[Batch] = []
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.inner.tokenize(text)
-
-    def start(self, prompt_ids: Sequence[int]) -> Session:
-        return self.inner.start(prompt_ids)
 
     def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:
         t0 = time.monotonic()
         out = self.inner.score(batch)
         self.calls.append((t0, time.monotonic(), len(batch), sum(r.shape[0] for r in out)))
         return out
-
-    def append(self, session: Session, ids: Sequence[int]) -> None:
-        self.inner.append(session, ids)
-
-    def rollback(self, session: Session, length: int) -> None:
-        self.inner.rollback(session, length)
-
-    def end(self, session: Session) -> None:
-        self.inner.end(session)
 
 
 async def run_load(cfg: LoadConfig, *, progress: bool | None = None) -> dict[str, Any]:

@@ -1,0 +1,19 @@
+"""Torch on one intra-op thread for a test module (import the fixture into it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread: the rows here are tiny, and the suite runs a worker per
+    core, so torch's thread pools would only spin against each other."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
