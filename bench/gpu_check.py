@@ -339,26 +339,37 @@ async def main(args: argparse.Namespace) -> int:
         f"{draft.name} ({draft.vocab.size} ids); V_C {vmap.n_common}, V_O {vmap.n_other}")
     quick = args.quick
     only = set(args.only.split(",")) if args.only else {"generate", "verify", "law", "load"}
+    took: dict[str, float] = {"pair": time.perf_counter() - t_start}
+    report["section_s"] = took
     if "generate" in only:
         log("1. the target through xcosd against transformers' generate")
+        t0 = time.perf_counter()
         report["generate"] = await check_generate(target, draft, 16 if quick else 128)
+        took["generate"] = time.perf_counter() - t0
     if "verify" in only:
         log("2. warp + verify per batch")
+        t0 = time.perf_counter()
         report["verify"] = check_verify(space, dev, [1, 4] if quick else [1, 64, 256],
                                         2 if quick else 10)
+        took["verify"] = time.perf_counter() - t0
     if "law" in only:
         log("3. first-token law over ZeroMQ")
+        t0 = time.perf_counter()
         report["law"] = await check_law(target, draft, args.law_n)
+        took["law"] = time.perf_counter() - t0
     if "load" in only:
         log("4. load")
+        t0 = time.perf_counter()
         # the devices' drafts: the pair's own draft, or a model as cheap as a lookup
         # (64 devices' drafting in this one process would otherwise measure its CPU)
         load_draft = draft if args.load_draft == "pair" else xcosd.load_model(args.load_draft)
         report["load"] = await check_load(target, load_draft, 8 if quick else 64,
                                           2.0 if quick else args.load_s,
                                           tuple(args.load_methods.split(",")))
+        took["load"] = time.perf_counter() - t0
     report["wall_s"] = time.perf_counter() - t_start
-    log(f"done in {report['wall_s']:.0f} s")
+    log(f"done in {report['wall_s']:.0f} s ("
+        + ", ".join(f"{k} {v:.0f} s" for k, v in took.items()) + ")")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2, default=float))

@@ -23,6 +23,8 @@ def test_the_gpu_check_runs_on_the_cpu(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(out.read_text())
+    assert set(report["section_s"]) == {"pair", "generate", "verify", "law", "load"}
+    assert sum(report["section_s"].values()) <= report["wall_s"]
     assert report["generate"]["transformers_generate"]["tokens"] > 0
     assert report["generate"]["ar"]["tokens"] > 0
     assert set(report["verify"]) >= {"1", "4"}
