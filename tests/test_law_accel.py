@@ -5,9 +5,10 @@ The same generations through the same state machines, but the cloud's rows go to
 (on the CPU device here; the same code runs on a GPU in ``bench/gpu_check.py``) and
 :func:`xcosd.accel.verify_batch` warps, verifies and draws there, with Philox
 uniforms keyed by each session's seed. Every lossless method through the fault
-injector (cloud restarts mid-resolution included: Redo on the device path), every
-warper, every codec (the lossy codecs on ``p`` are verified on the host by design,
-and their committed law must still hold through that hand-off), the real 200k-wide
+injector (cloud restarts mid-resolution included: Redo on the device path), the
+adaptive draft length and speculated drafts through it too, every warper, every codec
+(``f16`` and ``bf16`` commit on the device; ``q8`` and ``topk:K`` are verified on the
+host, and their committed law must hold through that hand-off), the real 200k-wide
 vocabularies, and the controls: lossy methods and a resume that draws a seen round
 again fail the very same checks.
 
@@ -26,7 +27,7 @@ from xcosd.nodes.pump import Pump
 
 from .helpers.law import check_law, markov_law
 from .helpers.torch_threads import one_torch_thread  # noqa: F401
-from .session_pairs import pair, real_pair
+from .session_pairs import close_pair, pair, real_pair
 from .test_law import (
     CODECS,
     DRAFT_LEN,
@@ -37,13 +38,15 @@ from .test_law import (
     TOPP,
     RedrawnRound,
     ReplayedSeed,
+    adaptive,
     assert_law,
     exact_law,
     generate,
     generate_faulty,
+    short_blocks,
 )
 
-N_FAULTS = 4_000  # TV 0.05 at one step
+N_FAULTS = 10_000  # TV 0.03 at one step
 N_WARPER = 2_500  # TV 0.06
 N_CODEC = 800  # TV 0.12 and any token off the committed support
 N_LOSSY = 3_000
@@ -84,6 +87,32 @@ def test_every_lossless_method_through_faults(link: Pump, variant: str) -> None:
         assert c.redone > 20, c  # rounds completed on the device after a restart
     if variant != "ar":
         assert (rejected_at[:DRAFT_LEN] > 0).all(), rejected_at
+
+
+@pytest.mark.slow
+def test_adaptive_draft_length_through_faults(link: Pump) -> None:
+    """The default policy's lengths (each round's from earlier verdicts, drafting
+    stopped after an unsure token) keep the law on the device too, through faults."""
+    rounds: list[list[int]] = []
+    seqs, _, faulty = generate_faulty(link, "xcosd-e", N_FAULTS, seed=16_000_000,
+                                      drafting=adaptive, rounds=rounds)
+    report = check_law(seqs, exact_law(link, "xcosd-e", "f32", T1))
+    assert report.ok, f"xcosd-e, adaptive, on the device ({faulty.counts}): {report}"
+    assert len({len(r) for r in rounds}) > 1 and len({n for r in rounds for n in r}) > 2
+
+
+@pytest.mark.slow
+def test_speculated_drafts_through_faults() -> None:
+    """Drafts drawn while a verdict was in flight, kept when the verdict took their
+    path, keep the law on the device too (the close pair: most blocks are accepted
+    whole, so most rounds speculate on the path taken)."""
+    target, draft = close_pair()
+    close = Pump(OnDevice(target, "cpu"), draft, on_device=True)  # type: ignore[arg-type]
+    seqs, _, faulty = generate_faulty(close, "xcosd-e", N_FAULTS, seed=16_500_000,
+                                      drafting=short_blocks, speculate=True)
+    report = check_law(seqs, exact_law(close, "xcosd-e", "f32", T1))
+    assert report.ok, f"xcosd-e, speculating, on the device ({faulty.counts}): {report}"
+    assert faulty.counts.reused > 0.2 * N_FAULTS
 
 
 @pytest.mark.slow
