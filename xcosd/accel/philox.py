@@ -46,12 +46,6 @@ def philox4x32(counter: Words, key: tuple[np.ndarray, np.ndarray],
     return c0, c1, c2, c3
 
 
-def split_key(seed: int) -> tuple[int, int]:
-    """A 64-bit seed as Philox's two key words."""
-    s = int(seed) & ((1 << 64) - 1)
-    return s & 0xFFFFFFFF, s >> 32
-
-
 def uniforms(key: np.ndarray | int, round_: np.ndarray | int, stream: np.ndarray | int,
              index: np.ndarray | int) -> np.ndarray:
     """float64 uniforms in ``[0, 1)`` (53 random bits each), one per broadcast element
@@ -66,4 +60,4 @@ def uniforms(key: np.ndarray | int, round_: np.ndarray | int, stream: np.ndarray
     return np.asarray(bits, dtype=np.float64) * (1.0 / (1 << 53))
 
 
-__all__ = ["ROUNDS", "philox4x32", "split_key", "uniforms"]
+__all__ = ["ROUNDS", "philox4x32", "uniforms"]

@@ -98,7 +98,7 @@ from ..transport import LinkListener, LinkSpec, Listener, listen
 from ..transport.burst import Burst
 from ..wire.frames import Limits, decode_message, message_bytes
 from .drain import Drain, HealthAnswer
-from .scheduler import BatchStats, Scheduler, on_device
+from .scheduler import BatchStats, Scheduler, verifies_on_device
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class CloudNode:
     benchmark's cloud; memory that grows with every round served).
     ``verify_on_device``: verify each batch next to the target's logits, in torch on
     its device (xcosd/accel/); ``None`` decides by the target (a model on an
-    accelerator does, the CPU keeps the numpy path: :func:`~xcosd.nodes.scheduler.on_device`).
+    accelerator does, the CPU keeps the numpy path: :func:`~xcosd.nodes.scheduler.verifies_on_device`).
     ``drain_timeout_s``: how long :meth:`drain` lets running generations finish
     before it hands the rest off (xcosd/nodes/drain.py).
     """
@@ -283,7 +283,7 @@ class CloudNode:
                                             "merge": merge_batches,
                                             "stream": stream_verdicts,
                                             "keep_waits": keep_queue_waits,
-                                            "on_device": on_device(target, verify_on_device)}
+                                            "on_device": verifies_on_device(target, verify_on_device)}
         self._listener: Listener | None = None
         self._scheduler: Scheduler | None = None
         self._peers: dict[bytes, _Peer] = {}

@@ -174,7 +174,7 @@ def score_rows(model: LanguageModel, batch: Sequence[ScoreNeeded],
     return [out[i] for i in range(len(batch))]
 
 
-def on_device(model: Any, want: bool | None = None) -> bool:
+def verifies_on_device(model: Any, want: bool | None = None) -> bool:
     """Whether a cloud verifies next to ``model``'s logits (:func:`score_on_device`).
     ``want=None`` decides: yes when the model keeps its rows on an accelerator (it has
     ``score_tensors`` and a non-CPU ``device``), where copying every row to the host
@@ -335,8 +335,8 @@ class Scheduler:
         #: verify next to the logits (:func:`score_on_device`): the model offers
         #: ``score_tensors``
         self.on_device = on_device
-        if on_device and not callable(getattr(model, "score_tensors", None)):
-            raise ValueError(f"{model!r} keeps no rows on a device (no score_tensors)")
+        if on_device:
+            verifies_on_device(model, True)  # refuses a model that keeps no rows there
         #: (what it would cost the loop, its share of CPU time, rows) of recent batches
         self._costs: deque[tuple[float, float, int]] = deque(maxlen=INLINE_WINDOW)
         #: peer -> its requests, oldest first; a peer is here only while it has some
