@@ -382,3 +382,49 @@ def test_a_draw_at_the_top_of_the_range_stays_on_a_weight() -> None:
     w[1, BLOCK + 3] = 1.0
     top = torch.full((2, 1), 1.0 - 2**-53, dtype=torch.float64)
     assert draw(w, top)[:, 0].tolist() == [17, BLOCK + 3]
+
+
+def test_a_batch_mixing_peers_settings_answers_each_by_its_own(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One target, sessions from peers whose V_C maps, codecs and method options
+    differ, in one batch: each payload is gathered over its own V_C, encoded with its
+    own codec and sized by its own options, bit for bit what it gets verified alone."""
+    target, draft = pair()
+    own = Space.from_vocab_map(VocabMap(draft.vocab, target.vocab))
+    other = Space(own.target_size, np.array([0, 2, 4, 6, 7]))
+    rng = np.random.default_rng(10)
+    kinds = [("xcosd", "f32", {}), ("xcosd", "f16", {"hr_presample": False}),
+             ("xcosd-e", "f32", {"K": 3}), ("xcosd-e", "bf16", {}), ("straightforward", "f16", {}),
+             ("straightforward", "sparse", {}), ("sd-uplink", "f32", {}), ("sd-uplink", "f16", {})]
+    rounds, rows = [], []
+    for i in range(64):
+        name, codec, opts = kinds[i % len(kinds)]
+        space = own if (i // len(kinds)) % 2 else other
+        m = get_method(name, codec=codec, **opts)
+        q = rng.dirichlet(np.full(space.n_common, 0.3)).astype(np.float32)
+        q = m.draft_row(q)
+        pos = int(rng.choice(space.n_common, p=q / q.sum()))
+        vecs = (m.codec.encode(q),) if name == "sd-uplink" else None
+        dr = Draft(ids=space.common_ids[[pos]], q_values=q[[pos]], q_vectors=vecs)
+        rounds.append(Round(m, space, SamplingParams(), dr, key=500 + i, round=3))
+        rows.append(torch.from_numpy(
+            rng.dirichlet(np.full(space.target_size, 0.4), size=2).astype(np.float32)))
+    with caplog.at_level("ERROR", logger="xcosd.accel.verify"):
+        batch = verify_batch(rounds, rows)
+    # verified as one batch, not rescued by the session-by-session retry
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    rejected = 0
+    for rd, rw, got in zip(rounds, rows, batch, strict=True):
+        [alone] = verify_batch([rd], [rw])
+        assert got.error is None and alone.error is None, (got.error, alone.error)
+        assert got.accepted == alone.accepted and _same(got.reply, alone.reply), rd.method
+        rejected += got.reject is not None
+        if isinstance(got.reply, HybridReply):
+            # decodable with the session's own codec over its own V_C
+            assert rd.method.codec.decode(got.reply.data, rd.space.n_common).shape == (
+                rd.space.n_common,)
+            assert (got.reply.other_token is None) == (not rd.method.hr_presample  # type: ignore[attr-defined]
+                                                       or got.reply.theta_o == 0)
+        if isinstance(got.reply, CandidatesReply):
+            assert got.reply.ids.shape[0] == rd.method.K  # type: ignore[attr-defined]
+    assert rejected > 20

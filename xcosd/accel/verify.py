@@ -255,7 +255,8 @@ def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outco
             out[i] = Outcome(int(accepted[i]), TokenReply(int(t)), None if full else
                              _reject(rounds[i], term, term_raw, i, int(accepted[i])))
     rest = [i for i in range(len(rounds)) if out[i] is None]
-    for name, group in _by_method(rounds, rest).items():
+    for gk, group in _by_method(rounds, rest).items():
+        name = gk[0]
         states = [_reject(rounds[i], term, term_raw, i, int(accepted[i])) for i in group]
         if name == "redo":
             for i, st in zip(group, states, strict=True):
@@ -275,9 +276,10 @@ def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outco
             replies = [FullVectorReply(rounds[i].method.codec.encode(host[k]))
                        for k, i in enumerate(group)]
         elif name == "xcosd":
-            replies = _hybrid([rounds[i] for i in group], states)
+            m = rounds[group[0]].method
+            replies = _hybrid_payloads(m.codec, rounds[group[0]].space, states, _presample(m))
         elif name == "xcosd-e":
-            replies = _candidates([rounds[i] for i in group], states)
+            replies = _candidate_replies(states, _srdv(rounds[group[0]].method).K)
         else:
             raise ProtocolError(f"{name} is not verified on the device", code="internal")
         for i, st, rep in zip(group, states, replies, strict=True):
@@ -285,14 +287,19 @@ def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outco
     return [o if o is not None else _failed(RuntimeError("unverified")) for o in out]
 
 
-def _by_method(rounds: Sequence[Round], idx: list[int]) -> dict[str, list[int]]:
-    groups: dict[str, list[int]] = {}
+def _by_method(rounds: Sequence[Round], idx: list[int]) -> dict[tuple[Any, ...], list[int]]:
+    """The rejections to answer, grouped so that one batched call serves a group: by
+    method name, codec, the method's options and space (sessions of different peers
+    differ in each, and a payload is encoded, sized and gathered by them)."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
     for i in idx:
         rd = rounds[i]
+        m = rd.method
         # a redo answers a follow-up, whatever the method: its reply comes from
-        # :func:`on_request`
-        name = "redo" if rd.redo is not None else rd.method.name
-        groups.setdefault(name, []).append(i)
+        # :func:`on_request`, session by session
+        key = (("redo", i) if rd.redo is not None else
+               (m.name, m.codec.name, tuple(sorted(m.options().items())), id(rd.space)))
+        groups.setdefault(key, []).append(i)
     return groups
 
 
@@ -396,13 +403,6 @@ def _residuals(rounds: Sequence[Round], term: torch.Tensor, accepted: np.ndarray
     return [TokenReply(int(t)) for t in draw(res, u[:, None])[:, 0].tolist()]
 
 
-def _hybrid(rounds: Sequence[Round], states: Sequence[DeviceReject]) -> list[Reply]:
-    """Hybrid resampling's payloads for a group of rejections."""
-    m = rounds[0].method
-    return _hybrid_payloads(m.codec, rounds[0].space, states,
-                            _presample(m))
-
-
 def _hybrid_payloads(codec: Any, space: Space, states: Sequence[DeviceReject],
                      presample: bool) -> list[Reply]:
     """``p_j`` over V_C (to the host, encoded), ``theta_o = p_j(V_O)`` as the float32
@@ -423,12 +423,6 @@ def _hybrid_payloads(codec: Any, space: Space, states: Sequence[DeviceReject],
                 other[k] = int(t)
     return [HybridReply(codec.encode(vc[k]), float(theta[k]), other[k])
             for k in range(len(states))]
-
-
-def _candidates(rounds: Sequence[Round], states: Sequence[DeviceReject]) -> list[Reply]:
-    """SR-DV's first ``K`` candidates for a group of rejections."""
-    k = _srdv(rounds[0].method).K
-    return _candidate_replies(states, k)
 
 
 def _candidate_replies(states: Sequence[DeviceReject], k: int) -> list[Reply]:
