@@ -150,22 +150,3 @@ async def test_the_first_token_law_holds_through_haproxy_with_a_cloud_killed() -
     assert len(firsts) == N_LAW
     assert resumed >= 1 or sum(e.reconnects for e in edges) >= 1  # the kill was felt
     assert_exact(firsts, row / row.sum(), "first token through HAProxy, a cloud killed")
-
-
-def test_the_balancer_comparison_renders_from_its_report() -> None:
-    from xcosd.bench import balancers
-
-    rep = json.loads(balancers.OUT_FILE.read_text()) if balancers.OUT_FILE.exists() else None
-    if rep is None:  # a report's shape, as compare() writes it
-        point = {"kind": "haproxy", "replicas": 2, "devices": 8, "tokens": 10,
-                 "tokens_per_s": 1.0, "errors": 0, "ttft_ms_p50": 1.0, "ttft_ms_p99": 2.0,
-                 "vs_control": 1.0}
-        kill = {"kind": "haproxy", "replicas": 2, "affected": 2, "recovered": 2,
-                "recovery_s_max": 1.0, "recovery_s_p50": 0.5, "bound_s": 30.0, "errors": 0}
-        rep = {"points": [point], "kills": [kill], "goal": 0.95, "meets_goal": True,
-               "config": {"devices": 8, "method": "xcosd-e", "draft_len": 4,
-                          "max_new_tokens": 8, "target": "synthetic:256", "duration_s": 1.0,
-                          "warmup_s": 0.0}}
-    text = "\n".join(balancers.section_lines(rep))
-    assert text.startswith(balancers.HEADING) and "HAProxy, N xcosd serve" in text
-    assert "HAProxy, N xcosd serve" in balancers.format_report(rep)

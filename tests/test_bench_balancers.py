@@ -68,6 +68,7 @@ def test_the_section_has_kills_at_every_count_the_drains_and_the_goals_met() -> 
     assert not balancers.failed(rep)
     plain = balancers.format_report(rep)
     assert "64 = 30 + 34 + 0" in plain and plain.count("(met)") == 3
+    assert text.startswith(balancers.HEADING) and "HAProxy, N xcosd serve" in plain
 
 
 def test_each_goal_says_not_met_from_the_numbers() -> None:
