@@ -86,3 +86,52 @@ def test_small_checks_match_numpy() -> None:
             assert e.code == "bad_token"
             ok = False
         assert ok == (not n or int(a.min()) >= 0), a
+
+
+def _draft_outcome(fn: Any) -> tuple[Any, ...]:
+    try:
+        m = fn()
+    except ProtocolError as e:
+        return ("refused", e.code, str(e))
+    d = m.draft
+    return ("value", m.s, m.seq, m.r, m.token, m.redo, d.ids.dtype, d.ids.tolist(),
+            d.q_values.dtype, d.q_values.tobytes(), d.q_vectors,
+            None if d.verify_mask is None else d.verify_mask.tolist())
+
+
+def test_the_draft_fast_path_matches_the_general_one() -> None:
+    """``DraftMsg.from_wire`` reads the common draft inline: for headers with every
+    field value above (and some keys missing or extra) and blocks with bad lengths,
+    negative ids, NaN, zero or too large ``q``, it returns what the table-driven
+    path returns, or refuses with the same error."""
+    rng = np.random.default_rng(7)
+    general = super(M.DraftMsg, M.DraftMsg).from_wire
+    good = {"t": "draft", "s": 3, "seq": 17, "r": 9, "tok": 42}
+    ids_ok = np.array([5, 7, 9, 11], dtype="<i4").tobytes()
+    q_ok = np.array([0.1, 0.2, 0.3, 1.0], dtype="<f4").tobytes()
+    blocks: list[list[bytes]] = [
+        [ids_ok, q_ok], [ids_ok[:-1], q_ok], [ids_ok, q_ok[:-4]], [b"", b""],
+        [np.array([5, -7], dtype="<i4").tobytes(), q_ok[:8]],
+        [np.array([5, -1], dtype="<i4").tobytes(), q_ok[:8]], [b"", q_ok[:4]],
+        [ids_ok, np.array([0.1, math.nan, 0.2, 0.3], dtype="<f4").tobytes()],
+        [ids_ok, np.array([0.1, 0.0, 0.2, 0.3], dtype="<f4").tobytes()],
+        [ids_ok, np.array([0.1, 1.01, 0.2, 0.3], dtype="<f4").tobytes()],
+        [ids_ok, np.array([0.1, -0.5, 0.2, math.inf], dtype="<f4").tobytes()],
+        [np.arange(70, dtype="<i4").tobytes(), np.full(70, 0.01, dtype="<f4").tobytes()],
+        [ids_ok, q_ok, b"\x01\x01\x00\x01"], [ids_ok],
+    ]
+    for _ in range(40):
+        d = int(rng.integers(1, 9))
+        ids = rng.integers(-2, 1 << 20, d).astype("<i4")
+        q = rng.choice([0.0, 0.3, 1.0, 1.0 + 1e-6, 1.0 + 1e-5, math.nan], d).astype("<f4")
+        blocks.append([ids.tobytes(), q.tobytes()])
+    headers: list[dict[str, Any]] = [good, {**good, "tok": None},
+                                     {k: v for k, v in good.items() if k != "tok"},
+                                     {**good, "mk": True}, {**good, "extra": 1}]
+    for key in ("s", "seq", "r", "tok"):
+        headers += [{**good, key: v} for v in VALUES]
+    for h in headers:
+        for bufs in blocks:
+            fast = _draft_outcome(partial(M.DraftMsg.from_wire, h, bufs))
+            full = _draft_outcome(partial(general.__func__, M.DraftMsg, h, bufs))
+            assert fast == full, (h, bufs)
