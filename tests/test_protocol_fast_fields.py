@@ -135,3 +135,24 @@ def test_the_draft_fast_path_matches_the_general_one() -> None:
             fast = _draft_outcome(partial(M.DraftMsg.from_wire, h, bufs))
             full = _draft_outcome(partial(general.__func__, M.DraftMsg, h, bufs))
             assert fast == full, (h, bufs)
+
+
+def test_the_verdict_fast_path_writes_the_tables_bytes() -> None:
+    """``VerdictMsg.to_wire`` writes a bonus-token verdict inline: the same header,
+    key order and bytes as the field tables, for every mix of the optional keys
+    (and other replies still go through the tables)."""
+    from xcosd.methods.base import CandidatesReply, TokenReply
+    from xcosd.wire.frames import encode_message
+
+    replies: list[Any] = [TokenReply(0), TokenReply(77), TokenReply(np.int64(2**31 - 1)),
+                          CandidatesReply(ids=np.arange(3, dtype=np.int64),
+                                          values=np.full(3, 0.25, dtype=np.float32))]
+    for reply in replies:
+        for us in (0, 1, 120, 2**40):
+            for ack in (0, 1, 2**62):
+                for ob in ({}, {9: b"\xe4\xb8\x80"}):
+                    for n in (0, 4):
+                        v = M.VerdictMsg(3, 9, n, reply, ob, us, ack=ack)
+                        fast, general = v.to_wire(), M.Message.to_wire(v)
+                        assert list(fast[0].items()) == list(general[0].items())
+                        assert encode_message(*fast) == encode_message(*general)

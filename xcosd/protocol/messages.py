@@ -776,6 +776,27 @@ class VerdictMsg(SessionMessage):
     compute_us: int = 0
     ack: int = 0
 
+    def to_wire(self) -> tuple[Header, Buffers]:
+        """A bonus token or SR-DV's candidates (most verdicts) written inline, the
+        bytes the field tables give (tested); anything else through the tables."""
+        reply = self.reply
+        if type(reply) is not TokenReply and type(reply) is not CandidatesReply:
+            return super().to_wire()
+        h: Header = {"t": "verdict", "s": self.s, "r": self.r, "n": self.accepted}
+        if self.compute_us:
+            h["us"] = int(self.compute_us)
+        if self.ack:
+            h["a"] = self.ack
+        if self.other_bytes:
+            h["ob"] = [[int(k), bytes(v)] for k, v in self.other_bytes.items()]
+        if isinstance(reply, TokenReply):
+            h["k"] = "tok"
+            h["tok"] = int(reply.token)
+            return h, []
+        assert isinstance(reply, CandidatesReply)
+        h["k"] = "cand"
+        return h, [ids_to_bytes(reply.ids), f32_to_bytes(reply.values)]
+
     def _extra_to_wire(self, h: Header) -> Buffers:
         return reply_to_wire(self.reply, h, self.other_bytes)
 
