@@ -24,7 +24,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from xcosd.bench import accel, balancers, http_api, plots, scale, streaming
+from xcosd.bench import accel, balancers, cloud_cpu, http_api, plots, scale, streaming
 from xcosd.bench.load import SCALING_HEADER, batching_mode, generation_settings, scaling_rows
 from xcosd.bench.methods import format_report, merge_reports
 from xcosd.bench.report import OUT_DIR, machine, table
@@ -708,9 +708,10 @@ def section_models(md: Any) -> list[str]:
 
 def sizes_note(run: Any) -> list[str]:
     return ["## Sizes used", "",
-            "To fit `make bench` in about 34 minutes on 2 cores the sizes are small: the "
+            "To fit `make bench` in about 39 minutes on 2 cores the sizes are small: the "
             "load tests measure 4 s (scaling points) and 8 s (64 devices) after 2 s of "
-            "warm-up; the methods grid runs 6 prompts x 48 tokens at T=1 and greedy (every "
+            "warm-up, the cloud CPU rows 3 s after 1.5 s (3 s at 128k and 262k); the "
+            "methods grid runs 6 prompts x 48 tokens at T=1 and greedy (every "
             "method and codec), 3 prompts x 32 tokens at top-p 0.95 and top-k 50 (5 "
             "codecs), the real pair 1 prompt x 12 tokens "
             "(f32, T=1); the TV uses 2000 (1500 at top-p/top-k, 600 for the real pair) "
@@ -809,7 +810,12 @@ SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
                           lambda: section_transport(_load("transport.json")),
                           (ROUNDS_HEADING, "## Codecs", "## Sizes used", MUTATION_HEADING)),
             "rounds": (ROUNDS_HEADING, lambda: section_rounds(_load("rounds.json")),
-                       ("## Codecs", "## Sizes used", MUTATION_HEADING))}
+                       (cloud_cpu.HEADING, SAMPLING_HEADING, "## Codecs", "## Sizes used",
+                        MUTATION_HEADING)),
+            "cloud_cpu": (cloud_cpu.HEADING,
+                          lambda: cloud_cpu.section_cloud_cpu(_load(cloud_cpu.OUT.name)),
+                          (SAMPLING_HEADING, accel.HEADING, GPU_HEADING, "## Codecs",
+                           "## Sizes used", MUTATION_HEADING))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -849,6 +855,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_kv(_load("kv_batch.json"))
     doc += section_transport(_load("transport.json"))
     doc += section_rounds(_load("rounds.json"))
+    doc += cloud_cpu.section_cloud_cpu(_load(cloud_cpu.OUT.name))
     doc += section_sampling(_load("sampling.json"))
     doc += accel.section_lines(_load(accel.OUT.name))
     doc += kept_section(GPU_HEADING)

@@ -5,7 +5,7 @@
 Each step is a separate process (a crash or a hung model cannot take the others
 down) whose exact command line, exit status and wall time are saved in
 ``bench/out/run_all.json``; :mod:`xcosd.bench.results` prints them in RESULTS.md.
-The sizes below were chosen so the whole run fits in about 34 minutes on 2 cores.
+The sizes below were chosen so the whole run fits in about 39 minutes on 2 cores.
 
 Run it from the repository root: every step reads and writes ``bench/out/`` and
 ``docs/`` relative to the working directory (see :data:`xcosd.bench.report.OUT_DIR`).
@@ -41,6 +41,10 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
         ("transport", [PY, "-m", "xcosd.bench.transport"]),
         # a whole round against the bare echo: 64 devices, a near-free target
         ("rounds", [PY, "-m", "xcosd.bench.transport", "--rounds"]),
+        # the cloud's and the devices' CPU per round against a bare echo server's per
+        # message, 3 methods x 64/256 devices x 2 warpers x 3 vocabularies (about 5 min),
+        # beside docs/cloud_cpu_before.json
+        ("cloud-cpu", [PY, "-m", "xcosd.bench.cloud_cpu", "--profile"]),
         ("load-scaling", [*XCOSD, "bench", "load", "--scaling", "1,4,16,64,256", "--duration", "4",
                           "--warmup", "2", "--json", f"{out}/load_scaling.json",
                           "--no-progress"]),
