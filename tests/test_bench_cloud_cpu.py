@@ -1,5 +1,5 @@
 """The cloud CPU bench (xcosd/bench/cloud_cpu.py): its RESULTS section renders the
-before and after rows from the JSON and says met or not met for each of issue 34's
+before and after rows from the JSON and says met or not met for each of its
 goals from the numbers; one tiny real run gives positive figures."""
 
 from __future__ import annotations
