@@ -734,7 +734,8 @@ class CloudNode:
         if msg.s in p.conn.sessions and not any(isinstance(e, Rejected) for e in out.events):
             self._activity[(p.id, msg.s)] = time.monotonic()
 
-    async def _deliver(self, session: CloudSession, outcome: RoundOutcome) -> None:
+    def _deliver(self, session: CloudSession, outcome: RoundOutcome) -> None:
+        """A verdict from the scheduler: a plain call, no coroutine per round."""
         if self._closed:
             return
         conn = session.conn

@@ -298,7 +298,8 @@ class BatchStats:
         }
 
 
-Deliver = Callable[[CloudSession, RoundOutcome], Awaitable[None]]
+#: hands a verdict to the node: a plain call (the cloud's) or a coroutine to await
+Deliver = Callable[[CloudSession, RoundOutcome], Awaitable[None] | None]
 
 
 class Scheduler:
@@ -665,7 +666,9 @@ class Scheduler:
             # what this verdict waited for: the call, and verification up to its own
             outcome.compute_s = now - current.t0
             try:
-                await self.deliver(req.session, outcome)
+                sent = self.deliver(req.session, outcome)
+                if sent is not None:
+                    await sent
             except Exception:
                 log.exception("delivering a verdict failed")
             if now > slice_end or first:

@@ -426,7 +426,8 @@ class CloudSession:
             if rows.shape != (d + 1, sp.target_size):
                 raise InvalidDistribution(
                     f"target returned rows {rows.shape}, expected {(d + 1, sp.target_size)}")
-            p = WarpedRows(rows, self.params)
+            # rows no warper changes (T=1, no top-k / top-p) are read as they are
+            p = rows if self.params.identity else WarpedRows(rows, self.params)
             redo = self.redo
             if redo is not None:
                 state = rebuild_reject(m, p, draft, redo.accepted, sp,

@@ -577,13 +577,16 @@ class ZmqListener(Listener):
             code = "address_in_use" if e.errno == zmq.EADDRINUSE else "bind"
             raise TransportError(f"cannot bind {endpoint}: {e}", code=code) from e
         self._closed = False
+        #: a burst of send_nowait calls owes the waiters one look at the socket
+        self._poke_due = False
 
     def framing_overhead(self, frames: Frames) -> int:
         """ZMTP's frame headers, and CURVE's box per frame when encrypted."""
         return zmtp_overhead(frames, self.curve)
 
-    def _try_send(self, peer: bytes, msg: list[Buffer]) -> bool:
-        """One non-blocking send; whether it went (``False``: the peer's queue is full)."""
+    def _try_send(self, peer: bytes, msg: list[Buffer], poke: bool = True) -> bool:
+        """One non-blocking send; whether it went (``False``: the peer's queue is full).
+        ``poke=False``: the caller looks at the socket for its waiters later."""
         if self._closed:
             raise TransportError("listener is closed", code="closed")
         assert self._ready is not None
@@ -597,16 +600,32 @@ class ZmqListener(Listener):
             raise TransportError(f"send failed: {e}", code="closed" if self._closed
                                  else "send") from e
         finally:
-            self._ready.poke()
+            if poke:
+                self._ready.poke()
         self.meter.record("down", msg, self.framing_overhead(msg))
         return True
 
     def send_nowait(self, peer: bytes, frames: Frames) -> bool:
         """Send without waiting when ``peer``'s queue has room; ``False`` (nothing
-        sent) when it is full."""
-        return self._try_send(peer, _as_zmq(frames))
+        sent) when it is full.
+
+        The waiters (the receiving task) get one look at the socket per burst, not
+        one per send (reading ``ZMQ_EVENTS`` costs a microsecond or two): at
+        :meth:`end_burst`, or at the end of this turn of the loop when no burst
+        end comes, which is before the loop can sleep on the edge a send swallowed."""
+        if not self._poke_due:
+            self._poke_due = True
+            asyncio.get_running_loop().call_soon(self._poke_once)
+        return self._try_send(peer, _as_zmq(frames), poke=False)
+
+    def _poke_once(self) -> None:
+        if self._poke_due:
+            self._poke_due = False
+            if self._ready is not None and not self._closed:
+                self._ready.poke()
 
     def end_burst(self) -> None:
+        self._poke_once()
         yield_to_io_threads()
 
     async def send(self, peer: bytes, frames: Frames) -> None:
