@@ -156,3 +156,71 @@ def test_the_verdict_fast_path_writes_the_tables_bytes() -> None:
                         fast, general = v.to_wire(), M.Message.to_wire(v)
                         assert list(fast[0].items()) == list(general[0].items())
                         assert encode_message(*fast) == encode_message(*general)
+
+
+def _verdict_outcome(fn: Any) -> tuple[Any, ...]:
+    try:
+        m = fn()
+    except ProtocolError as e:
+        return ("refused", e.code, str(e))
+    rep = m.reply
+    body = ((rep.token, type(rep.token)) if hasattr(rep, "token")
+            else (rep.ids.dtype, rep.ids.tolist(), rep.values.dtype, rep.values.tobytes())
+            if hasattr(rep, "ids") else (type(rep).__name__,))
+    return ("value", m.s, m.r, m.accepted, m.compute_us, m.ack, m.other_bytes,
+            type(rep).__name__, body)
+
+
+def test_the_verdict_decode_fast_path_matches_the_general_one() -> None:
+    """``VerdictMsg.from_wire`` reads a bonus token or a few candidates inline: for
+    every field value above in each key, keys missing or extra, and candidate
+    blocks with bad lengths, negative ids, NaN or out-of-range values, it returns
+    what the table-driven path returns, or refuses with the same error."""
+    general = super(M.VerdictMsg, M.VerdictMsg).from_wire.__func__
+    tok = {"t": "verdict", "s": 3, "r": 9, "n": 4, "us": 120, "a": 17, "k": "tok", "tok": 77}
+    cand = {"t": "verdict", "s": 3, "r": 9, "n": 1, "a": 17, "k": "cand"}
+    ids = np.array([5, 7, 9], dtype="<i4").tobytes()
+    vals = np.array([0.5, 0.25, 0.0], dtype="<f4").tobytes()
+    cand_blocks: list[list[bytes]] = [
+        [ids, vals], [ids[:-1], vals], [ids, vals[:-4]], [b"", b""], [ids], [ids, vals, b""],
+        [np.array([5, -1, 2], dtype="<i4").tobytes(), vals],
+        [ids, np.array([0.5, math.nan, 0.1], dtype="<f4").tobytes()],
+        [ids, np.array([0.5, -0.1, 0.1], dtype="<f4").tobytes()],
+        [ids, np.array([0.5, 1.01, 0.1], dtype="<f4").tobytes()],
+        [ids, np.array([0.5, 1.0 + 1e-6, math.inf], dtype="<f4").tobytes()],
+        [np.arange(70, dtype="<i4").tobytes(), np.full(70, 0.01, dtype="<f4").tobytes()]]
+    cases: list[tuple[dict[str, Any], list[list[bytes]]]] = []
+    for base, blocks in ((tok, [[], [b"x"]]), (cand, cand_blocks)):
+        headers = [base, {**base, "ob": [[9, b"x"]]}, {**base, "extra": 1},
+                   {k: v for k, v in base.items() if k not in ("us", "a")},
+                   {**base, "us": None, "a": None}, {**base, "k": "full"}, {**base, "k": 3}]
+        for key in [k for k in base if k not in ("t", "k")] + ["us", "a"]:
+            headers += [{**base, key: v} for v in VALUES]
+            headers.append({k: v for k, v in base.items() if k != key})
+        cases += [(h, blocks) for h in headers]
+    for h, blocks in cases:
+        for bufs in blocks:
+            fast = _verdict_outcome(partial(M.VerdictMsg.from_wire, h, bufs))
+            full = _verdict_outcome(partial(general, M.VerdictMsg, h, bufs))
+            assert fast == full, (h, bufs)
+
+
+def test_the_draft_encode_fast_path_writes_the_tables_bytes() -> None:
+    """``DraftMsg.to_wire`` writes a plain block inline: the tables' header, key
+    order and bytes, with and without a resolved token (a redo, a mask or vectors
+    go through the tables)."""
+    from xcosd.methods.base import Draft
+    from xcosd.wire.frames import encode_message
+
+    drafts = [Draft(ids=np.array([5, 7], dtype=np.int64),
+                    q_values=np.array([0.5, 0.25], dtype=np.float32)),
+              Draft(ids=np.empty(0, dtype=np.int64), q_values=np.empty(0, dtype=np.float32)),
+              Draft(ids=np.array([5], dtype=np.int64), q_values=np.array([0.5], dtype=np.float32),
+                    verify_mask=np.array([True]), q_vectors=(b"v",))]
+    for d in drafts:
+        for token in (None, 0, 42):
+            for redo in (None, M.Redo(1, "more", 2, False)):
+                m = M.DraftMsg(3, 17, 9, token, d, redo)
+                fast, general = m.to_wire(), M.Message.to_wire(m)
+                assert list(fast[0].items()) == list(general[0].items())
+                assert encode_message(*fast) == encode_message(*general)

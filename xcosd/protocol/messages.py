@@ -659,6 +659,15 @@ class DraftMsg(SessionMessage):
     draft: Draft
     redo: Redo | None = None
 
+    def to_wire(self) -> tuple[Header, Buffers]:
+        """A plain block (no ``redo``, mask or vectors: every round of most methods)
+        written inline, the tables' exact bytes (tested); anything else through them."""
+        d = self.draft
+        if self.redo is not None or d.verify_mask is not None or d.q_vectors is not None:
+            return super().to_wire()
+        return ({"t": "draft", "s": self.s, "seq": self.seq, "r": self.r, "tok": self.token},
+                [ids_to_bytes(d.ids), f32_to_bytes(d.q_values)])
+
     def _extra_to_wire(self, h: Header) -> Buffers:
         return draft_to_wire(self.draft, h)
 
@@ -754,6 +763,49 @@ def reply_from_wire(h: Mapping[str, Any], buffers: Sequence[bytes],
     return reply, other
 
 
+def _opt_int(h: Mapping[str, Any], key: str) -> int | None:
+    """A nullable count as the tables read it (absent or nil: 0); ``None`` when it
+    is anything the fast path should not judge."""
+    v = h.get(key)
+    if v is None:
+        return 0
+    return v if type(v) is int and 0 <= v <= INT_MAX else None
+
+
+def _small_verdict(h: Mapping[str, Any], buffers: Sequence[bytes]) -> VerdictMsg | None:
+    """:meth:`VerdictMsg.from_wire`'s common case, or ``None`` (the tables decide)."""
+    kind = h.get("k")
+    s, r, n = h.get("s"), h.get("r"), h.get("n")
+    if not (type(s) is int and type(r) is int and type(n) is int and 0 <= s <= INT_MAX
+            and 0 <= r <= INT_MAX and 0 <= n <= MAX_DRAFT) or "ob" in h:
+        return None
+    us, ack = _opt_int(h, "us"), _opt_int(h, "a")
+    if us is None or ack is None:
+        return None
+    keys = 5 + ("us" in h) + ("a" in h)  # t, s, r, n, k and the optional two
+    if kind == "tok":
+        tok = h.get("tok")
+        if (len(h) != keys + 1 or buffers or type(tok) is not int
+                or not 0 <= tok <= TOKEN_MAX):
+            return None
+        return VerdictMsg(s, r, n, TokenReply(tok), {}, us, ack)
+    if kind != "cand" or len(h) != keys or len(buffers) != 2:
+        return None
+    raw_ids, raw_v = buffers
+    m = len(raw_ids)
+    c = m >> 2
+    if m & 3 or not 0 < c <= SMALL or len(raw_v) != m:
+        return None
+    ids = struct.unpack(f"<{c}i", raw_ids)
+    vals = struct.unpack(f"<{c}f", raw_v)
+    if min(ids) < 0 or not (math.isfinite(sum(vals)) and min(vals) >= 0.0
+                            and max(vals) <= 1.0 + 1e-6):
+        return None
+    reply = CandidatesReply(ids=np.array(ids, dtype=np.int64),
+                            values=np.array(vals, dtype=np.float32))
+    return VerdictMsg(s, r, n, reply, {}, us, ack)
+
+
 @dataclass(frozen=True, eq=False)
 class VerdictMsg(SessionMessage):
     """Cloud -> edge: round ``r`` accepted ``accepted`` drafts; ``reply`` is the bonus
@@ -799,6 +851,14 @@ class VerdictMsg(SessionMessage):
 
     def _extra_to_wire(self, h: Header) -> Buffers:
         return reply_to_wire(self.reply, h, self.other_bytes)
+
+    @classmethod
+    def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> Message:
+        """A bonus token or a few candidates without V_O spellings (most verdicts)
+        read inline, every value checked as the tables check it; anything else
+        (and every error) through the tables."""
+        fast = _small_verdict(h, buffers)
+        return fast if fast is not None else super().from_wire(h, buffers)
 
     @classmethod
     def _buffer_count(cls, h: Mapping[str, Any], t: str) -> None:
