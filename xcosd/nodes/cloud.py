@@ -607,10 +607,11 @@ class CloudNode:
             return
         out = conn.receive(msg)
         self._touch(p, msg, out)
-        render = next((e for e in out.events if isinstance(e, RenderNeeded)), None)
-        if render is not None:
-            self._start_render(p, render)
-            return
+        if type(msg) is not DraftMsg:  # a draft never asks for a render
+            render = next((e for e in out.events if isinstance(e, RenderNeeded)), None)
+            if render is not None:
+                self._start_render(p, render)
+                return
         self._apply(p, out)
 
     def _start_render(self, p: _Peer, ev: RenderNeeded) -> None:

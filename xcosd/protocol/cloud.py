@@ -106,6 +106,10 @@ class CloudPhase(enum.Enum):
     RESOLVING = "resolving"  # a rejection's payload went out; follow-ups may come
     CLOSED = "closed"
 
+    #: members compare by identity, so they may hash by it: a C slot, where
+    #: ``Enum.__hash__`` is a Python call (twice a round, on every transition)
+    __hash__ = object.__hash__
+
 
 class CloseReason(enum.StrEnum):
     """Why a cloud session ended."""
@@ -124,6 +128,8 @@ class CloudStep(enum.Enum):
     ACCEPTED = "accepted"
     REJECTED = "rejected"
     CLOSE = "close"
+
+    __hash__ = object.__hash__  # as CloudPhase's
 
 
 #: Every legal move of a cloud session; anything else is a ``state`` error.
@@ -580,6 +586,8 @@ class CloudConnection:
     # -- dispatch ---------------------------------------------------------------
 
     def _dispatch(self, msg: Message) -> CloudOutput:
+        if type(msg) is DraftMsg and self.greeted:  # nearly every message: no type chain
+            return self._session_message(msg)
         if isinstance(msg, Pong):
             return CloudOutput()
         if isinstance(msg, Hello):
@@ -609,23 +617,27 @@ class CloudConnection:
         if isinstance(msg, Open):
             return self._open(msg)
         if isinstance(msg, (DraftMsg, RequestMsg, Close)):
-            sess = self.sessions.get(msg.s)
-            if sess is None:
-                raise ProtocolError(f"session {msg.s} does not exist", code="no_session")
-            if (msg.seq == sess.last_seq and not isinstance(msg, Close)
-                    and sess.last_key == (msg.TYPE, msg.r)):
-                return self._repeat(sess, msg.seq)
-            if msg.seq <= sess.last_seq:
-                raise ProtocolError(f"session {msg.s}: sequence number {msg.seq} already "
-                                    f"seen (last {sess.last_seq})", code="replay")
-            if isinstance(msg, Close):
-                sess.last_seq = msg.seq
-                return self.end(sess, CloseReason.CLOSED)
-            out = self._draft(sess, msg) if isinstance(msg, DraftMsg) else self._request(sess, msg)
-            sess.last_seq = msg.seq  # only an accepted message consumes its number
-            sess.last_key = (msg.TYPE, msg.r)
-            return out
+            return self._session_message(msg)
         raise ProtocolError(f"the cloud does not accept {msg.TYPE!r}", code="unknown_type")
+
+    def _session_message(self, msg: DraftMsg | RequestMsg | Close) -> CloudOutput:
+        """A draft, a follow-up or a close of one of this peer's sessions."""
+        sess = self.sessions.get(msg.s)
+        if sess is None:
+            raise ProtocolError(f"session {msg.s} does not exist", code="no_session")
+        if (msg.seq == sess.last_seq and not isinstance(msg, Close)
+                and sess.last_key == (msg.TYPE, msg.r)):
+            return self._repeat(sess, msg.seq)
+        if msg.seq <= sess.last_seq:
+            raise ProtocolError(f"session {msg.s}: sequence number {msg.seq} already "
+                                f"seen (last {sess.last_seq})", code="replay")
+        if isinstance(msg, Close):
+            sess.last_seq = msg.seq
+            return self.end(sess, CloseReason.CLOSED)
+        out = self._draft(sess, msg) if isinstance(msg, DraftMsg) else self._request(sess, msg)
+        sess.last_seq = msg.seq  # only an accepted message consumes its number
+        sess.last_key = (msg.TYPE, msg.r)
+        return out
 
     def _repeat(self, sess: CloudSession, seq: int) -> CloudOutput:
         """The edge sent its last message again (it lost the answer, or the message
@@ -843,8 +855,9 @@ class CloudConnection:
     def _other_bytes(self, space: Space, reply: Reply) -> dict[int, bytes]:
         """Bytes of every V_O token ``reply`` names (the device knows V_C only by id)."""
         ids: list[int] = []
-        if isinstance(reply, TokenReply):
-            ids = [int(reply.token)]
+        if isinstance(reply, TokenReply):  # every bonus token: a dict only for a V_O one
+            tok = int(reply.token)
+            return {} if space.to_common[tok] >= 0 else {tok: self.config.piece(tok)}
         elif isinstance(reply, HybridReply) and reply.other_token is not None:
             ids = [int(reply.other_token)]
         elif isinstance(reply, CandidatesReply):
