@@ -390,3 +390,38 @@ async def test_zmq_connection_sends_queued_messages_in_order() -> None:
     finally:
         await conn.close()
         await lst.close()
+
+
+async def test_a_burst_of_sends_looks_at_the_socket_once_for_its_waiters() -> None:
+    """``send_nowait`` no longer reads the socket's events after every send: the
+    receiving task, which may sleep on the edge a send swallowed, is owed one look
+    per burst, at ``end_burst`` or at the end of the turn when no burst end comes.
+    A receiver waiting through such a burst still gets the message that arrived."""
+    async with await listen("tcp://127.0.0.1:0", transport="zmq") as lst:
+        c = await connect(lst.endpoint, transport="zmq")
+        await c.send(encode_message({"t": "ping"}))
+        peer, _ = await asyncio.wait_for(lst.recv(), HANG_S)
+        ready = lst._ready  # type: ignore[attr-defined]
+        looks: list[None] = []
+        real = ready.poke
+        ready.poke = lambda: (looks.append(None), real())[1]
+        for _ in range(5):
+            assert lst.send_nowait(peer, encode_message({"t": "pong"}))
+        assert looks == []  # none per send
+        await asyncio.sleep(0)
+        assert len(looks) == 1  # one at the end of the turn
+        for _ in range(3):
+            assert lst.send_nowait(peer, encode_message({"t": "pong"}))
+        lst.end_burst()
+        assert len(looks) == 2  # one at the burst's end ...
+        await asyncio.sleep(0)
+        assert len(looks) == 2  # ... and not again
+        waiting = asyncio.ensure_future(lst.recv())
+        await asyncio.sleep(0.01)
+        for _ in range(8):
+            await asyncio.wait_for(c.recv(), HANG_S)
+            lst.send_nowait(peer, encode_message({"t": "pong"}))
+        await c.send(encode_message({"t": "ping", "n": 2}))
+        _, frames = await asyncio.wait_for(waiting, HANG_S)
+        assert frames is not None and decode_message(frames)[0] == {"t": "ping", "n": 2}
+        await c.close()

@@ -247,9 +247,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _strip_paths(text: str) -> str:
-    import xcosd
-
-    roots = {os.path.dirname(os.path.dirname(xcosd.__file__)), sysconfig.get_paths()["purelib"],
+    # the checkout's root: this file is xcosd/bench/cloud_cpu.py in it
+    roots = {str(Path(__file__).resolve().parents[2]), sysconfig.get_paths()["purelib"],
              sysconfig.get_paths()["stdlib"]}
     for r in sorted(roots, key=len, reverse=True):
         text = text.replace(r + "/", "")
