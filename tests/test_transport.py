@@ -404,7 +404,12 @@ async def test_a_burst_of_sends_looks_at_the_socket_once_for_its_waiters() -> No
         ready = lst._ready  # type: ignore[attr-defined]
         looks: list[None] = []
         real = ready.poke
-        ready.poke = lambda: (looks.append(None), real())[1]
+
+        def counted() -> None:
+            looks.append(None)
+            real()
+
+        ready.poke = counted
         for _ in range(5):
             assert lst.send_nowait(peer, encode_message({"t": "pong"}))
         assert looks == []  # none per send
