@@ -410,3 +410,29 @@ def test_a_greedy_row_alone_is_the_block_row(dtype: type) -> None:
     for row in rows:
         assert np.array_equal(warp(row, greedy), warp(np.stack([row, row[::-1]]), greedy)[0])
     assert int(np.flatnonzero(warp(tied, greedy))[0]) == 17
+
+
+@pytest.mark.parametrize("size", [50, 256, 4096])
+def test_short_rows_sorted_whole_keep_what_the_band_search_keeps(size, monkeypatch):
+    """Top-p sorts a row of at most ``WHOLE_ROW_MAX`` ids whole instead of searching a
+    band around the cut: on adversarial rows (ties at the cut, masses a hair from
+    the threshold) it keeps exactly the tokens the band search keeps, with values
+    within float32 rounding of its."""
+    import xcosd.sampling as sampling
+
+    rng = np.random.default_rng(size + 1)
+    cases = [logits for _, logits in _adversarial_logits(rng, size)]
+    if size >= 4096:
+        cases += [_near_threshold_logits(size, 0.95, g) for g in (1e-5, -1e-5)]
+    for logits in cases:
+        z = np.asarray(logits, dtype=np.float64)
+        p = np.exp(z - z.max(axis=-1, keepdims=True))
+        probs = (p / p.sum(axis=-1, keepdims=True)).astype(np.float32)
+        for params in [SamplingParams(top_p=t) for t in (0.5, 0.9, 0.95)] + [
+                SamplingParams(temperature=1.3, top_p=0.9)]:
+            whole = warp(probs, params)
+            monkeypatch.setattr(sampling, "WHOLE_ROW_MAX", 0)
+            band = warp(probs, params)
+            monkeypatch.undo()
+            assert np.array_equal(whole > 0, band > 0), params.label()
+            assert np.allclose(whole, band, rtol=1e-6, atol=0), params.label()

@@ -234,6 +234,8 @@ def warp_kept(row: np.ndarray, params: SamplingParams) -> Kept:
 _MIN_GROUPS = 1024
 #: the band search samples about this many entries of the row to guess the threshold
 _BAND_SAMPLE = 4096
+#: rows up to this long are sorted whole in top-p (a band search costs more there)
+WHOLE_ROW_MAX = 4096
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_PROBS = np.zeros(0, dtype=np.float64)
@@ -460,11 +462,16 @@ def _top_p_band(w: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray] | 
     if not total > 0:
         raise InvalidDistribution("cannot warp a row with no mass")
     size = w.shape[0]
-    stride = max(1, size // _BAND_SAMPLE)
-    sample = np.sort(w[::stride])
-    cum = np.cumsum(sample, dtype=np.float64) * stride
-    guess = int(np.searchsorted(cum, (1.0 - top_p) * total, side="right"))
-    half = 16
+    if size <= WHOLE_ROW_MAX:
+        # a short row is sorted whole at once (the band of the loop's last resort):
+        # cheaper than sampling it to find a band
+        stride, sample, guess, half = 1, _NO_PROBS, 0, 1
+    else:
+        stride = max(1, size // _BAND_SAMPLE)
+        sample = np.sort(w[::stride])
+        cum = np.cumsum(sample, dtype=np.float64) * stride
+        guess = int(np.searchsorted(cum, (1.0 - top_p) * total, side="right"))
+        half = 16
     while True:
         lo, hi = guess - half, guess + half
         v_lo = sample[lo] if lo > 0 else None
