@@ -136,3 +136,20 @@ def test_a_quick_run_gives_cpu_per_round_and_an_echo(tmp_path) -> None:
                                                     / rep["echo"]["us_per_msg"])
     assert rep["before"] is None and rep["profile"] is None
     assert cloud_cpu.HEADING in "\n".join(cloud_cpu.section_cloud_cpu(rep))
+
+
+def test_a_rows_passes_give_their_medians() -> None:
+    """The vocab-256 rows run several passes: each figure is its median, the errors
+    add up (one pass without a report: unknown), every pass is kept."""
+    from xcosd.bench.cloud_cpu import _median_row
+
+    passes = [{"method": "ar", "rounds": r, "cloud_us_per_round": c, "devices_us_per_round": d,
+               "errors": e, "rounds_per_s": 1.0, "cloud_loop_busy": 0.5,
+               "devices_loop_busy": 0.9, "wall_s": 5.0}
+              for r, c, d, e in ((900, 70.0, 90.0, 0), (1000, 95.0, 80.0, 1), (950, 60.0, 85.0, 0))]
+    row = _median_row(passes)
+    assert (row["rounds"], row["cloud_us_per_round"], row["devices_us_per_round"]) == (950, 70.0,
+                                                                                       85.0)
+    assert row["errors"] == 1 and len(row["passes"]) == 3
+    assert _median_row([{**passes[0], "errors": None}, passes[1]])["errors"] is None
+    assert _median_row(passes[:1]) == passes[0]
