@@ -544,6 +544,12 @@ def section_cloud_cpu(rep: dict[str, Any] | None) -> list[str]:
              table(rows, ["method", "devices", "warper", "vocab", "cloud µs/round before",
                           "after", "cloud / echo before", "after", "devices µs/round before",
                           "after", "devices / echo after"], markdown=True), ""]
+    single = [vocab_label(v) for v in vocabs if v > 256 or rep.get("repeat", 1) == 1]
+    if single:
+        lines += [f"The rows at vocab {', '.join(single)} are single runs of "
+                  f"{rep['duration_s']:g} s, of a few hundred to a few thousand rounds each: "
+                  "a record of what those vocabularies cost, too noisy on this shared machine "
+                  "to compare before with after row by row.", ""]
     few = [r for r in rep["rows"] if r["rounds"] is not None and r["rounds"] < FEW_ROUNDS]
     if few:
         lines += ["Rows with under {:,} rounds in the window (their per-round figures rest on "
