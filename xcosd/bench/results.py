@@ -708,9 +708,10 @@ def section_models(md: Any) -> list[str]:
 
 def sizes_note(run: Any) -> list[str]:
     return ["## Sizes used", "",
-            "To fit `make bench` in about 39 minutes on 2 cores the sizes are small: the "
+            "To fit `make bench` in about 41 minutes on 2 cores the sizes are small: the "
             "load tests measure 4 s (scaling points) and 8 s (64 devices) after 2 s of "
-            "warm-up, the cloud CPU rows 3 s after 1.5 s (3 s at 128k and 262k); the "
+            "warm-up, the cloud CPU rows 3 s after 1.5 s (3 s at 128k and 262k; 3 passes at "
+            "vocab 256); the "
             "methods grid runs 6 prompts x 48 tokens at T=1 and greedy (every "
             "method and codec), 3 prompts x 32 tokens at top-p 0.95 and top-k 50 (5 "
             "codecs), the real pair 1 prompt x 12 tokens "

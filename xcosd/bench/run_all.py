@@ -5,7 +5,7 @@
 Each step is a separate process (a crash or a hung model cannot take the others
 down) whose exact command line, exit status and wall time are saved in
 ``bench/out/run_all.json``; :mod:`xcosd.bench.results` prints them in RESULTS.md.
-The sizes below were chosen so the whole run fits in about 39 minutes on 2 cores.
+The sizes below were chosen so the whole run fits in about 41 minutes on 2 cores.
 
 Run it from the repository root: every step reads and writes ``bench/out/`` and
 ``docs/`` relative to the working directory (see :data:`xcosd.bench.report.OUT_DIR`).
