@@ -47,6 +47,7 @@ import zmq
 
 import xcosd
 from xcosd.methods.base import CandidatesReply, Draft, RequestKind
+from xcosd.models.base import ModelWrapper
 from xcosd.nodes.cloud import IDLE_SLACK
 from xcosd.nodes.merging import REOPEN_MIN
 from xcosd.nodes.scheduler import FIRST_TURN_AFTER_S, Scheduler, score_batch
@@ -509,32 +510,17 @@ async def test_a_peer_that_never_reads_delays_only_itself(tmp_path: Path) -> Non
 # ------------------------------------------------------------- sessions, batches
 
 
-class SlowTarget:
+class SlowTarget(ModelWrapper):
     """The test pair's target, costing ``per_row`` seconds of (sleeping, GIL-free)
     compute per row scored: a model whose batch cost grows with the drafted tokens."""
 
     def __init__(self, inner: Any, per_row: float) -> None:
-        self.inner, self.per_row = inner, per_row
-        self.name, self.vocab = inner.name, inner.vocab
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.inner.tokenize(text)
-
-    def start(self, ids: Sequence[int]) -> Any:
-        return self.inner.start(ids)
+        super().__init__(inner)
+        self.per_row = per_row
 
     def score(self, batch: Sequence[tuple[Any, Sequence[int]]]) -> list[np.ndarray]:
         time.sleep(self.per_row * sum(len(ids) + 1 for _, ids in batch))
         return self.inner.score(batch)
-
-    def append(self, session: Any, ids: Sequence[int]) -> None:
-        self.inner.append(session, ids)
-
-    def rollback(self, session: Any, n: int) -> None:
-        self.inner.rollback(session, n)
-
-    def end(self, session: Any) -> None:
-        self.inner.end(session)
 
 
 async def test_a_batch_hog_gets_its_share_not_every_batch(tmp_path: Path) -> None:

@@ -14,18 +14,20 @@ from typing import Any
 
 import numpy as np
 
+from xcosd.models.base import ModelWrapper
+
 from .waits import HANG_S
 
 
-class GatedModel:
+class GatedModel(ModelWrapper):
     """A target whose ``start`` and/or ``score`` calls wait at a gate until the test
     opens it, so the test can act while the cloud's worker is inside one; it says
     when a call is in progress and counts the sessions it started and ended."""
 
     def __init__(self, inner: Any, *, hold_start: bool = False,
                  hold_score: bool = False) -> None:
-        self.inner, self.hold_start, self.hold_score = inner, hold_start, hold_score
-        self.name, self.vocab = inner.name, inner.vocab
+        super().__init__(inner)
+        self.hold_start, self.hold_score = hold_start, hold_score
         self.gate = threading.Event()
         self.in_start = threading.Event()
         self.in_score = threading.Event()
@@ -35,9 +37,6 @@ class GatedModel:
     def _hold(self, held: bool) -> None:
         if held and not self.gate.wait(HANG_S):
             raise RuntimeError("the test never opened the gate")
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.inner.tokenize(text)
 
     def start(self, prompt_ids: Sequence[int]) -> Any:
         self.in_start.set()
@@ -50,12 +49,6 @@ class GatedModel:
         self.in_score.set()
         self._hold(self.hold_score)
         return self.inner.score(batch)
-
-    def append(self, session: Any, ids: Sequence[int]) -> None:
-        self.inner.append(session, ids)
-
-    def rollback(self, session: Any, length: int) -> None:
-        self.inner.rollback(session, length)
 
     def end(self, session: Any) -> None:
         self.ended += 1

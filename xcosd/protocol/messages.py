@@ -449,23 +449,37 @@ def draft_buffer_count(h: Mapping[str, Any], t: str) -> int:
     return 2 + int(mk) + nv
 
 
-def _small_draft(raw_ids: bytes, raw_q: bytes) -> Draft | None:
-    """The common block (a few ids, their ``q(x)``, no mask or vectors) read as Python
-    numbers in one unpack each, when every check :func:`draft_from_wire` makes
-    passes; ``None`` otherwise (that path then says what is wrong). A numpy array
-    per check costs microseconds whatever its size, and this runs for every draft."""
+def _small_block(raw_ids: bytes, raw_vals: bytes
+                 ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+    """A few ids and their probabilities (1 to :data:`SMALL` of each: a draft's ``q(x)``,
+    a verdict's candidates) read as Python numbers in one unpack each, when the checks
+    the field tables make pass (whole int32 / float32 buffers of one length, no
+    negative id, every value finite in [0, 1]); ``None`` otherwise, and the tables
+    then say what is wrong. A numpy array per check costs microseconds whatever its
+    size, and this runs for nearly every message."""
     n = len(raw_ids)
     k = n >> 2
-    if n & 3 or k > SMALL or len(raw_q) != n:
+    if n & 3 or not 0 < k <= SMALL or len(raw_vals) != n:
         return None
-    if not k:  # ar's rounds: no draft
-        return Draft(ids=np.empty(0, dtype=np.int64), q_values=np.empty(0, dtype=np.float32))
     ids = struct.unpack(f"<{k}i", raw_ids)
-    q = struct.unpack(f"<{k}f", raw_q)
+    vals = struct.unpack(f"<{k}f", raw_vals)
     # a NaN or an infinity makes the sum non-finite; with all finite, min / max are exact
-    if min(ids) < 0 or not (math.isfinite(sum(q)) and min(q) > 0.0 and max(q) <= 1.0 + 1e-6):
+    if min(ids) < 0 or not (math.isfinite(sum(vals)) and min(vals) >= 0.0
+                            and max(vals) <= 1.0 + 1e-6):
         return None
-    return Draft(ids=np.array(ids, dtype=np.int64), q_values=np.array(q, dtype=np.float32))
+    return ids, vals
+
+
+def _small_draft(raw_ids: bytes, raw_q: bytes) -> Draft | None:
+    """The common block (no mask or vectors) by :func:`_small_block`, when every check
+    :func:`draft_from_wire` makes passes (``q(x) > 0`` too); ``None`` otherwise."""
+    if not raw_ids and not raw_q:  # ar's rounds: no draft
+        return Draft(ids=np.empty(0, dtype=np.int64), q_values=np.empty(0, dtype=np.float32))
+    got = _small_block(raw_ids, raw_q)
+    if got is None or not min(got[1]) > 0.0:
+        return None
+    return Draft(ids=np.array(got[0], dtype=np.int64),
+                 q_values=np.array(got[1], dtype=np.float32))
 
 
 def draft_from_wire(h: Mapping[str, Any], buffers: Sequence[bytes], t: str) -> Draft:
@@ -791,18 +805,11 @@ def _small_verdict(h: Mapping[str, Any], buffers: Sequence[bytes]) -> VerdictMsg
         return VerdictMsg(s, r, n, TokenReply(tok), {}, us, ack)
     if kind != "cand" or len(h) != keys or len(buffers) != 2:
         return None
-    raw_ids, raw_v = buffers
-    m = len(raw_ids)
-    c = m >> 2
-    if m & 3 or not 0 < c <= SMALL or len(raw_v) != m:
+    got = _small_block(buffers[0], buffers[1])
+    if got is None:
         return None
-    ids = struct.unpack(f"<{c}i", raw_ids)
-    vals = struct.unpack(f"<{c}f", raw_v)
-    if min(ids) < 0 or not (math.isfinite(sum(vals)) and min(vals) >= 0.0
-                            and max(vals) <= 1.0 + 1e-6):
-        return None
-    reply = CandidatesReply(ids=np.array(ids, dtype=np.int64),
-                            values=np.array(vals, dtype=np.float32))
+    reply = CandidatesReply(ids=np.array(got[0], dtype=np.int64),
+                            values=np.array(got[1], dtype=np.float32))
     return VerdictMsg(s, r, n, reply, {}, us, ack)
 
 
