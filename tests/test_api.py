@@ -244,6 +244,40 @@ class HeldAfterFirstCall(GatedModel):
         return self.inner.score(batch)
 
 
+class FailingScore(GatedModel):
+    """A target whose score calls fail once the test opens the gate."""
+
+    def score(self, batch: Any) -> list[np.ndarray]:
+        super().score(batch)
+        raise RuntimeError("the accelerator fell over")
+
+
+async def test_a_stream_starts_before_its_first_token_and_a_later_error_is_an_event() -> None:
+    target, draft = pair()
+    failing = FailingScore(target, hold_score=True)
+    async with served((failing, draft)) as s:
+        # the head (status 200) arrives while round 0 is still inside the target
+        stream = await s.client.completions.create(model=s.model, prompt="c", max_tokens=8,
+                                                   stream=True)
+        assert failing.in_score.is_set() and not failing.gate.is_set()
+        assert s.api.in_flight == 1
+        failing.gate.set()
+        # the generation fails after the response started: an error event, which
+        # the openai client raises as it reads the stream
+        with pytest.raises(openai.APIError) as e:
+            async for _ in stream:
+                pass
+        assert e.value.body == {"message": "round 0: target model failed: the accelerator fell over",
+                                "type": "api_error", "param": None, "code": "model"}
+        await until(lambda: s.api.in_flight == 0, "the request ended")
+        scrape = (await s.raw("GET", "/metrics")).text
+        assert metric(scrape, "xcosd_edge_generations_total", finish_reason="error") == 1
+        # and the server goes on serving
+        failing.score = target.score  # type: ignore[method-assign]
+        r = await s.client.completions.create(model=s.model, prompt="c", max_tokens=3)
+        assert r.usage.completion_tokens == 3
+
+
 async def test_a_client_leaving_mid_stream_frees_its_cloud_session() -> None:
     target, draft = pair()
     gated = HeldAfterFirstCall(target)

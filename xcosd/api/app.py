@@ -149,6 +149,13 @@ async def unless_disconnected(receive: Receive, work: Awaitable[Any]) -> Any:
     return None if left else task.result()
 
 
+class _Wait:
+    """A stream's first piece, not yet taken from its queue."""
+
+
+_WAIT = _Wait()
+
+
 class _EventStream(StreamingResponse):
     """A Server-Sent Events response whose body is produced while the client stays:
     the moment it disconnects, the producer is cancelled (whatever the server's ASGI
@@ -413,8 +420,14 @@ class OpenAIApp:
 
     async def _stream(self, request: Request, req: CompletionRequest | ChatRequest, chat: bool,
                       gen: _Generation, prompt_tokens: int) -> Response:
-        # wait for the first piece (or the end) before answering, so a generation that
-        # fails at once (the cloud is unreachable, the method unknown) gets its status
+        if self.edge.connected:
+            # accepted (valid, a slot taken, the prompt's length known, the cloud
+            # connected): the response starts now, as OpenAI's and vLLM's do, so the
+            # client reads the head while the first round runs, not after it; an
+            # error from here on is an event of the stream
+            return _EventStream(self._events(req, chat, gen, prompt_tokens, _WAIT))
+        # the cloud is away: the generation waits for it to come back, and one that
+        # cannot still gets its status (503), so wait for the first piece to answer
         first = await unless_disconnected(request.receive, gen.pieces.get())
         if first is None and not gen.task.done():  # the client left
             await gen.cancel()
@@ -426,7 +439,7 @@ class OpenAIApp:
         return _EventStream(self._events(req, chat, gen, prompt_tokens, first))
 
     async def _events(self, req: CompletionRequest | ChatRequest, chat: bool, gen: _Generation,
-                      prompt_tokens: int, first: str | None) -> AsyncIterator[bytes]:
+                      prompt_tokens: int, first: str | _Wait | None) -> AsyncIterator[bytes]:
         cid, created, model = R.completion_id(chat), R.now(), req.model
         usage_null = req.include_usage
         trim = StopTrim(req.stop)
@@ -443,7 +456,8 @@ class OpenAIApp:
             if chat:
                 yield R.sse(R.chat_chunk(cid, created, model, {"role": "assistant", "content": ""},
                                          include_usage=usage_null))
-            item, ended = first, first is None
+            item = await gen.pieces.get() if isinstance(first, _Wait) else first
+            ended = item is None
             while not ended:
                 # every piece that is already here goes in one chunk: under load a
                 # client gets fewer, larger events instead of falling behind
