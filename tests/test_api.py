@@ -4,10 +4,12 @@ client against a real edge and cloud over ZeroMQ on loopback, served by uvicorn.
 What it holds: completions and chat, streamed and not, give the same text for the
 same seed as the edge's own ``generate``; stop strings are left out of the text and
 never shown while streaming; concurrent streams each get their own generation; a
-client that disconnects mid-stream frees its cloud session at once; every bad
-input gets an OpenAI error object with the right status and the server keeps
-serving; and the first tokens' law through HTTP is the target's for a lossless
-method, while the lossy ``target-resample`` fails the same test.
+client that disconnects mid-stream, or before its first token, frees its cloud
+session; a stream's head comes before its first token and a later failure is an
+error event of the stream; every bad input gets an OpenAI error object with the
+right status and the server keeps serving; and the first tokens' law through HTTP
+is the target's for a lossless method, while the lossy ``target-resample`` fails
+the same test.
 """
 
 from __future__ import annotations
@@ -276,6 +278,22 @@ async def test_a_stream_starts_before_its_first_token_and_a_later_error_is_an_ev
         failing.score = target.score  # type: ignore[method-assign]
         r = await s.client.completions.create(model=s.model, prompt="c", max_tokens=3)
         assert r.usage.completion_tokens == 3
+
+
+async def test_a_client_leaving_before_the_first_token_frees_its_cloud_session() -> None:
+    target, draft = pair()
+    gated = GatedModel(target, hold_score=True)
+    async with served((gated, draft)) as s:
+        # the head is in while round 0 waits inside the target; the client leaves
+        stream = await s.client.completions.create(model=s.model, prompt="c", max_tokens=8,
+                                                   stream=True)
+        assert await asyncio.to_thread(gated.in_score.wait, 30)
+        await stream.close()
+        await until(lambda: s.api.in_flight == 0, "the request ended")
+        gated.gate.set()
+        await until(lambda: s.cloud.stats()["sessions_active"] == 0, "the session closed")
+        scrape = (await s.raw("GET", "/metrics")).text
+        assert metric(scrape, "xcosd_edge_generations_total", finish_reason="abort") == 1
 
 
 async def test_a_client_leaving_mid_stream_frees_its_cloud_session() -> None:
