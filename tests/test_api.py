@@ -254,14 +254,21 @@ class FailingScore(GatedModel):
         raise RuntimeError("the accelerator fell over")
 
 
+async def _held_stream(s: Served, gated: GatedModel) -> Any:
+    """A stream whose head has arrived while its round 0 is held inside ``gated``:
+    the response started before any token could exist."""
+    stream = await s.client.completions.create(model=s.model, prompt="c", max_tokens=8,
+                                               stream=True)
+    assert not gated.gate.is_set()
+    assert await asyncio.to_thread(gated.in_score.wait, 30)
+    return stream
+
+
 async def test_a_stream_starts_before_its_first_token_and_a_later_error_is_an_event() -> None:
     target, draft = pair()
     failing = FailingScore(target, hold_score=True)
     async with served((failing, draft)) as s:
-        # the head (status 200) arrives while round 0 is still inside the target
-        stream = await s.client.completions.create(model=s.model, prompt="c", max_tokens=8,
-                                                   stream=True)
-        assert failing.in_score.is_set() and not failing.gate.is_set()
+        stream = await _held_stream(s, failing)
         assert s.api.in_flight == 1
         failing.gate.set()
         # the generation fails after the response started: an error event, which
@@ -284,11 +291,8 @@ async def test_a_client_leaving_before_the_first_token_frees_its_cloud_session()
     target, draft = pair()
     gated = GatedModel(target, hold_score=True)
     async with served((gated, draft)) as s:
-        # the head is in while round 0 waits inside the target; the client leaves
-        stream = await s.client.completions.create(model=s.model, prompt="c", max_tokens=8,
-                                                   stream=True)
-        assert await asyncio.to_thread(gated.in_score.wait, 30)
-        await stream.close()
+        stream = await _held_stream(s, gated)
+        await stream.close()  # the client leaves before any token
         await until(lambda: s.api.in_flight == 0, "the request ended")
         gated.gate.set()
         await until(lambda: s.cloud.stats()["sessions_active"] == 0, "the session closed")
