@@ -134,7 +134,7 @@ async def _run_pair(pair: str, tokens: int, passes: int,
     draft, _ = _pair(pair)
     cloud = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "xcosd.bench.http_api", "--cloud", pair,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE)
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     try:
         assert cloud.stdout is not None
         line = (await asyncio.wait_for(cloud.stdout.readline(), CLOUD_START_S)).decode()
@@ -143,21 +143,26 @@ async def _run_pair(pair: str, tokens: int, passes: int,
         async with EdgeNode(draft=draft, connect=line.split()[1]) as edge:
             return await _measure(edge, tokens, passes, concurrency)
     finally:
-        if cloud.returncode is None:
-            cloud.terminate()
-        await cloud.wait()
+        assert cloud.stdin is not None
+        cloud.stdin.close()
+        try:
+            await asyncio.wait_for(cloud.wait(), CLOUD_START_S)
+        except TimeoutError:
+            cloud.kill()
+            await cloud.wait()
 
 
 async def _cloud(pair: str) -> None:
     """The cloud of one pair, in a process of its own (internal ``--cloud``), as a
     deployment's is: the edge's HTTP work does not share its event loop. It prints
-    ``cloud <endpoint>`` once it listens and serves until it is terminated."""
+    ``cloud <endpoint>`` once it listens and serves until its stdin closes."""
     from xcosd.nodes import CloudNode
 
     _, target = _pair(pair)
     async with CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud:
         print("cloud", cloud.endpoint, flush=True)
-        await asyncio.Event().wait()
+        # until the bench closes its end of the pipe, or dies (no cloud left behind)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
 
 
 def _server_ttft(api: Any) -> tuple[float, float]:
