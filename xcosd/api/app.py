@@ -28,7 +28,9 @@ What it guarantees:
   is cancelled the moment the client disconnects (streamed or not), which closes
   its session on the cloud at once.
 * **Errors are OpenAI's error objects** with the right status (400, 404, 405,
-  413, 415, 429, 503, 504), and nothing a request does stops the others.
+  413, 415, 429, 503, 504), and nothing a request does stops the others. A stream
+  starts once its request is accepted (not at its first token); an error after
+  that is an error event of the stream.
 """
 
 from __future__ import annotations
