@@ -33,14 +33,17 @@ def _tables() -> list[tuple[Field, ...]]:
     return out
 
 
-def _outcome(fn: Any) -> tuple[Any, ...]:
+def _plain(v: Any) -> tuple[Any, ...]:
+    return (float, "nan") if isinstance(v, float) and math.isnan(v) else (type(v), v)
+
+
+def _outcome(fn: Any, describe: Any = _plain) -> tuple[Any, ...]:
+    """What a read gave: ``describe`` of its value, or the typed refusal."""
     try:
         v = fn()
     except ProtocolError as e:
         return ("refused", e.code, str(e))
-    if isinstance(v, float) and math.isnan(v):
-        return ("value", float, "nan")
-    return ("value", type(v), v)
+    return ("value", *describe(v))
 
 
 @pytest.mark.parametrize("fields", _tables(), ids=lambda fs: ",".join(f.key for f in fs))
@@ -88,13 +91,9 @@ def test_small_checks_match_numpy() -> None:
         assert ok == (not n or int(a.min()) >= 0), a
 
 
-def _draft_outcome(fn: Any) -> tuple[Any, ...]:
-    try:
-        m = fn()
-    except ProtocolError as e:
-        return ("refused", e.code, str(e))
+def _draft_fields(m: Any) -> tuple[Any, ...]:
     d = m.draft
-    return ("value", m.s, m.seq, m.r, m.token, m.redo, d.ids.dtype, d.ids.tolist(),
+    return (m.s, m.seq, m.r, m.token, m.redo, d.ids.dtype, d.ids.tolist(),
             d.q_values.dtype, d.q_values.tobytes(), d.q_vectors,
             None if d.verify_mask is None else d.verify_mask.tolist())
 
@@ -132,8 +131,8 @@ def test_the_draft_fast_path_matches_the_general_one() -> None:
         headers += [{**good, key: v} for v in VALUES]
     for h in headers:
         for bufs in blocks:
-            fast = _draft_outcome(partial(M.DraftMsg.from_wire, h, bufs))
-            full = _draft_outcome(partial(general.__func__, M.DraftMsg, h, bufs))
+            fast = _outcome(partial(M.DraftMsg.from_wire, h, bufs), _draft_fields)
+            full = _outcome(partial(general.__func__, M.DraftMsg, h, bufs), _draft_fields)
             assert fast == full, (h, bufs)
 
 
@@ -158,16 +157,12 @@ def test_the_verdict_fast_path_writes_the_tables_bytes() -> None:
                         assert encode_message(*fast) == encode_message(*general)
 
 
-def _verdict_outcome(fn: Any) -> tuple[Any, ...]:
-    try:
-        m = fn()
-    except ProtocolError as e:
-        return ("refused", e.code, str(e))
+def _verdict_fields(m: Any) -> tuple[Any, ...]:
     rep = m.reply
     body = ((rep.token, type(rep.token)) if hasattr(rep, "token")
             else (rep.ids.dtype, rep.ids.tolist(), rep.values.dtype, rep.values.tobytes())
             if hasattr(rep, "ids") else (type(rep).__name__,))
-    return ("value", m.s, m.r, m.accepted, m.compute_us, m.ack, m.other_bytes,
+    return (m.s, m.r, m.accepted, m.compute_us, m.ack, m.other_bytes,
             type(rep).__name__, body)
 
 
@@ -200,8 +195,8 @@ def test_the_verdict_decode_fast_path_matches_the_general_one() -> None:
         cases += [(h, blocks) for h in headers]
     for h, blocks in cases:
         for bufs in blocks:
-            fast = _verdict_outcome(partial(M.VerdictMsg.from_wire, h, bufs))
-            full = _verdict_outcome(partial(general, M.VerdictMsg, h, bufs))
+            fast = _outcome(partial(M.VerdictMsg.from_wire, h, bufs), _verdict_fields)
+            full = _outcome(partial(general, M.VerdictMsg, h, bufs), _verdict_fields)
             assert fast == full, (h, bufs)
 
 
