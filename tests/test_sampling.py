@@ -107,6 +107,45 @@ def test_sampling_a_long_row_goes_through_block_sums_and_stays_exact():
         sample_many(np.zeros(10_000), 3, rng)
 
 
+class _Uniforms:
+    """A generator whose draws are given: the ends of [0, 1) a real one reaches
+    only through rounding."""
+
+    def __init__(self, u: list[float]) -> None:
+        self.u = np.array(u)
+
+    def random(self, n: int) -> np.ndarray:
+        return self.u[:n].copy()
+
+
+def test_many_draws_from_a_short_row_are_the_clamped_search_stepped_back():
+    """sample_many's one-cumsum path gives, for every uniform, the first index whose
+    running mass exceeds it, clamped to the row and stepped back over zero weights:
+    zeros inside the row, a row ending in zeros, a one-entry row, draws at 0 and at
+    the very end."""
+    from xcosd.sampling import _step_back
+
+    def reference(w: np.ndarray, u: np.ndarray) -> list[int]:
+        c = np.cumsum(w, dtype=np.float64)
+        idx = np.minimum(c.searchsorted(u * float(c[-1]), side="right"), c.shape[0] - 1)
+        return _step_back(w, idx).tolist()
+
+    g = np.random.default_rng(6)
+    for trial in range(400):
+        size = int(g.integers(1, 700))
+        w = g.random(size).astype(np.float32 if trial % 2 else np.float64)
+        w[g.random(size) < 0.4] = 0.0
+        if trial % 3 == 0:
+            w[-int(g.integers(1, 6)):] = 0.0
+        if not w.sum() > 0:
+            w[0] = 1.0
+        u = [0.0, 1.0, float(np.nextafter(1.0, 0.0)), *g.random(29).tolist()]
+        got = sample_many(w, len(u), _Uniforms(u))  # type: ignore[arg-type]
+        assert got.dtype == np.int64
+        assert got.tolist() == reference(w, np.array(u)), (trial, size)
+        assert all(w[i] > 0 for i in got.tolist())
+
+
 def test_few_draws_from_a_long_row_are_the_single_draws_path_vectorised():
     """sample_many's block path gives, for every uniform, the index sample_index's path
     gives for it: same block sums, same running sums inside the block, a draw kept in

@@ -667,13 +667,21 @@ def sample_many(weights: np.ndarray, n: int, rng: np.random.Generator) -> np.nda
         w, blocks, _, total = _prepare(w)
         assert blocks is not None
         return _draw_blocks(w, blocks, rng.random(n) * total)
-    c = w.cumsum(dtype=np.float64)
+    # widened first, then accumulated: the running sums of a cumsum that casts as
+    # it goes, in about half its time (as _prepare)
+    c = np.add.accumulate(w.astype(np.float64))
     total = float(c[-1]) if c.shape[0] else 0.0
     if not total > 0:
         raise InvalidDistribution("cannot sample from a vector with no mass")
     u = rng.random(n) * total
-    idx = np.minimum(c.searchsorted(u, side="right"), c.shape[0] - 1)
-    return _step_back(w, idx)
+    # searched in all but the last running sum: a draw past them all (u at the very
+    # end, through rounding) lands on the last index, as a clamp would put it. The
+    # first running sum above u is where the mass rises, so a draw lands on a zero
+    # weight only there, and only when the row ends in one: stepped back then alone
+    idx = c[:-1].searchsorted(u, side="right")
+    if not w[-1] > 0:
+        return _step_back(w, idx)
+    return idx.astype(np.int64, copy=False)
 
 
 def _draw_blocks(w: np.ndarray, blocks: np.ndarray, u: np.ndarray) -> np.ndarray:

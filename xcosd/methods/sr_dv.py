@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..codecs import Codec
-from ..errors import ProtocolError
+from ..errors import InvalidDistribution, ProtocolError
 from ..sampling import sample_many
 from .base import (
     CandidatesReply,
@@ -94,11 +94,14 @@ class SrDv(Method):
     def _candidates(self, state: RejectState, rng: np.random.Generator) -> CandidatesReply:
         w = state.p_star.copy()  # float32: the sampler sums in float64 itself
         w[state.rejected] = 0.0
-        if not np.any(w > 0):  # all mass on x_j cannot be rejected, save by rounding
-            w = state.p_star
-        ids = sample_many(w, self.K, rng)
+        try:
+            ids = sample_many(w, self.K, rng)
+        except InvalidDistribution:
+            # all mass on x_j cannot be rejected, save by rounding: the sampler found
+            # no mass before it drew anything, so the draws come from p* instead
+            ids = sample_many(state.p_star, self.K, rng)
         state.candidate_rounds += 1
-        return CandidatesReply(ids=ids, values=state.p_star[ids].astype(np.float32))
+        return CandidatesReply(ids=ids, values=state.p_star[ids].astype(np.float32, copy=False))
 
     def on_reject(self, state: RejectState, space: Space, rng: np.random.Generator) -> Reply:
         return self._candidates(state, rng)
