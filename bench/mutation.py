@@ -200,8 +200,8 @@ NAMED: tuple[NamedPatch, ...] = (
         "a rejection at any drafted position resolves with the first position's q"),
     NamedPatch(
         "srdv-raw-values", "xcosd/methods/sr_dv.py",
-        "values=state.p_star[ids].astype(np.float32)",
-        "values=state.p_raw[ids].astype(np.float32)",
+        "values=state.p_star[ids].astype(np.float32, copy=False)",
+        "values=state.p_raw[ids].astype(np.float32, copy=False)",
         "SR-DV sends the raw, not the committed, values of its candidates"),
     NamedPatch(
         "commit-theta-o-unnormalised", "xcosd/methods/commit.py",
