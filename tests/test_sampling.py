@@ -165,6 +165,66 @@ def test_few_draws_from_a_long_row_are_the_single_draws_path_vectorised():
         assert _draw_blocks(w, blocks, u).tolist() == want
 
 
+def _short_rows(g: np.random.Generator, kind: int, n: int, size: int) -> np.ndarray:
+    """float32 rows of a kind that stresses top-p: peaked, flat, integer ties, ties
+    quantised so the cut lands in them, all equal, mostly zeros."""
+    if kind == 0:
+        b = g.dirichlet(np.ones(size) * 0.3, size=n)
+    elif kind == 1:
+        b = g.random((n, size))
+    elif kind == 2:
+        b = g.integers(0, 4, (n, size)).astype(np.float64)
+        b[:, 0] += 1
+    elif kind == 3:
+        b = np.round(g.random((n, size)) * 8) / 8
+        b[:, 0] = 1
+    elif kind == 4:
+        b = np.ones((n, size))
+    else:
+        b = g.random((n, size)) ** 8
+        b[g.random((n, size)) < 0.5] = 0.0
+        b[:, -1] += 1e-3
+    return b.astype(np.float32)
+
+
+def test_top_p_of_short_rows_together_is_each_row_alone_bit_for_bit():
+    """A block of short float32 rows is cut by top-p all at once (one sort of the
+    block); each of its rows is the bits the band search gives that row alone: ties at
+    the cut (dropped lowest id first), masses on the float32 threshold, one-entry
+    rows, the longest short row."""
+    from xcosd.sampling import WHOLE_ROW_MAX, _top_p_band, _top_p_short
+
+    g = np.random.default_rng(7)
+    sizes = [1, 2, 3, 255, 256, 820, WHOLE_ROW_MAX]
+    for trial in range(240):
+        size = sizes[trial % len(sizes)] if trial < 70 else int(g.integers(1, WHOLE_ROW_MAX + 1))
+        rows = _short_rows(g, trial % 6, int(g.integers(1, 7)), size)
+        for top_p in (0.9, 0.95, 0.5, 0.999, float(g.uniform(0.01, 0.99))):
+            got = _top_p_short(rows, top_p)
+            assert got.dtype == np.float32
+            for i, row in enumerate(rows):
+                want = _top_p_band(row, top_p)
+                assert isinstance(want, np.ndarray)
+                assert np.array_equal(got[i].view(np.uint32), want.view(np.uint32)), \
+                    (trial, size, top_p, i)
+    with pytest.raises(InvalidDistribution):
+        _top_p_short(np.array([[0.5, 0.5], [0.0, 0.0]], dtype=np.float32), 0.9)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(top_p=0.9), SamplingParams(0.7, 0, 0.95),
+                                    SamplingParams(top_k=5), SamplingParams(1.3, 7, 0.8),
+                                    SamplingParams(0.5)], ids=lambda p: p.label())
+def test_a_block_of_short_rows_warps_each_row_as_alone(params: SamplingParams):
+    """warp is a pure function of each row: a block (what a batch warps together)
+    gives every row the bits it gets warped by itself."""
+    g = np.random.default_rng(8)
+    for trial in range(30):
+        rows = _short_rows(g, trial % 6, int(g.integers(2, 9)), int(g.integers(1, 600)))
+        block = warp(rows, params)
+        for i, row in enumerate(rows):
+            assert np.array_equal(block[i].view(np.uint32), warp(row, params).view(np.uint32))
+
+
 def test_params_validation():
     with pytest.raises(ValueError):
         SamplingParams(temperature=-1)
