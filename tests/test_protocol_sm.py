@@ -116,6 +116,51 @@ def test_session_closed_while_its_round_is_scored() -> None:
     assert verdict.TYPE == "verdict"
 
 
+def test_a_batch_warping_its_rows_together_gives_the_verdicts_of_warping_each_as_read(
+        ) -> None:
+    """The scheduler warps a batch's short rows in one call per sampling setting
+    (warp_together) instead of each row as verification reads it: the same rounds,
+    verified both ways from the same seeds, get the same verdicts (accepted count,
+    reply, rejection row) and draw the same random numbers (the next round's too)."""
+    from xcosd.nodes.scheduler import score_rows, verify_scored, warp_together
+    from xcosd.protocol import ScoreNeeded
+
+    settings = [SamplingParams(top_p=0.9)] * 3 + [SamplingParams(0.7, 0, 0.8)] * 2 + [
+        SamplingParams(1.2, 5, 1.0), SamplingParams(), SamplingParams(0.0)]
+
+    def rounds(together: bool) -> list[tuple[int, str, list[float], list[float]]]:
+        link = Pump(*pair())
+        sessions = [link.session(m, seed=i, params=params, max_new_tokens=40)
+                    for i, params in enumerate(settings) for m in ("xcosd-e", "xcosd")]
+        seen = []
+        for _ in range(3):  # three rounds: a verdict's draws decide the next one's
+            needs = []
+            for es in sessions:  # round 0's block rides on the open
+                out = link.cloud.receive(link.wire(link.next_draft(es)))
+                needs += [ev for ev in out.events if isinstance(ev, ScoreNeeded)]
+            assert len(needs) == len(sessions)
+            scored = score_rows(link.target, needs)
+            warped = warp_together(needs, scored) if together else [None] * len(needs)
+            if together:  # every setting with a warper that is not greedy went together
+                assert [w is not None for w in warped] == [
+                    not (r.session.params.identity or r.session.params.greedy) for r in needs]
+            for req, x, w in zip(needs, scored, warped, strict=True):
+                o = verify_scored(req.session, x, w)
+                assert o.error is None
+                rej = o.reject
+                seen.append((o.accepted, repr(o.reply),
+                             [] if rej is None else rej.p_star.tolist(),
+                             [] if rej is None else rej.p_raw.tolist()))
+                [es] = [e for e in sessions if e.s == req.session.s]
+                pending = list(link.cloud.scored(req.session, o).send)
+                while pending:  # the verdict, and any follow-up it asks for
+                    for back in link.receive(es, link.wire(pending.pop(0))):
+                        pending += link.to_cloud(back)
+        return seen
+
+    assert rounds(True) == rounds(False)
+
+
 def test_greedy_draft_whose_top_token_is_draft_only_still_drafts() -> None:
     from xcosd.methods import Space, get_method
     from xcosd.models import TableModel

@@ -411,7 +411,7 @@ class CloudSession:
         return RoundOutcome(outcome.accepted, outcome.reply, outcome.reject, outcome.error,
                             redo=self.redo is not None and outcome.error is None)
 
-    def verify_rows(self, rows: np.ndarray) -> RoundOutcome:
+    def verify_rows(self, rows: np.ndarray, warped: np.ndarray | None = None) -> RoundOutcome:
         """Verify the pending draft against the target's rows for it.
 
         Pure math on this session's own state (the draft, the method, its RNG), so
@@ -419,7 +419,9 @@ class CloudSession:
         forward pass. Each row is warped with this session's sampling parameters
         when verification first reads it (:class:`~xcosd.sampling.WarpedRows`):
         the rows after the first rejection, which nothing reads, are never warped.
-        Never raises: a failure comes back as ``error``.
+        ``warped``: the rows warped already with this session's parameters (a batch
+        warps short rows together: ``xcosd.nodes.scheduler.warp_together``), the same
+        bits. Never raises: a failure comes back as ``error``.
         """
         draft = self.draft
         if draft is None:  # closed while its round was being scored: nothing to verify
@@ -433,7 +435,11 @@ class CloudSession:
                 raise InvalidDistribution(
                     f"target returned rows {rows.shape}, expected {(d + 1, sp.target_size)}")
             # rows no warper changes (T=1, no top-k / top-p) are read as they are
-            p = rows if self.params.identity else WarpedRows(rows, self.params)
+            if warped is not None and warped.shape != rows.shape:
+                raise InvalidDistribution(
+                    f"warped rows {warped.shape}, expected {rows.shape}")
+            p = (rows if self.params.identity
+                 else warped if warped is not None else WarpedRows(rows, self.params))
             redo = self.redo
             if redo is not None:
                 state = rebuild_reject(m, p, draft, redo.accepted, sp,
