@@ -465,20 +465,19 @@ def _top_p_band(w: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray] | 
 
     Returns ``(ids, float64 probs)`` when few entries are kept, else the float32 row.
     """
-    total = float(np.sum(w, dtype=np.float64))
+    total = float(np.add.reduce(w, dtype=np.float64))  # np.sum's reduction, less its wrapper
     if not total > 0:
         raise InvalidDistribution("cannot warp a row with no mass")
     size = w.shape[0]
     if size <= WHOLE_ROW_MAX:
         # a short row is sorted whole at once (the band of the loop's last resort):
         # cheaper than sampling it to find a band
-        stride, sample, guess, half = 1, _NO_PROBS, 0, 1
-    else:
-        stride = max(1, size // _BAND_SAMPLE)
-        sample = np.sort(w[::stride])
-        cum = np.cumsum(sample, dtype=np.float64) * stride
-        guess = int(np.searchsorted(cum, (1.0 - top_p) * total, side="right"))
-        half = 16
+        return _top_p_whole(w, total, top_p)
+    stride = max(1, size // _BAND_SAMPLE)
+    sample = np.sort(w[::stride])
+    cum = np.cumsum(sample, dtype=np.float64) * stride
+    guess = int(np.searchsorted(cum, (1.0 - top_p) * total, side="right"))
+    half = 16
     while True:
         lo, hi = guess - half, guess + half
         v_lo = sample[lo] if lo > 0 else None
@@ -542,6 +541,28 @@ def _top_p_band(w: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray] | 
         if drop_ties:
             out[np.flatnonzero(w == last)[:drop_ties]] = 0.0
         return out
+
+
+def _top_p_whole(w: np.ndarray, total: float, top_p: float) -> np.ndarray:
+    """:func:`_top_p_band` of a short row (``total``: its float64 mass), sorted whole:
+    the band search's last resort, the band being the whole row, with the steps
+    whose results it knows spared (the top token, which always stays, is not
+    compared; the ties past the cut are counted only when there are some)."""
+    sv = np.sort(w)[::-1]
+    c = np.add.accumulate(sv.astype(np.float64))  # c[k]: the mass of sv[0 .. k]
+    n = sv.shape[0]
+    # entry k >= 1 goes when the mass from it down, total - c[k - 1], is at or below
+    # 1 - top_p; the first that goes ends the kept ones (the masses only fall)
+    removed = _at_or_below(total - c[:-1], total, top_p)
+    j = 1 + int(np.argmax(removed)) if n > 1 and removed[-1] else n
+    last = sv[j - 1]  # the smallest kept value
+    out = _scaled_from(w, last, 1.0 / float(c[j - 1]))
+    if j < n and sv[j] == last:
+        # entries equal to it past the cut (right after it, sorted) go, the lowest
+        # ids first, as a stable ascending sort would drop them
+        drop = int(np.count_nonzero(sv[j:] == last))
+        out[np.flatnonzero(w == last)[:drop]] = 0.0
+    return out
 
 
 def _top_p_short(block: np.ndarray, top_p: float) -> np.ndarray:
