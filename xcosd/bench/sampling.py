@@ -12,7 +12,8 @@ Three measurements, on synthetic rows over 262,144 ids (Gemma-3's vocabulary siz
   sessions x 5 rows (4 drafts + bonus row), xcosd-e / f32, with a model that returns
   precomputed ``llm`` rows instantly, so what is timed is the batch's warping (each
   session's rows warped as its verification reads them,
-  :class:`~xcosd.sampling.WarpedRows`) plus every session's verification (commit,
+  :class:`~xcosd.sampling.WarpedRows`: rows this long are not warped together)
+  plus every session's verification (commit,
   accept test, bonus or rejection candidates), per batch and per session.
 * **one call or row by row**: ms per row of warping N ``llm`` rows (the rows one
   verification step reads across N sessions) in one vectorised call,
