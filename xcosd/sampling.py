@@ -547,7 +547,9 @@ def _top_p_whole(w: np.ndarray, total: float, top_p: float) -> np.ndarray:
     """:func:`_top_p_band` of a short row (``total``: its float64 mass), sorted whole:
     the band search's last resort, the band being the whole row, with the steps
     whose results it knows spared (the top token, which always stays, is not
-    compared; the ties past the cut are counted only when there are some)."""
+    compared; the ties past the cut are counted only when there are some). Its
+    steps on a block's rows side by side are :func:`_top_p_short`; one row alone
+    is cheaper here."""
     sv = np.sort(w)[::-1]
     c = np.add.accumulate(sv.astype(np.float64))  # c[k]: the mass of sv[0 .. k]
     n = sv.shape[0]
@@ -566,36 +568,28 @@ def _top_p_whole(w: np.ndarray, total: float, top_p: float) -> np.ndarray:
 
 
 def _top_p_short(block: np.ndarray, top_p: float) -> np.ndarray:
-    """Top-p of every row of a float32 block of short rows, in one pass over the block:
-    for each row the float32 row :func:`_top_p_band` gives it alone, bit for bit.
-
-    The band search sorts a short row whole; here every row is sorted at once and each
-    step of the rule (the row's float64 total, the running mass from the top, the
-    float32 comparison, the last kept value, the ties at it dropped lowest id first,
-    the float32 scale) is the same arithmetic on the same values, row by row. A batch
-    of target rows (a vocabulary of a few hundred or thousand ids, d + 1 rows per
-    session) is thus warped with a few dozen numpy calls instead of a few dozen per
-    row.
-    """
+    """:func:`_top_p_whole` of every row of a float32 block of short rows at once, the
+    same steps on a block's rows side by side: for each row the float32 row that
+    :func:`_top_p_band` gives it alone, bit for bit. A batch of target rows (a
+    vocabulary of a few hundred or thousand ids, d + 1 rows a session) is thus cut
+    with a few dozen numpy calls instead of a few dozen a row."""
     n, size = block.shape
-    # a row's own reduction (the same pairwise sum per row as np.sum of that row)
+    # each row's own reduction (the pairwise sum np.sum gives that row)
     total = np.add.reduce(block, axis=1, dtype=np.float64)
     if not np.all(total > 0):
         raise InvalidDistribution("cannot warp a row with no mass")
-    sv = np.sort(block, axis=1)[:, ::-1]  # each row's values, largest first
-    run = np.zeros((n, size + 1))
-    np.cumsum(sv, axis=1, dtype=np.float64, out=run[:, 1:])  # mass above each entry
-    removed = _at_or_below(total[:, None] - run[:, :-1], total[:, None], top_p)
-    removed[:, 0] = False  # (each row's top token) min_tokens_to_keep=1
+    sv = np.sort(block, axis=1)[:, ::-1]
+    c = np.cumsum(sv, axis=1, dtype=np.float64)  # c[:, k]: the mass of sv[:, 0 .. k]
     r = np.arange(n)
-    j = np.where(removed[:, -1], np.argmax(removed, axis=1), size)  # kept per row
-    last = sv[r, j - 1]  # the smallest kept value
-    out = block * (1.0 / run[r, j]).astype(np.float32)[:, None]
+    if size > 1:
+        removed = _at_or_below(total[:, None] - c[:, :-1], total[:, None], top_p)
+        j = np.where(removed[:, -1], 1 + np.argmax(removed, axis=1), size)
+    else:
+        j = np.ones(n, dtype=np.int64)
+    last = sv[r, j - 1]
+    out = block * (1.0 / c[r, j - 1]).astype(np.float32)[:, None]
     out *= block >= last[:, None]
-    # values equal to the last kept one past the cut (sorted: right after it) are
-    # dropped, the lowest ids first, as a stable ascending sort would drop them
-    tied = (j < size) & (sv[r, np.minimum(j, size - 1)] == last)
-    for i in np.flatnonzero(tied):
+    for i in np.flatnonzero((j < size) & (sv[r, np.minimum(j, size - 1)] == last)):
         drop = int(np.count_nonzero(sv[i, j[i]:] == last[i]))
         out[i, np.flatnonzero(block[i] == last[i])[:drop]] = 0.0
     return out
