@@ -161,6 +161,32 @@ def test_a_batch_warping_its_rows_together_gives_the_verdicts_of_warping_each_as
     assert rounds(True) == rounds(False)
 
 
+def test_a_batch_is_warped_in_calls_of_bounded_size() -> None:
+    """The scheduler warps a batch's rows in runs of sessions of at most WARP_CHUNK
+    entries (a session larger than that alone), every session in exactly one run,
+    so verification still gives the event loop its turns."""
+    from xcosd.nodes.scheduler import WARP_CHUNK, warp_chunk_end
+    from xcosd.protocol.cloud import RoundOutcome
+
+    g = np.random.default_rng(9)
+    failed = RoundOutcome(0, None, None)  # type: ignore[arg-type]
+    scored = [np.zeros((int(g.integers(1, 6)), int(g.choice([256, 4096, 70_000]))),
+                       dtype=np.float32) if g.random() < 0.9 else failed
+              for _ in range(300)]
+    runs, k = [], 0
+    while k < len(scored):
+        end = warp_chunk_end(scored, k)
+        assert end > k
+        runs.append((k, end))
+        k = end
+    assert runs[0][0] == 0 and runs[-1][1] == len(scored)
+    for a, b in runs:
+        size = sum(x.size for x in scored[a:b] if isinstance(x, np.ndarray))
+        assert size <= WARP_CHUNK or b == a + 1
+        if b < len(scored) and isinstance(scored[b], np.ndarray):
+            assert size + scored[b].size > WARP_CHUNK  # the run took all that fit
+
+
 def test_greedy_draft_whose_top_token_is_draft_only_still_drafts() -> None:
     from xcosd.methods import Space, get_method
     from xcosd.models import TableModel

@@ -100,6 +100,10 @@ INLINE_CPU_SHARE = 0.5
 INLINE_WINDOW = 8
 #: verifying a batch's sessions on the loop, it yields a turn this often
 VERIFY_SLICE_S = 0.002
+#: the most row entries (rows x ids) of a batch warped in one call (warp_together):
+#: about a millisecond of top-p, so verification still yields the loop every
+#: VERIFY_SLICE_S or so
+WARP_CHUNK = 1 << 17
 #: a batch whose sessions have waited at least this long since it was launched (its
 #: call, and the loop's turn to verify it) hands its first verdict over at once
 #: (:meth:`Scheduler._verify_and_deliver`)
@@ -173,6 +177,21 @@ def warp_together(batch: Sequence[ScoreNeeded], scored: Sequence[Scored]
             out[i] = warped[start:start + x.shape[0]]
             start += x.shape[0]
     return out
+
+
+def warp_chunk_end(scored: Sequence[Scored], start: int) -> int:
+    """Where the run of sessions from ``start`` that :func:`warp_together` takes in one
+    call ends: as many as keep it within :data:`WARP_CHUNK` row entries (one at
+    least), so a large batch of rows is not one long call on the event loop."""
+    size, end = 0, start
+    while end < len(scored):
+        x = scored[end]
+        n = x.size if isinstance(x, np.ndarray) else 0
+        if end > start and size + n > WARP_CHUNK:
+            break
+        size += n
+        end += 1
+    return end
 
 
 def score_rows(model: LanguageModel, batch: Sequence[ScoreNeeded],
@@ -703,9 +722,12 @@ class Scheduler:
         now = time.perf_counter()
         slice_end = now + VERIFY_SLICE_S
         first = len(current.batch) > 1 and now - current.t0 >= FIRST_TURN_AFTER_S
-        warped = warp_together(current.batch, scored)
-        for req, item, w in zip(current.batch, scored, warped, strict=True):
-            outcome = verify_scored(req.session, item, w)
+        warped: list[np.ndarray | None] = []
+        for k, (req, item) in enumerate(zip(current.batch, scored, strict=True)):
+            if k == len(warped):  # the next run of sessions, warped in one bounded call
+                end = warp_chunk_end(scored, k)
+                warped += warp_together(current.batch[k:end], scored[k:end])
+            outcome = verify_scored(req.session, item, warped[k])
             now = time.perf_counter()
             # what this verdict waited for: the call, and verification up to its own
             outcome.compute_s = now - current.t0
