@@ -143,7 +143,8 @@ def verify_scored(session: CloudSession, scored: Scored,
 
 def warp_together(batch: Sequence[ScoreNeeded], scored: Sequence[Scored]
                   ) -> list[np.ndarray | None]:
-    """The rows of a scored batch's sessions warped in one call per sampling setting,
+    """The rows of a scored batch's sessions warped in one call per sampling setting
+    (the scheduler hands it runs of sessions of bounded size, :func:`warp_chunk_end`),
     where that is cheaper than warping each row as verification first reads it: short
     float32 rows (a vocabulary of at most :data:`~xcosd.sampling.WHOLE_ROW_MAX` ids),
     a warper that changes them and is not greedy. Top-p, the costly one, then sorts
