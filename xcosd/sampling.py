@@ -251,7 +251,8 @@ _ONE.flags.writeable = False
 class _Warped:
     """A warped block of ``n`` rows over ``size`` ids: the small kept sets sparsely
     (``rows``, ``ids``, float64 ``probs``, sorted by row then id) and the rows whose
-    kept set is large as dense float32 rows (``dense``)."""
+    kept set is large as dense float32 rows (``dense``), or every row dense as one
+    float32 block (``block``: a block of short rows cut together, handed on as made)."""
 
     n: int
     size: int
@@ -259,8 +260,11 @@ class _Warped:
     ids: np.ndarray
     probs: np.ndarray
     dense: dict[int, np.ndarray] = field(default_factory=dict)
+    block: np.ndarray | None = None
 
     def dense_rows(self) -> np.ndarray:
+        if self.block is not None:
+            return self.block
         if self.n == 1 and 0 in self.dense:
             return self.dense[0][None]
         out = np.zeros((self.n, self.size), dtype=np.float32)
@@ -435,8 +439,7 @@ def _top_p_dense(block: np.ndarray, top_p: float) -> _Warped:
     (:func:`_top_p_short`), longer ones one :func:`_top_p_band` each (O(V) work a row)."""
     n, size = block.shape
     if n >= SHORT_ROWS_TOGETHER and block.dtype == np.float32 and size <= WHOLE_ROW_MAX:
-        out = _top_p_short(block, top_p)
-        return _Warped(n, size, _NO_IDS, _NO_IDS, _NO_PROBS, {r: out[r] for r in range(n)})
+        return _Warped(n, size, _NO_IDS, _NO_IDS, _NO_PROBS, block=_top_p_short(block, top_p))
     rows, ids, probs = [_NO_IDS], [_NO_IDS], [_NO_PROBS]
     dense: dict[int, np.ndarray] = {}
     for r in range(n):
