@@ -99,6 +99,16 @@ def test_encode_bytes_greedy(vocabs):
     assert v.decode(v.encode_bytes(data)) == data
 
 
+def test_a_map_readies_its_drafts_look_ahead_for_re_tokenising():
+    # built afresh: the module's shared vocabularies may have computed it already
+    draft, target = Vocabulary.load("o200k"), Vocabulary.load("llama3")
+    assert "max_token_len" not in vars(draft)
+    VocabMap(draft, target)
+    # computed with the map, not in the first round that re-tokenises a V_O token
+    assert vars(draft)["max_token_len"] == max(len(b) for b in draft.byte_index)
+    assert draft.decode(draft.encode_bytes(b" tokenisation")) == b" tokenisation"
+
+
 def test_tiktoken_file(tmp_path):
     import base64
 

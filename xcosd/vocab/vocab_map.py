@@ -36,6 +36,10 @@ class VocabMap:
         self.draft = draft
         self.target = target
         d_index, t_index = draft.byte_index, target.byte_index
+        # the edge re-tokenises each target-only token it emits with the draft
+        # vocabulary (encode_bytes): its look-ahead is computed here, with the
+        # index, not on the event loop in the first round that emits one
+        _ = draft.max_token_len
         if len(d_index) > len(t_index):
             pairs = [(d, t_index[b]) for b, d in d_index.items() if b in t_index]
         else:
