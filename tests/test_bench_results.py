@@ -118,13 +118,16 @@ def test_http_api_section_judges_each_pair_by_both_goals() -> None:
         return {"pair": pair, "streams": streams, "inproc_tok_s": 100.0,
                 "http_tok_s": 100.0 * ratio, "inproc_ttft_ms": 10.0,
                 "http_ttft_ms": 10.0 + delta, "ratio": ratio, "ttft_delta_ms": delta,
-                "http_share_ms": 2.5}
+                "http_share_ms": 2.5, "client_cpu_share": 0.05 * streams ** 0.25}
 
     rep = {"tokens_per_stream": 64, "passes": 3, "goals": {"ratio": 0.9, "ttft_delta_ms": 5.0},
            "rows": [row("ngram", 1, 0.78, 8.0), row("ngram", 16, 0.93, 20.0),
                     row("remote", 1, 0.99, 1.5), row("remote", 16, 0.97, 4.0)]}
     text = "\n".join(http_api.section_lines(rep))
-    assert "| remote | 1 | 100.0 | 99.0 | 0.99x | 10.0 | 11.5 | +1.5 | 2.5 |" in text
+    assert "| remote | 1 | 100.0 | 99.0 | 0.99x | 10.0 | 11.5 | +1.5 | 2.5 | 5% |" in text
+    # the CPU-bound pair's ratio beside what its client alone took of the two cores
+    assert ("used 5% of a core at 1 stream (ratio 0.78x) and 10% of a core at 16 streams "
+            "(ratio 0.93x)") in text
     assert "met with the cloud's compute elsewhere (`remote`), not met when it shares" in text
     rep["rows"][3] = row("remote", 16, 0.97, 6.0)  # TTFT past the goal: not met
     assert "not met with the cloud's compute elsewhere" in "\n".join(http_api.section_lines(rep))
