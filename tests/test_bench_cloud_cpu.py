@@ -135,7 +135,31 @@ def test_a_quick_run_gives_cpu_per_round_and_an_echo(tmp_path) -> None:
         assert r["cloud_per_echo"] == pytest.approx(r["cloud_us_per_round"]
                                                     / rep["echo"]["us_per_msg"])
     assert rep["before"] is None and rep["profile"] is None
-    assert cloud_cpu.HEADING in "\n".join(cloud_cpu.section_cloud_cpu(rep))
+    # the core alone, for each method run: the cloud's part without the target's call
+    assert [c["method"] for c in rep["core"]] == [r["method"] for r in rep["rows"]]
+    for c in rep["core"]:
+        assert c["rounds"] > 0 and c["model_us_per_round"] > 0, c
+        assert c["cloud_us_per_round"] > 0 and c["edge_us_per_round"] > 0, c
+    text = "\n".join(cloud_cpu.section_cloud_cpu(rep))
+    assert cloud_cpu.HEADING in text and "the sans-I/O core alone" in text
+
+
+def test_the_core_alone_is_set_against_the_goals() -> None:
+    rep = copy.deepcopy(_report())
+    rep["core"] = [{"method": m, "warper": "T=1", "vocab": 256, "rounds": 2000,
+                    "generations": 120, "cloud_us_per_round": c, "model_us_per_round": 9.0,
+                    "edge_us_per_round": e, "cloud_per_echo": c / ECHO}
+                   for m, c, e in (("ar", 34.5, 27.0), ("xcosd", 57.0, 95.0),
+                                   ("xcosd-e", 56.4, 92.0))]
+    text = _text(rep)
+    assert "| xcosd-e | 56.4 | 1.88 | 9.0 | 92.0 |" in text
+    # goals 60 and 36 us: 4 and 2 us left above the core, under one echoed message
+    assert "xcosd-e's cloud core alone is 1.88x the echo (goal 2x, 60 µs)" in text
+    assert "4 µs (xcosd-e) and 2 µs (ar) a round, is less than what the bare echo" in text
+    rep["core"][2]["cloud_us_per_round"] = 20.0
+    assert "is to be set against what the bare echo" in _text(rep)
+    rep["core"] = []
+    assert "sans-I/O core" not in _text(rep)
 
 
 def test_a_rows_passes_give_their_medians() -> None:

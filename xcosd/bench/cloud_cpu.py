@@ -20,6 +20,11 @@ puts a previous report's figures beside this run's (default
 ``docs/cloud_cpu_before.json`` when it exists). ``--profile`` adds one xcosd-e run
 against a cloud in this process under cProfile and keeps its top entries.
 
+With vocab 256 and T=1 in the matrix, each method's sans-I/O core is also measured
+alone, in this process (this process's code, whatever ``--src`` says): the edge
+and cloud state machines wired together with no socket and no event loop
+(:func:`core_row`), the floor under the load rows.
+
 Prints a table and writes ``bench/out/cloud_cpu.json``; docs/RESULTS.md's section
 comes from :func:`section_cloud_cpu`.
 """
@@ -244,6 +249,65 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+# ------------------------------------------------------------------ the core alone
+
+#: generations of the core's measurement, and its passes (the fastest is kept)
+CORE_GENERATIONS = 120
+CORE_PASSES = 3
+
+
+def core_row(method: str, generations: int = CORE_GENERATIONS,
+             passes: int = CORE_PASSES) -> dict[str, Any]:
+    """What the sans-I/O core alone costs a round, with no socket and no event
+    loop: the real edge and cloud state machines wired together in this thread by
+    :class:`~xcosd.nodes.pump.Pump`, every message packed and unpacked, the cloud's
+    rows scored and verified by the scheduler's own ``score_batch`` (a batch of
+    one), over the load runs' vocabulary-256 synthetic target and draft at no
+    modeled cost, T=1, the same fixed 4-token draft. The cloud's figure leaves out
+    the target's own call (timed apart, ``model_us_per_round``): in a load run that
+    call is shared by a whole batch. The floor under the load rows' T=1 figures:
+    transport, event loop, metering, queues and fairness come on top of it. (Only
+    T=1: under top-p a batch of one warps its rows alone, where a load run's batch
+    warps them together, so a batch of one would overstate a session's share.)"""
+    from xcosd.models import SyntheticModel
+    from xcosd.nodes.pump import Pump
+
+    best: dict[str, Any] | None = None
+    for _ in range(passes):
+        target = SyntheticModel(256, name="synthetic")
+        draft = SyntheticModel(target.vocab, skew=0.9, name="synthetic-draft")
+        model_s = 0.0
+        score = target.score
+
+        def timed(batch: Any, _score: Any = score) -> Any:
+            nonlocal model_s
+            t0 = time.perf_counter()
+            try:
+                return _score(batch)
+            finally:
+                model_s += time.perf_counter() - t0
+
+        target.score = timed  # type: ignore[method-assign]
+        pump = Pump(target, draft)
+        cloud_s = edge_s = 0.0
+        rounds = 0
+        for i in range(generations):
+            g = pump.generate(method, prompt="ab", max_new_tokens=64, seed=i,
+                              draft_len=DRAFT_LEN, adaptive_draft=False)
+            cloud_s += g.stats.cloud_compute_s
+            edge_s += g.stats.draft_compute_s
+            rounds += g.stats.rounds
+        row = {"method": method, "warper": "T=1", "vocab": 256, "rounds": rounds,
+               "generations": generations,
+               "cloud_us_per_round": 1e6 * (cloud_s - model_s) / rounds,
+               "model_us_per_round": 1e6 * model_s / rounds,
+               "edge_us_per_round": 1e6 * edge_s / rounds}
+        if best is None or row["cloud_us_per_round"] < best["cloud_us_per_round"]:
+            best = row
+    assert best is not None
+    return best
+
+
 # ------------------------------------------------------------------ the profile
 
 
@@ -356,19 +420,29 @@ def run(methods: Sequence[str], devices: Sequence[int], warpers: Sequence[str],
                             f"us, devices {_fmt(r['devices_us_per_round'])} us, errors "
                             f"{r['errors']} ({r['wall_s']:.1f} s)", flush=True)
         rows += [_median_row(got) for got in runs.values()]
+    core = []
+    if 256 in vocabs and "T=1" in warpers:
+        for method in methods:
+            core.append(core_row(method))
+            c = core[-1]
+            say(f"core {method:8}: cloud {c['cloud_us_per_round']:.1f} us (+ target "
+                f"{c['model_us_per_round']:.1f} us), edge {c['edge_us_per_round']:.1f} us a "
+                "round", flush=True)
     e1 = echo(echo_warmup_s, echo_window_s)
     say(f"echo after: {e1['us_per_msg']:.1f} us/message", flush=True)
     us = (e0["us_per_msg"] + e1["us_per_msg"]) / 2
     for r in rows:
         r["cloud_per_echo"] = _ratio(r["cloud_us_per_round"], us)
         r["devices_per_echo"] = _ratio(r["devices_us_per_round"], us)
+    for c in core:
+        c["cloud_per_echo"] = _ratio(c["cloud_us_per_round"], us)
     rep: dict[str, Any] = {
         "bench": "cloud_cpu", "code": code, "src": str(src) if src else None,
         "target": f"synthetic:V:{COSTS}", "draft_len": DRAFT_LEN, "procs": procs,
         "duration_s": duration_s, "warmup_s": warmup_s, "warmup_large_s": warmup_large_s,
         "repeat": repeat, "echo": {"window": ECHO_WINDOW, "bytes": ECHO_BYTES, "warmup_s": echo_warmup_s,
                  "window_s": echo_window_s, "before": e0, "after": e1, "us_per_msg": us},
-        "rows": rows, "profile": None}
+        "rows": rows, "core": core, "profile": None}
     if do_profile:
         rep["profile"] = profile(duration_s, warmup_s)
         say(f"profile: {rep['profile']['rounds']} rounds profiled", flush=True)
@@ -425,6 +499,12 @@ def format_report(rep: dict[str, Any]) -> str:
                           "cloud us", "/echo before", "/echo", "devices us", "/echo",
                           "cloud busy", "errors"]), ""]
     lines += [f"goal: {g}: {got} ({_verdict(ok)})" for g, got, ok in goals(rep)]
+    if rep.get("core"):
+        lines += ["", "the sans-I/O core alone (T=1, vocab 256):", "",
+                  table([[c["method"], _fmt(c["cloud_us_per_round"], ".1f"),
+                          _fmt(c["cloud_per_echo"], ".2f"), _fmt(c["model_us_per_round"], ".1f"),
+                          _fmt(c["edge_us_per_round"], ".1f")] for c in rep["core"]],
+                        ["method", "cloud us", "/echo", "target us", "edge us"])]
     if rep.get("profile"):
         lines += ["", rep["profile"]["text"]]
     return "\n".join(lines)
@@ -496,6 +576,45 @@ def _procs(n: int) -> str:
     return "one device process" if n == 1 else f"{n} device processes"
 
 
+def _core_lines(rep: dict[str, Any]) -> list[str]:
+    """The section's paragraph on the sans-I/O core alone (:func:`core_row`)."""
+    core = rep.get("core") or []
+    if not core:
+        return []
+    rows = [[c["method"], _fmt(c["cloud_us_per_round"], ".1f"), _fmt(c["cloud_per_echo"], ".2f"),
+             _fmt(c["model_us_per_round"], ".1f"), _fmt(c["edge_us_per_round"], ".1f")]
+            for c in core]
+    by = {c["method"]: c for c in core}
+    lines = ["The floor under these figures: the sans-I/O core alone, the real edge and cloud "
+             "state machines wired together in one thread with no socket and no event loop "
+             "(`xcosd.nodes.pump.Pump`), every message packed and unpacked, the cloud's rows "
+             "scored and verified by the scheduler's own `score_batch` (a batch of one), the "
+             "same vocabulary-256 synthetic pair, T=1, fixed 4-token drafts; the fastest of "
+             f"{CORE_PASSES} passes of {core[0].get('generations', CORE_GENERATIONS)} "
+             "generations of 64 tokens. The cloud's figure leaves out the target's own call "
+             "(shared by a whole batch in a load run; its own column); the edge's includes "
+             "its draft model's steps.", "",
+             table(rows, ["method", "cloud core µs/round", "/ echo", "target call µs/round",
+                          "edge core µs/round"], markdown=True), ""]
+    e, a = by.get("xcosd-e"), by.get("ar")
+    if e is not None and a is not None:
+        us = rep["echo"]["us_per_msg"]
+        lines += [f"Against the goals: xcosd-e's cloud core alone is "
+                  f"{_fmt(e['cloud_per_echo'], '.2f')}x the echo (goal {GOAL_E:g}x, "
+                  f"{GOAL_E * us:.0f} µs), ar's {_fmt(a['cloud_per_echo'], '.2f')}x (goal "
+                  f"{GOAL_AR:g}x, {GOAL_AR * us:.0f} µs), and the edge's core "
+                  f"{_fmt(e['edge_us_per_round'])} µs an xcosd-e round (goal "
+                  f"{GOAL_DEVICE_US:g} µs for the whole device process). What the goals leave "
+                  "above the core for receiving, sending, the event loop, metering and the "
+                  f"fair queues, {GOAL_E * us - e['cloud_us_per_round']:.0f} µs (xcosd-e) and "
+                  f"{GOAL_AR * us - a['cloud_us_per_round']:.0f} µs (ar) a round, is "
+                  + ("less than" if max(GOAL_E * us - e["cloud_us_per_round"],
+                                        GOAL_AR * us - a["cloud_us_per_round"]) < us
+                     else "to be set against")
+                  + f" what the bare echo spends on one message ({us:.1f} µs).", ""]
+    return lines
+
+
 def section_cloud_cpu(rep: dict[str, Any] | None) -> list[str]:
     """docs/RESULTS.md's section from a report (``None``: the file is missing)."""
     if rep is None:
@@ -564,6 +683,7 @@ def section_cloud_cpu(rep: dict[str, Any] | None) -> list[str]:
     lines += ["Goals, this run:", ""]
     lines += [f"* {g}: {got} (**{_verdict(ok)}**)." for g, got, ok in goals(rep)]
     lines.append("")
+    lines += _core_lines(rep)
     p = rep.get("profile")
     if p:
         lines += [f"A profile's top entries after: the cloud of one {p['method']} run "
