@@ -193,6 +193,31 @@ async def test_the_targets_end_of_sequence_is_finish_reason_stop() -> None:
         assert "stop" in reasons
 
 
+async def test_ignore_eos_runs_past_the_end_token_drawing_the_same_tokens() -> None:
+    # vLLM's ignore_eos: the end token no longer ends the output, which runs to
+    # max_tokens; up to and including that token the seeded draws are the same
+    async with served(pair(eos_mass=0.3)) as s:
+        ended = 0
+        for seed in range(8):
+            own = await s.edge.generate("c", max_new_tokens=30, seed=seed)
+            past = await s.edge.generate("c", max_new_tokens=30, seed=seed, ignore_eos=True)
+            assert past.finish_reason == "length" and len(past.token_ids) == 30
+            assert past.token_ids[:len(own.token_ids)] == own.token_ids
+            if own.finish_reason == "stop":
+                ended += 1
+                assert len(own.token_ids) < 30
+            r = await s.client.completions.create(model=s.model, prompt="c", max_tokens=30,
+                                                  seed=seed, extra_body={"ignore_eos": True})
+            assert r.choices[0].finish_reason == "length"
+            assert r.usage is not None and r.usage.completion_tokens == 30
+            assert r.choices[0].text == past.text
+        assert ended >= 2  # the law puts 0.3 on the end token: several seeds end early
+        with pytest.raises(openai.BadRequestError) as e:
+            await s.client.completions.create(model=s.model, prompt="c", max_tokens=3,
+                                              extra_body={"ignore_eos": "yes"})
+        assert e.value.body["param"] == "ignore_eos"  # type: ignore[index]
+
+
 # ------------------------------------------------------------------------- chat
 
 

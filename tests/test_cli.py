@@ -155,7 +155,8 @@ def test_one_set_of_link_flags_with_the_old_names_hidden(
 
 #: the argparse dests of the generation flags (xcosd.commands.options.add_generation_args)
 GENERATION_DESTS = ("method", "codec", "draft_len", "max_new_tokens", "temperature", "top_k",
-                    "top_p", "greedy", "stop", "K", "M", "no_hr_presample", "threshold")
+                    "top_p", "greedy", "stop", "K", "M", "no_hr_presample", "threshold",
+                    "ignore_eos")
 
 
 def test_bench_load_takes_the_generation_flags_of_edge() -> None:
@@ -169,11 +170,11 @@ def test_bench_load_takes_the_generation_flags_of_edge() -> None:
     assert {k: edge[k] for k in GENERATION_DESTS} == {k: load[k] for k in GENERATION_DESTS}
     flags = ["--method", "xcosd-e", "--codec", "q8", "--draft-len", "6", "--max-new-tokens",
              "9", "--greedy", "--stop", "END", "--stop", "###", "-K", "5", "-M", "3",
-             "--no-hr-presample", "--seed", "7"]
+             "--no-hr-presample", "--seed", "7", "--ignore-eos"]
     cfg = load_config(p.parse_args(["bench", "load", *flags]))
     assert cfg.generation == GenerationConfig(
         method="xcosd-e", codec="q8", draft_len=6, max_new_tokens=9, do_sample=False,
-        stop_strings=("END", "###"), K=5, M=3, hr_presample=False)
+        stop_strings=("END", "###"), K=5, M=3, hr_presample=False, ignore_eos=True)
     assert cfg.seed == 7  # the run's seed, not one generation's
     assert load_config(p.parse_args(["bench", "load"])).seed == 0
 

@@ -40,6 +40,7 @@ def test_defaults_are_the_nodes_old_defaults() -> None:
     ({"max_new_tokens": -3}, "max_new_tokens"),
     ({"seed": -1}, "seed"),
     ({"do_sample": "yes"}, "do_sample"),
+    ({"ignore_eos": 1}, "ignore_eos must be True or False"),
     ({"stop_strings": [""]}, "stop_strings"),
     ({"stop_strings": ["ok", 3]}, "stop_strings"),
     ({"speculate": "yes"}, "speculate must be True, False or None"),
@@ -102,7 +103,8 @@ def test_replace_and_transformers_names() -> None:
     GenerationConfig(),
     GenerationConfig(method="xcosd-e", codec="topk:64+zstd", draft_len=6, do_sample=False,
                      temperature=0.7, top_k=40, top_p=0.9, max_new_tokens=12,
-                     stop_strings=("\n\n", "END"), seed=7, K=5, M=3, hr_presample=False),
+                     stop_strings=("\n\n", "END"), seed=7, K=5, M=3, hr_presample=False,
+                     ignore_eos=True),
     GenerationConfig(method="uhlm", threshold=0.25, seed=0),
 ])
 def test_dict_round_trip_through_json(cfg: GenerationConfig) -> None:

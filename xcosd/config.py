@@ -71,6 +71,11 @@ class GenerationConfig:
     * ``do_sample=False`` is greedy decoding (temperature, top-k and top-p are then
       ignored); ``temperature`` (0: greedy too), ``top_k`` (0: off), ``top_p`` (1: off).
     * ``max_new_tokens``: target tokens to generate at most.
+    * ``ignore_eos``: the target's end tokens (end of sequence, end of turn) do not
+      end the generation, which runs to ``max_new_tokens`` or a stop string
+      (vLLM's sampling parameter of that name: benchmarks use it for outputs of a
+      fixed length). The tokens drawn are the same, the end token included: only
+      where the output ends differs.
     * ``stop_strings``: generation stops once the output text contains one of them;
       the text up to and including it is returned (``finish_reason == "stop"``).
     * ``seed``: seeds both halves of a session (``None``: fresh entropy).
@@ -95,6 +100,7 @@ class GenerationConfig:
     top_k: int = 0
     top_p: float = 1.0
     max_new_tokens: int = 64
+    ignore_eos: bool = False
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
     timeout_s: float | None = None
@@ -162,6 +168,8 @@ class GenerationConfig:
             raise ValueError("speculate=True with a seed: how far speculation gets depends "
                              "on timing, so a seeded output would not be reproducible")
         _check_int("max_new_tokens", self.max_new_tokens, 0)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         _check_int("top_k", self.top_k, 0)
         if not isinstance(self.do_sample, bool):
             raise ValueError(f"do_sample must be True or False, got {self.do_sample!r}")

@@ -16,7 +16,9 @@ JSON body into a :class:`CompletionRequest` / :class:`ChatRequest`, or raise
 * **Sampling follows the OpenAI API, and vLLM where OpenAI has no such field.**
   ``temperature`` in [0, 2] (0 is greedy), ``top_p`` in (0, 1], ``top_k`` as vLLM
   takes it (0 or -1: off), ``seed`` any 64-bit integer (a negative one is taken
-  modulo 2**64), ``stop`` a string or up to :attr:`RequestLimits.max_stop` strings.
+  modulo 2**64), ``stop`` a string or up to :attr:`RequestLimits.max_stop` strings,
+  ``ignore_eos`` (vLLM's: the target's end tokens do not end the output, which runs
+  to ``max_tokens``; the tokens drawn are the same).
 * **Sizes are bounded.** ``max_tokens`` (or chat's ``max_completion_tokens``) at
   most :attr:`RequestLimits.max_tokens`, prompt text and messages at most
   :attr:`RequestLimits.max_prompt_chars` characters (413 past it), stop strings
@@ -75,6 +77,7 @@ class Sampling:
     top_k: int
     seed: int | None
     stop: tuple[str, ...]
+    ignore_eos: bool
     stream: bool
     include_usage: bool
     #: the ``xcosd`` object's settings, ``None`` where not given
@@ -85,7 +88,7 @@ class Sampling:
     def generation_kwargs(self) -> dict[str, Any]:
         """Keyword settings for :meth:`xcosd.nodes.EdgeNode.generate`."""
         kw: dict[str, Any] = {"max_new_tokens": self.max_tokens, "seed": self.seed,
-                              "stop_strings": list(self.stop)}
+                              "stop_strings": list(self.stop), "ignore_eos": self.ignore_eos}
         if self.temperature == 0.0:
             kw["do_sample"] = False
         else:
@@ -221,7 +224,7 @@ def _unknown(body: Mapping[str, Any], known: frozenset[str]) -> None:
 
 #: the fields both endpoints read
 _COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-                     "stream", "stream_options", "n", "presence_penalty", "frequency_penalty",
+                     "ignore_eos", "stream", "stream_options", "n", "presence_penalty", "frequency_penalty",
                      "logit_bias", "logprobs", "xcosd"}) | IGNORED_FIELDS
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools",
@@ -270,7 +273,8 @@ def _sampling(body: Mapping[str, Any], limits: RequestLimits, max_tokens_key: st
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         top_k=max(0, int(_integer(body, "top_k", 0, -1, 1 << 31) or 0)),
         seed=None if seed is None else seed % (1 << 64),
-        stop=_stop(body, limits), stream=stream, include_usage=include_usage,
+        stop=_stop(body, limits), ignore_eos=_bool(body, "ignore_eos", False),
+        stream=stream, include_usage=include_usage,
         method=x.get("method"), codec=x.get("codec"), draft_len=x.get("draft_len"))
 
 

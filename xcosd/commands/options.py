@@ -250,6 +250,9 @@ def add_generation_args(p: argparse.ArgumentParser, *, method: bool = True,
                         "unless --seed is given)")
     p.add_argument("--max-new-tokens", type=nonneg_int, default=max_new_tokens,
                    help="target tokens per generation")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="do not end at the target's end tokens: run to --max-new-tokens "
+                        "(outputs of a fixed length, as vLLM's --ignore-eos)")
     p.add_argument("--temperature", type=nonneg_float, default=d.temperature,
                    help="sampling temperature (0: greedy)")
     p.add_argument("--top-k", type=nonneg_int, default=d.top_k, help="top-k (0: off)")
@@ -298,6 +301,7 @@ def generation_config(args: argparse.Namespace, method: str | None = None) -> An
             do_sample=not args.greedy,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens,
+            ignore_eos=bool(getattr(args, "ignore_eos", False)),
             stop_strings=tuple(getattr(args, "stop", None) or ()), seed=args.seed, **kw)
     except ValueError as e:
         raise UsageError(_option_names(str(e))) from None

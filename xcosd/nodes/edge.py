@@ -580,7 +580,7 @@ class EdgeNode:
                        stop: str | Sequence[str] | None = None,
                        stop_strings: str | Sequence[str] | None = None,
                        seed: int | None = None, on_text: Callable[[str], None] | None = None,
-                       timeout_s: float | None = None,
+                       timeout_s: float | None = None, ignore_eos: bool | None = None,
                        **method_options: Any) -> GenerationResult:
         """Generate up to ``max_new_tokens`` target tokens after ``prompt``.
 
@@ -593,12 +593,13 @@ class EdgeNode:
         the output text contains a stop string (``"stop"``; the text ends with it and
         ``token_ids`` end with the token that completed it). ``on_text``, if given, is
         called with each piece of text as it is committed. ``timeout_s``: the whole
-        generation's deadline (:class:`TimeoutError` past it)."""
+        generation's deadline (:class:`TimeoutError` past it). ``ignore_eos``: run
+        past the target's end tokens to ``max_new_tokens`` (vLLM's name)."""
         cfg = self._config_for(config, max_new_tokens=max_new_tokens, method=method,
                                codec=codec, draft_len=draft_len, do_sample=do_sample,
                                temperature=temperature, top_k=top_k, top_p=top_p,
                                stop=stop, stop_strings=stop_strings, seed=seed,
-                               timeout_s=timeout_s, **method_options)
+                               timeout_s=timeout_s, ignore_eos=ignore_eos, **method_options)
         return await self._generate(prompt, cfg, on_text)
 
     async def tokenize(self, text: str, *, timeout_s: float | None = None) -> list[int]:
@@ -689,6 +690,7 @@ class EdgeNode:
                      stop: str | Sequence[str] | None = None,
                      stop_strings: str | Sequence[str] | None = None,
                      seed: int | None = None, timeout_s: float | None = None,
+                     ignore_eos: bool | None = None,
                      **method_options: Any) -> AsyncIterator[str]:
         """Like :meth:`generate`, yielding text as it is committed (whole UTF-8
         characters only; never past a stop string). Leaving the loop early closes the
@@ -697,7 +699,7 @@ class EdgeNode:
                                codec=codec, draft_len=draft_len, do_sample=do_sample,
                                temperature=temperature, top_k=top_k, top_p=top_p,
                                stop=stop, stop_strings=stop_strings, seed=seed,
-                               timeout_s=timeout_s, **method_options)
+                               timeout_s=timeout_s, ignore_eos=ignore_eos, **method_options)
         q: asyncio.Queue[str | None] = asyncio.Queue()
 
         def on_text(text: str) -> None:
@@ -763,7 +765,8 @@ class EdgeNode:
         es = EdgeSession(
             s, method=m, vmap=vmap, space=self._space,
             prompt="" if ids is not None else text,
-            max_new_tokens=cfg.max_new_tokens, params=params, stop_ids=welcome.stop_ids,
+            max_new_tokens=cfg.max_new_tokens, params=params,
+            stop_ids=() if cfg.ignore_eos else welcome.stop_ids,
             draft_len=cfg.draft_len, max_draft=welcome.limits.max_draft, seed=cfg.seed,
             prompt_ids=ids, adaptive_draft=cfg.adaptive_draft,
             draft_confidence=cfg.draft_confidence, max_draft_len=cfg.max_draft_len,
