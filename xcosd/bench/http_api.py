@@ -14,8 +14,9 @@ to the first text, the ratios HTTP / in process (medians over passes of the rati
 within a pass), and HTTP's own share of the time to first token (the client's mean
 less the API's own histogram's, arrival to first text), and the client process's
 CPU while it streams, as a fraction of a core. Seeded, so both paths
-generate the same tokens. Prints and
-writes ``bench/out/http_api.json``.
+generate the same tokens, and with ``ignore_eos``, so every stream runs its full
+length (a stream that ended after a few tokens would time its first token alone).
+Prints and writes ``bench/out/http_api.json``.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ async def _one_http(client: Any, model: str, prompt: str, tokens: int,
     n = 0
     stream = await client.completions.create(model=model, prompt=prompt, max_tokens=tokens,
                                              seed=seed, stream=True,
-                                             stream_options={"include_usage": True})
+                                             stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True})
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].text and first is None:
             first = time.perf_counter() - t0
@@ -129,7 +131,7 @@ async def _run(tokens: int, passes: int, concurrency: list[int],
         for row in await _run_pair(name, tokens, passes, concurrency):
             rows.append({"pair": name, **row})
     # the usage counts the tokens each HTTP stream generated: the same as in process
-    return {"tokens_per_stream": tokens, "passes": passes, "rows": rows,
+    return {"tokens_per_stream": tokens, "ignore_eos": True, "passes": passes, "rows": rows,
             "goals": {"ratio": 0.9, "ttft_delta_ms": 5.0}}
 
 
@@ -200,7 +202,8 @@ async def _measure(edge: Any, tokens: int, passes: int,
             t0 = time.perf_counter()
             pieces: asyncio.Queue[str] = asyncio.Queue()
             task = asyncio.ensure_future(edge.generate(p, max_new_tokens=t, seed=s,
-                                                       on_text=pieces.put_nowait))
+                                                       on_text=pieces.put_nowait,
+                                                       ignore_eos=True))
             waiter = asyncio.ensure_future(pieces.get())
             await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
             first = time.perf_counter() - t0
@@ -301,7 +304,9 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
             "a queue as `EdgeNode.stream` hands it over) and through `POST /v1/completions` "
             "(`stream: true`) from the official `openai` client in a process of its own, "
             "warmed as a running application's is (its connections open, one stream read "
-            f"through), {rep['tokens_per_stream']} tokens a stream, alternating over "
+            f"through), {rep['tokens_per_stream']} tokens a stream"
+            + (" (`ignore_eos`: no stream ends early, so every pass times the same tokens)"
+               if rep.get("ignore_eos") else "") + ", alternating over "
             f"{rep['passes']} passes (medians; the ratio and the difference are medians of "
             "those within a pass). HTTP's own share is the client's mean time to first token "
             "less the API's own (its `xcosd_edge_time_to_first_token_seconds`, from the "
