@@ -4,6 +4,7 @@ batching scheduler, per-call overrides, streaming, limits, metrics."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 import xcosd
 from xcosd.errors import VocabError
 from xcosd.methods import METHODS
+from xcosd.models import SyntheticModel, default_pair
+from xcosd.nodes.edge import LOOP_DRAFT_MAX_IDS, drafts_on_loop, shared_process_draft_thread
 from xcosd.vocab import Vocabulary
 
 from .helpers.waits import HANG_S, until
@@ -98,6 +101,51 @@ async def test_the_device_drafts_while_a_verdict_is_in_flight() -> None:
     for r in (seeded, off):
         assert r.stats.speculated == r.stats.speculated_used == 0
         assert r.token_ids == greedy_decode(target, "a", 24)
+
+class _ThreadsSeen(SyntheticModel):
+    """A synthetic draft that notes the thread each of its scoring calls ran in."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.threads: set[str] = set()
+
+    def score(self, batch: Any) -> Any:
+        self.threads.add(threading.current_thread().name)
+        return super().score(batch)
+
+
+@pytest.mark.parametrize("ids", [256, LOOP_DRAFT_MAX_IDS + 1])
+async def test_a_context_model_drafts_on_the_loop_only_over_a_short_vocabulary(
+        ids: int) -> None:
+    """A step of a context model costs about a nanosecond an id: over a short
+    vocabulary the edge drafts on its event loop (cheaper than the hand-off), over a
+    long one in its draft thread, so a round of long steps does not hold up the
+    other generations' verdicts (nor an HTTP server on that loop)."""
+    target = SyntheticModel(ids, name="synthetic")
+    draft = _ThreadsSeen(target.vocab, skew=0.9, name="synthetic-draft")
+    assert drafts_on_loop(draft) is (ids <= LOOP_DRAFT_MAX_IDS)
+    async with (
+        xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud,
+        xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as edge,
+    ):
+        res = await edge.generate("ab", max_new_tokens=12, seed=1, ignore_eos=True)
+    assert len(res.token_ids) == 12 and res.stats.drafted > 0
+    if ids <= LOOP_DRAFT_MAX_IDS:
+        assert draft.threads == {threading.current_thread().name}
+    else:
+        assert draft.threads and all(t.startswith("xcosd-draft") for t in draft.threads)
+    # many simulated devices in one process keep any context model on the loop
+    assert shared_process_draft_thread(draft) is False
+    assert shared_process_draft_thread(Sleepy(draft, 0.0)) is None
+
+
+def test_the_embedded_pairs_draft_is_not_drafted_on_the_loop() -> None:
+    draft, _ = default_pair()  # n-gram over o200k: 200k ids, about 340 us a step
+    assert not drafts_on_loop(draft)
+    assert xcosd.EdgeNode(draft=draft, connect="tcp://127.0.0.1:9").draft_thread
+    assert not xcosd.EdgeNode(draft=draft, connect="tcp://127.0.0.1:9",
+                              draft_thread=False).draft_thread
+
 
 @pytest.mark.parametrize("merge", [True, False])
 async def test_a_partial_batch_waits_for_the_sessions_just_answered(merge: bool) -> None:

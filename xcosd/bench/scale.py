@@ -51,6 +51,7 @@ from typing import Any
 from ..config import GenerationConfig
 from ..models.base import LanguageModel
 from ..nodes import EdgeNode, RoundObserved
+from ..nodes.edge import shared_process_draft_thread
 from .load.config import PROMPTS
 from .report import OUT_DIR, machine, table
 
@@ -313,7 +314,7 @@ async def _devices(cfg: ScaleConfig, endpoints: list[str],
     def make(i: int, vmap: Any = None) -> EdgeNode:
         e = EdgeNode(draft, endpoints[i % len(endpoints)], config=gen,
                      target_vocab=target.vocab, vocab_map=vmap, busy_retry_s=0.01,
-                     name="bench-scale")
+                     draft_thread=shared_process_draft_thread(draft), name="bench-scale")
         if prepare is not None:
             prepare(i, e)
         return e

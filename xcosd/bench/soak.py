@@ -391,13 +391,15 @@ class _Soak:
 
     def _edge(self, idx: int) -> EdgeNode:
         from ..nodes import EdgeNode
+        from ..nodes.edge import shared_process_draft_thread
 
         c = self.cfg
         return EdgeNode(self.draft, self.endpoint, config=c.generation(),
                         transport=c.transport, link=c.link(c.seed * 1_000_003 + idx),
                         vocab_map=self.vmap, heartbeat_s=c.heartbeat_s,
                         timeout_s=c.edge_timeout_s, connect_timeout_s=3 * c.edge_timeout_s,
-                        resend_after_s=c.resend_after_s, busy_retry_s=0.02, name=f"soak-{idx}")
+                        resend_after_s=c.resend_after_s, busy_retry_s=0.02,
+                        draft_thread=shared_process_draft_thread(self.draft), name=f"soak-{idx}")
 
     async def _start_device(self) -> _Device:
         """A new device, connected (the node retries for ``3 * edge_timeout_s``; this

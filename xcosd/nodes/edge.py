@@ -100,6 +100,13 @@ SESSION_LOST_CODES = frozenset({"no_session"})
 SPECULATE_SHARE = 0.8
 #: the (method, warpers) settings whose speculation record a node keeps
 SPECULATION_RECORDS = 16
+#: the longest vocabulary a context model (n-gram, table, synthetic) drafts over on
+#: the event loop. A step of one costs about 9 us plus 1.3 ns an id (37 us at 16k
+#: ids), less than handing the round to the draft thread; at 200k ids it is 340 us,
+#: and a round of such steps on the loop holds up every other generation's verdicts
+#: and an HTTP server on the same loop (16 concurrent streams on the embedded pair:
+#: a first token after 86-94 ms in process, 29-33 ms with the draft thread)
+LOOP_DRAFT_MAX_IDS = 16384
 #: render requests (tokenize, chat_prompt) one node has at the cloud at once; the
 #: others wait their turn here. Well under the cloud's bound per connection
 #: (xcosd/nodes/cloud.py, MAX_RENDERS_PER_PEER, past which it answers ``busy``),
@@ -176,6 +183,21 @@ def _ids_covering(vocab: Vocabulary, ids: Sequence[int], chars: int) -> int:
     return len(ids)
 
 
+def drafts_on_loop(draft: LanguageModel) -> bool:
+    """Whether an edge drafts with ``draft`` on its event loop by default: a context
+    model whose vocabulary has at most :data:`LOOP_DRAFT_MAX_IDS` ids does; every
+    other model drafts in the edge's draft thread."""
+    return isinstance(draft, ContextModel) and draft.vocab.size <= LOOP_DRAFT_MAX_IDS
+
+
+def shared_process_draft_thread(draft: LanguageModel) -> bool | None:
+    """``draft_thread`` for one of many edges sharing a process (a load generator's
+    simulated devices): a context model drafts on the loop whatever its vocabulary,
+    since a draft thread per edge would contend for the GIL and stand for nothing a
+    real device does; any other draft keeps the default (``None``)."""
+    return False if isinstance(draft, ContextModel) else None
+
+
 class _Lost:
     """Sentinel put into every session's inbox when the connection is lost."""
 
@@ -212,8 +234,9 @@ class EdgeNode:
     :class:`~xcosd.transport.LinkSpec`);
     ``model_link``: the link used for modeled time (defaults to ``link``).
     ``curve``: a :class:`~xcosd.transport.CurveClient`. ``draft_thread``: draft in a
-    worker thread so the event loop stays free (default: yes, except for the cheap
-    pure-Python context models).
+    worker thread so the event loop stays free (default: yes, except for a context
+    model over at most :data:`LOOP_DRAFT_MAX_IDS` ids, whose steps are cheaper than
+    the hand-off: :func:`drafts_on_loop`).
 
     ``on_round``: called with a :class:`RoundObserved` after every round of every
     generation, in the event loop (keep it cheap). It is how a caller observes rounds
@@ -304,9 +327,10 @@ class EdgeNode:
         self._spec_rng = np.random.default_rng()
         self._spoke: dict[tuple[str, SamplingParams], tuple[int, int]] = {}
         self._jobs: set[Future[Any]] = set()
-        # a pure-Python context model (n-gram, table) drafts in well under a millisecond:
-        # handing each round to a thread costs more (GIL hand-offs) than it saves
-        self.draft_thread = (not isinstance(draft, ContextModel) if draft_thread is None
+        # a context model over a short vocabulary drafts a round in well under a
+        # millisecond: handing it to a thread would cost more (GIL hand-offs) than it
+        # saves (LOOP_DRAFT_MAX_IDS)
+        self.draft_thread = (not drafts_on_loop(draft) if draft_thread is None
                              else bool(draft_thread))
         self._last_rx = 0.0
         #: when this edge last sent the cloud anything (a ping is then not needed)

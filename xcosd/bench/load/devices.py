@@ -37,6 +37,7 @@ from ...errors import BusyError, ProtocolError, TransportError, XcosdError
 from ...gc_tuning import many_sessions_gc
 from ...models.base import LanguageModel
 from ...nodes import EdgeNode, RoundObserved
+from ...nodes.edge import shared_process_draft_thread
 from ...transport.fds import raise_fd_limit
 from ...vocab import VocabMap, Vocabulary
 from . import pipe
@@ -334,6 +335,7 @@ async def run_devices(cfg: LoadConfig, endpoint: str, ids: Sequence[int],
     curve = curve_client(cfg)
     vmap: VocabMap | None = None
     hook = _route(tally)
+    draft_thread = shared_process_draft_thread(draft)
 
     def make() -> EdgeNode:
         # every setting of a generation comes from cfg.generation; only the seed is
@@ -343,7 +345,7 @@ async def run_devices(cfg: LoadConfig, endpoint: str, ids: Sequence[int],
                         link=link, curve=curve, target_vocab=target_vocab, vocab_map=vmap,
                         timeout_s=max(15.0, cfg.timeout_s), busy_retry_s=0.01,
                         connect_timeout_s=cfg.connect_timeout_s, on_round=hook,
-                        name=f"bench-edge-{ids[0] if ids else 0}")
+                        draft_thread=draft_thread, name=f"bench-edge-{ids[0] if ids else 0}")
 
     edges: list[EdgeNode] = []
     try:
