@@ -224,8 +224,8 @@ def _unknown(body: Mapping[str, Any], known: frozenset[str]) -> None:
 
 #: the fields both endpoints read
 _COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-                     "ignore_eos", "stream", "stream_options", "n", "presence_penalty", "frequency_penalty",
-                     "logit_bias", "logprobs", "xcosd"}) | IGNORED_FIELDS
+                     "ignore_eos", "stream", "stream_options", "n", "presence_penalty",
+                     "frequency_penalty", "logit_bias", "logprobs", "xcosd"}) | IGNORED_FIELDS
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools",
                          "tool_choice", "parallel_tool_calls", "functions", "function_call",
