@@ -105,7 +105,7 @@ SPECULATION_RECORDS = 16
 #: ids), less than handing the round to the draft thread; at 200k ids it is 340 us,
 #: and a round of such steps on the loop holds up every other generation's verdicts
 #: and an HTTP server on the same loop (16 concurrent streams on the embedded pair:
-#: a first token after 86-94 ms in process, 29-33 ms with the draft thread)
+#: a first token after 83-94 ms in process, 29-33 ms with the draft thread)
 LOOP_DRAFT_MAX_IDS = 16384
 #: render requests (tokenize, chat_prompt) one node has at the cloud at once; the
 #: others wait their turn here. Well under the cloud's bound per connection
