@@ -218,6 +218,23 @@ async def test_ignore_eos_runs_past_the_end_token_drawing_the_same_tokens() -> N
         assert e.value.body["param"] == "ignore_eos"  # type: ignore[index]
 
 
+async def test_a_request_naming_no_ignore_eos_keeps_the_servers_setting() -> None:
+    # `xcosd edge serve --ignore-eos`: the edge's own config runs past the end token;
+    # a request that says nothing keeps that, one that says false ends as usual
+    cfg = xcosd.GenerationConfig(ignore_eos=True)
+    async with served(pair(eos_mass=0.3), edge_kw={"config": cfg}) as s:
+        ended = 0
+        for seed in range(8):
+            r = await s.client.completions.create(model=s.model, prompt="c", max_tokens=30,
+                                                  seed=seed)
+            assert r.choices[0].finish_reason == "length"
+            assert r.usage is not None and r.usage.completion_tokens == 30
+            own = await s.client.completions.create(model=s.model, prompt="c", max_tokens=30,
+                                                    seed=seed, extra_body={"ignore_eos": False})
+            ended += own.choices[0].finish_reason == "stop"
+        assert ended >= 2
+
+
 # ------------------------------------------------------------------------- chat
 
 

@@ -18,7 +18,7 @@ JSON body into a :class:`CompletionRequest` / :class:`ChatRequest`, or raise
   takes it (0 or -1: off), ``seed`` any 64-bit integer (a negative one is taken
   modulo 2**64), ``stop`` a string or up to :attr:`RequestLimits.max_stop` strings,
   ``ignore_eos`` (vLLM's: the target's end tokens do not end the output, which runs
-  to ``max_tokens``; the tokens drawn are the same).
+  to ``max_tokens``; the tokens drawn are the same; absent, the server's setting).
 * **Sizes are bounded.** ``max_tokens`` (or chat's ``max_completion_tokens``) at
   most :attr:`RequestLimits.max_tokens`, prompt text and messages at most
   :attr:`RequestLimits.max_prompt_chars` characters (413 past it), stop strings
@@ -77,7 +77,8 @@ class Sampling:
     top_k: int
     seed: int | None
     stop: tuple[str, ...]
-    ignore_eos: bool
+    #: ``None`` where not given: the server's own setting holds
+    ignore_eos: bool | None
     stream: bool
     include_usage: bool
     #: the ``xcosd`` object's settings, ``None`` where not given
@@ -273,7 +274,8 @@ def _sampling(body: Mapping[str, Any], limits: RequestLimits, max_tokens_key: st
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         top_k=max(0, int(_integer(body, "top_k", 0, -1, 1 << 31) or 0)),
         seed=None if seed is None else seed % (1 << 64),
-        stop=_stop(body, limits), ignore_eos=_bool(body, "ignore_eos", False),
+        stop=_stop(body, limits),
+        ignore_eos=None if body.get("ignore_eos") is None else _bool(body, "ignore_eos", False),
         stream=stream, include_usage=include_usage,
         method=x.get("method"), codec=x.get("codec"), draft_len=x.get("draft_len"))
 
