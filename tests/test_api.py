@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -31,13 +32,14 @@ import xcosd
 from xcosd.api import OpenAIApp, RequestLimits
 from xcosd.http import HttpServer
 from xcosd.methods import Space
+from xcosd.models.base import ModelWrapper
 from xcosd.models import default_pair
 from xcosd.sampling import SamplingParams, warp
 from xcosd.vocab import VocabMap
 
 from .helpers.gated import GatedModel
 from .helpers.law import bigram_law, check_law, committed_row
-from .helpers.waits import until
+from .helpers.waits import HANG_S, until
 from .session_pairs import pair
 
 
@@ -172,6 +174,71 @@ async def test_concurrent_streams_each_get_their_own_generation() -> None:
         assert all(a == b for a, b in results)
         assert len({a for a, _ in results}) > 1
         await until(lambda: s.cloud.stats()["sessions_active"] == 0, "sessions closed")
+
+
+class FixedCost(ModelWrapper):
+    """A target whose every call costs a fixed :attr:`CALL_S` (an accelerator's
+    launch and weight reads, whatever the batch) and which records how many
+    sessions each call scored."""
+
+    CALL_S = 0.3
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.sizes: list[int] = []
+
+    def score(self, batch: Any) -> list[np.ndarray]:
+        time.sleep(self.CALL_S)
+        self.sizes.append(len(batch))
+        return self.inner.score(batch)
+
+
+async def test_requests_sent_together_share_the_clouds_first_call() -> None:
+    # an app's client sends its requests' heads first and their bodies after (httpx
+    # does, writing one request's head and yielding to the next): the edge reads
+    # and starts the requests one after another, and without holding the first open
+    # for the others it reaches the idle cloud alone and gets a call of its own,
+    # while the rest wait that whole call for theirs
+    target, draft = pair()
+    fixed = FixedCost(target)
+    n = 8
+    async with served((fixed, draft), edge_kw={"open_hold_s": HANG_S}) as s:
+        # a verdict's compute time bounds the wait (the lone call it saves)
+        await s.client.completions.create(model=s.model, prompt="c", max_tokens=1, seed=1)
+        assert s.edge.arrivals.bound_s >= FixedCost.CALL_S
+        fixed.sizes.clear()
+        go = [asyncio.Event() for _ in range(n)]
+
+        async def body(i: int) -> AsyncIterator[bytes]:
+            await go[i].wait()
+            yield json.dumps({"model": s.model, "prompt": "c", "max_tokens": 3,
+                              "seed": 10 + i, "stream": True}).encode()
+
+        async def one(c: httpx.AsyncClient, i: int) -> str:
+            async with c.stream("POST", "/v1/completions", content=body(i),
+                                headers={"content-type": "application/json"}) as r:
+                assert r.status_code == 200
+                text = ""
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        text += "".join(ch["text"] for ch in json.loads(line[6:])["choices"])
+                return text
+
+        async with httpx.AsyncClient(base_url=s.http.url, timeout=HANG_S,
+                                     limits=httpx.Limits(max_connections=n)) as c:
+            streams = [asyncio.ensure_future(one(c, i)) for i in range(n)]
+            await until(lambda: s.edge.arrivals.pending == n, "every request's head read")
+            for e in go:  # the bodies one after another, a turn or two apart
+                e.set()
+                await asyncio.sleep(0.002)
+            texts = await asyncio.gather(*streams)
+        assert fixed.sizes[0] == n, fixed.sizes  # every open in the first call
+        assert s.edge.arrivals.held >= n - 1 and s.edge.arrivals.expired == 0
+        assert s.edge.arrivals.pending == 0
+        # and each is still its own generation: the text the edge gives that seed
+        own = await asyncio.gather(*[s.edge.generate("c", max_new_tokens=3, seed=10 + i)
+                                     for i in range(n)])
+        assert texts == [r.text for r in own]
 
 
 async def test_the_targets_end_of_sequence_is_finish_reason_stop() -> None:
@@ -336,6 +403,7 @@ async def test_a_client_leaving_before_the_first_token_frees_its_cloud_session()
         stream = await _held_stream(s, gated)
         await stream.close()  # the client leaves before any token
         await until(lambda: s.api.in_flight == 0, "the request ended")
+        assert s.edge.arrivals.pending == 0
         gated.gate.set()
         await until(lambda: s.cloud.stats()["sessions_active"] == 0, "the session closed")
         scrape = (await s.raw("GET", "/metrics")).text
@@ -375,6 +443,7 @@ async def test_past_max_in_flight_is_429_with_retry_after() -> None:
         assert (await first).usage.completion_tokens == 4
         r = await s.client.completions.create(model=s.model, prompt="c", max_tokens=4)
         assert r.usage.completion_tokens == 4
+        assert s.edge.arrivals.pending == 0
 
 
 # ------------------------------------------------------------------- bad input
@@ -486,6 +555,7 @@ async def test_every_bad_input_gets_an_openai_error_and_the_server_keeps_serving
         r2 = await s.client.completions.create(model=s.model, prompt="c", max_tokens=3, seed=1)
         assert r2.usage.completion_tokens == 3
         assert s.api.in_flight == 0
+        assert s.edge.arrivals.pending == 0  # no refused request left a mark behind
         # the edge's close of the last session reaches the cloud after the answer
         await until(lambda: s.cloud.stats()["sessions_active"] == 0, "every session closed")
 

@@ -53,6 +53,7 @@ from starlette.types import Receive, Scope, Send
 from ..config import GenerationConfig
 from ..errors import ErrorCode, XcosdError
 from ..http.exposition import metrics_response
+from ..nodes.arrivals import Arrival
 from ..nodes.edge import EdgeNode
 from ..nodes.stats import GenerationResult
 from . import responses as R
@@ -102,13 +103,15 @@ class _Generation:
 
     def __init__(self, run: Callable[[Callable[[str], None]],
                                      Coroutine[Any, Any, GenerationResult]],
-                 arrived: float) -> None:
+                 arrived: float, mark: Arrival) -> None:
         self.arrived = arrived
         self.first_at: float | None = None
         self.pieces: asyncio.Queue[str | None] = asyncio.Queue()
         self.task: asyncio.Task[GenerationResult] = asyncio.get_running_loop().create_task(
             run(self._on_text))
         self.task.add_done_callback(lambda _t: self.pieces.put_nowait(None))
+        # its first open drops the mark; a generation cancelled before it ran does here
+        self.task.add_done_callback(lambda _t: mark.leave())
 
     def _on_text(self, piece: str) -> None:
         if piece:
@@ -289,10 +292,18 @@ class OpenAIApp:
     async def _endpoint(self, request: Request, chat: bool) -> Response:
         name = "chat" if chat else "completions"
         arrived = time.perf_counter()
+        # requests sent together open their cloud sessions together (a generation's
+        # first open waits for the others' marks: xcosd/nodes/arrivals.py); a streamed
+        # response's generation holds its mark, any other request's ends here
+        mark = self.edge.arrivals.arrived()
+        response: Response | None = None
         try:
-            response = await self._generate(request, chat, arrived)
+            response = await self._generate(request, chat, arrived, mark)
         except APIError as e:
             response = error_response(e)
+        finally:
+            if not isinstance(response, _EventStream):
+                mark.leave()
         self.metrics.request(name, response.status_code)
         return response
 
@@ -325,7 +336,8 @@ class OpenAIApp:
         except (ValueError, TypeError) as e:
             raise invalid(str(e), "xcosd", "invalid_value") from None
 
-    async def _generate(self, request: Request, chat: bool, arrived: float) -> Response:
+    async def _generate(self, request: Request, chat: bool, arrived: float,
+                        mark: Arrival) -> Response:
         body = await self._body(request)
         req: CompletionRequest | ChatRequest = (
             parse_chat(body, self.limits) if chat else parse_completion(body, self.limits))
@@ -347,13 +359,13 @@ class OpenAIApp:
                 # (usage, the limit) is learned beside it, off the first token's path
                 text = req.prompt
                 gen = _Generation(lambda on_text: self.edge.generate(
-                    text, config=cfg, on_text=on_text), arrived)
+                    text, config=cfg, on_text=on_text, arrival=mark), arrived, mark)
             prompt = await unless_disconnected(request.receive, self._prompt_ids(req))
             if prompt is None:  # the client left while the prompt was prepared
                 return Response(status_code=499)
             if gen is None:
                 gen = _Generation(lambda on_text: self.edge.generate(
-                    prompt, config=cfg, on_text=on_text), arrived)
+                    prompt, config=cfg, on_text=on_text, arrival=mark), arrived, mark)
             if req.stream:
                 response = await self._stream(request, req, chat, gen, len(prompt))
                 handed_over = isinstance(response, _EventStream)

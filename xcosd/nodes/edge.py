@@ -65,6 +65,7 @@ from ..protocol.messages import (
     CHAT_ROLES,
     Error,
     Message,
+    Open,
     Ping,
     Pong,
     Render,
@@ -78,6 +79,7 @@ from ..transport.addresses import Addresses, Backoff, resolve, split_endpoints
 from ..transport.base import Connection
 from ..vocab import VocabMap, Vocabulary
 from ..wire.frames import Limits, decode_message, message_bytes
+from .arrivals import HOLD_S, Arrival, Arrivals
 from .drafter import Drafter
 from .inbox import Inbox
 from .stats import GenerationResult, GenerationStats
@@ -243,6 +245,10 @@ class EdgeNode:
     without subclassing; an exception it raises ends that generation between two
     rounds (the session is closed first) and comes out of :meth:`generate`, which is
     how a benchmark stops its devices at the end of a measured window.
+
+    ``open_hold_s``: how long a generation's first open may wait for the requests a
+    server marked as arrived with it (``arrivals``, :class:`~xcosd.nodes.arrivals.Arrivals`),
+    so that requests sent together share the cloud's first call (0: never wait).
     """
 
     def __init__(self, draft: LanguageModel, connect: str = "tcp://127.0.0.1:5555", *,
@@ -261,8 +267,12 @@ class EdgeNode:
                  max_message_bytes: int = 256 << 20, draft_thread: bool | None = None,
                  transport_options: dict[str, Any] | None = None,
                  on_round: Callable[[RoundObserved], None] | None = None,
+                 open_hold_s: float = HOLD_S,
                  **method_options: Any) -> None:
         self.draft = draft
+        #: the requests a server has accepted and not yet started: a first open
+        #: waits for them (bounded), so that those sent together are verified together
+        self.arrivals = Arrivals(open_hold_s)
         #: what ``connect`` names: one endpoint, several (comma-separated) or a host
         #: name with several addresses
         self.endpoint = connect
@@ -605,6 +615,7 @@ class EdgeNode:
                        stop_strings: str | Sequence[str] | None = None,
                        seed: int | None = None, on_text: Callable[[str], None] | None = None,
                        timeout_s: float | None = None, ignore_eos: bool | None = None,
+                       arrival: Arrival | None = None,
                        **method_options: Any) -> GenerationResult:
         """Generate up to ``max_new_tokens`` target tokens after ``prompt``.
 
@@ -618,13 +629,16 @@ class EdgeNode:
         ``token_ids`` end with the token that completed it). ``on_text``, if given, is
         called with each piece of text as it is committed. ``timeout_s``: the whole
         generation's deadline (:class:`TimeoutError` past it). ``ignore_eos``: run
-        past the target's end tokens to ``max_new_tokens`` (vLLM's name)."""
+        past the target's end tokens to ``max_new_tokens`` (vLLM's name).
+        ``arrival``: the mark a server took when this generation's request arrived
+        (``arrivals.arrived()``): the first open goes with those of the requests that
+        arrived beside it (:class:`~xcosd.nodes.arrivals.Arrivals`)."""
         cfg = self._config_for(config, max_new_tokens=max_new_tokens, method=method,
                                codec=codec, draft_len=draft_len, do_sample=do_sample,
                                temperature=temperature, top_k=top_k, top_p=top_p,
                                stop=stop, stop_strings=stop_strings, seed=seed,
                                timeout_s=timeout_s, ignore_eos=ignore_eos, **method_options)
-        return await self._generate(prompt, cfg, on_text)
+        return await self._generate(prompt, cfg, on_text, arrival)
 
     async def tokenize(self, text: str, *, timeout_s: float | None = None) -> list[int]:
         """``text`` as the target's token ids, tokenised by the cloud's target: the
@@ -714,7 +728,7 @@ class EdgeNode:
                      stop: str | Sequence[str] | None = None,
                      stop_strings: str | Sequence[str] | None = None,
                      seed: int | None = None, timeout_s: float | None = None,
-                     ignore_eos: bool | None = None,
+                     ignore_eos: bool | None = None, arrival: Arrival | None = None,
                      **method_options: Any) -> AsyncIterator[str]:
         """Like :meth:`generate`, yielding text as it is committed (whole UTF-8
         characters only; never past a stop string). Leaving the loop early closes the
@@ -730,7 +744,8 @@ class EdgeNode:
             if text:
                 q.put_nowait(text)
 
-        task = asyncio.get_running_loop().create_task(self._generate(prompt, cfg, on_text))
+        task = asyncio.get_running_loop().create_task(self._generate(prompt, cfg, on_text,
+                                                                     arrival))
         task.add_done_callback(lambda _t: q.put_nowait(None))
         try:
             while True:
@@ -808,7 +823,17 @@ class EdgeNode:
         return await asyncio.wrap_future(job)
 
     async def _generate(self, prompt: Prompt, cfg: GenerationConfig,
-                        on_text: Callable[[str], None] | None) -> GenerationResult:
+                        on_text: Callable[[str], None] | None,
+                        arrival: Arrival | None = None) -> GenerationResult:
+        try:
+            return await self._generation(prompt, cfg, on_text, arrival)
+        finally:
+            if arrival is not None:  # it ended before its open: none waits for it
+                arrival.leave()
+
+    async def _generation(self, prompt: Prompt, cfg: GenerationConfig,
+                          on_text: Callable[[str], None] | None,
+                          arrival: Arrival | None) -> GenerationResult:
         if self._closed:
             raise TransportError("the edge node is closed", code="closed")
         if not self._connected:
@@ -830,7 +855,8 @@ class EdgeNode:
                         if es.phase is EdgePhase.RESOLVING:  # resumed mid-round (Redo)
                             await self._finish_round(es, inbox, st, trace, watch.feed, None)
                         else:
-                            await self._round(es, inbox, st, trace, watch.feed, speculate)
+                            await self._round(es, inbox, st, trace, watch.feed, speculate,
+                                              arrival)
                     except _ConnectionLost as lost:
                         await self._resume(es, inbox, st, trace, lost.epoch, prompt_ids)
                     except _SessionLost:  # the cloud closed this session (idle): re-open it
@@ -977,7 +1003,7 @@ class EdgeNode:
 
     async def _round(self, es: EdgeSession, inbox: Inbox, st: GenerationStats,
                      trace: list[tuple[str, int]], on_text: Callable[[str], None] | None,
-                     speculate: bool = False) -> None:
+                     speculate: bool = False, arrival: Arrival | None = None) -> None:
         t = time.perf_counter()
         before = (time.monotonic(), len(es.token_ids), st.uplink_bytes, st.downlink_bytes,
                   st.drafted, st.accepted) if self.on_round is not None else None
@@ -991,6 +1017,8 @@ class EdgeNode:
         [msg] = out.send
         drafting_s = time.perf_counter() - t
         st.draft_compute_s += drafting_s
+        if isinstance(msg, Open):  # with those of the requests that arrived beside it
+            await self.arrivals.gather(arrival)
         await self._send(msg, st, trace)
         block = getattr(msg, "draft", None)  # a draft's, or round 0's on the open
         drafted = block.length if block is not None else 0
@@ -1047,6 +1075,7 @@ class EdgeNode:
                 if stop is not None:  # speculation has done what it could
                     stop.set()
                 st.cloud_compute_s += reply.compute_us / 1e6
+                self.arrivals.observe(reply.compute_us / 1e6)
                 if timing is not None:
                     es.drafting.observe(timing[0], time.perf_counter() - timing[1])
                     timing = None
