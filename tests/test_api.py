@@ -32,8 +32,8 @@ import xcosd
 from xcosd.api import OpenAIApp, RequestLimits
 from xcosd.http import HttpServer
 from xcosd.methods import Space
-from xcosd.models.base import ModelWrapper
 from xcosd.models import default_pair
+from xcosd.models.base import ModelWrapper
 from xcosd.sampling import SamplingParams, warp
 from xcosd.vocab import VocabMap
 
