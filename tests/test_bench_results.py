@@ -115,16 +115,25 @@ def test_overlap_section_reports_the_ratio_and_the_share_sent() -> None:
 
 def test_http_api_section_judges_each_pair_by_both_goals() -> None:
     def row(pair: str, streams: int, ratio: float, delta: float) -> dict[str, Any]:
-        return {"pair": pair, "streams": streams, "inproc_tok_s": 100.0,
-                "http_tok_s": 100.0 * ratio, "inproc_ttft_ms": 10.0,
-                "http_ttft_ms": 10.0 + delta, "ratio": ratio, "ttft_delta_ms": delta,
-                "http_share_ms": 2.5, "client_cpu_share": 0.05 * streams ** 0.25}
+        r = {"pair": pair, "streams": streams, "inproc_tok_s": 100.0,
+             "http_tok_s": 100.0 * ratio, "inproc_ttft_ms": 10.0,
+             "http_ttft_ms": 10.0 + delta, "ratio": ratio, "ttft_delta_ms": delta,
+             "send_ms": 0.5 * streams, "ttft_delta_sent_ms": delta - 0.5 * streams,
+             "client_cpu_share": 0.05 * streams ** 0.25}
+        if streams > 1:
+            r |= {"unheld_ttft_ms": 40.0, "unheld_delta_ms": 30.0}
+        return r
 
     rep = {"tokens_per_stream": 64, "passes": 3, "goals": {"ratio": 0.9, "ttft_delta_ms": 5.0},
            "rows": [row("ngram", 1, 0.78, 8.0), row("ngram", 16, 0.93, 20.0),
                     row("remote", 1, 0.99, 1.5), row("remote", 16, 0.97, 4.0)]}
     text = "\n".join(http_api.section_lines(rep))
-    assert "| remote | 1 | 100.0 | 99.0 | 0.99x | 10.0 | 11.5 | +1.5 | 2.5 | 5% |" in text
+    assert "| remote | 1 | 100.0 | 99.0 | 0.99x | 10.0 | 11.5 | +1.5 | 0.5 | +1.0 |  | 5% |" in text
+    assert "| remote | 16 | 100.0 | 97.0 | 0.97x | 10.0 | 14.0 | +4.0 | 8.0 | -4.0 | +30.0 | 10% |" \
+        in text
+    # the burst's difference split into the client's send and the rest, beside unheld opens
+    assert ("`remote` +4.0 ms, of which the client's send 8.0 ms (once sent -4.0 ms; opens "
+            "unheld +30.0 ms)") in text
     # the CPU-bound pair's ratio beside what its client alone took of the two cores
     assert ("used 5% of a core at 1 stream (ratio 0.78x) and 10% of a core at 16 streams "
             "(ratio 0.93x)") in text

@@ -77,3 +77,23 @@ def test_edge_json_goes_to_stdout(table_cloud: str, monkeypatch: pytest.MonkeyPa
     for d in docs:
         assert d["token_ids"] == greedy_decode(target, d["prompt"], 12)
         assert d["stats"]["tokens"] == len(d["token_ids"]) and d["finish_reason"]
+
+
+async def test_edge_serves_with_the_open_hold_it_is_given() -> None:
+    """``edge serve --open-hold-ms`` reaches the node: a given bound, 0 (never wait),
+    or the node's own default when the flag is absent; a negative one is refused."""
+    from xcosd.cli import build_parser
+    from xcosd.commands.edge import _node
+    from xcosd.nodes.arrivals import HOLD_S
+
+    p = build_parser()
+    async with xcosd.CloudNode(target=xcosd.models.load_model("synthetic:256"),
+                               bind="tcp://127.0.0.1:0") as cloud:
+        for flags, hold in ([], HOLD_S), (["--open-hold-ms", "7.5"], 0.0075), (
+                ["--open-hold-ms", "0"], 0.0):
+            args = p.parse_args(["edge", "serve", "--http", "127.0.0.1:0", "--draft",
+                                 "synthetic:256", "--connect", cloud.endpoint, *flags])
+            edge = await _node(args)
+            assert edge.arrivals.hold_s == hold
+    with pytest.raises(SystemExit):
+        p.parse_args(["edge", "--open-hold-ms", "-1"])

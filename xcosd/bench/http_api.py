@@ -11,9 +11,10 @@ over, and through ``POST /v1/completions`` with ``"stream": true`` from the offi
 and warmed before its timing begins), alternating which goes first from pass to
 pass. Reported: tokens/s (all streams' tokens over the wall time), the median time
 to the first text, the ratios HTTP / in process (medians over passes of the ratio
-within a pass), and HTTP's own share of the time to first token (the client's mean
-less the API's own histogram's, arrival to first text), and the client process's
-CPU while it streams, as a fraction of a core. Seeded, so both paths
+within a pass), the client's own time to send its requests and the time to first
+text from then, the 16-stream difference with the edge's opens unheld
+(``arrivals.hold_s = 0``: each goes as soon as it is drafted) as a third arm in the
+same passes, and the client process's CPU while it streams, as a fraction of a core. Seeded, so both paths
 generate the same tokens, and with ``ignore_eos``, so every stream runs its full
 length (a stream that ended after a few tokens would time its first token alone).
 Prints and writes ``bench/out/http_api.json``.
@@ -23,10 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
+import importlib
 import json
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +45,50 @@ PROMPTS = ["The default value of the", "Return a new list", "If the argument is"
            "A string containing", "When the loop is"]
 
 
+#: where the current stream's client notes when its request body was written (a
+#: box set per stream, filled by the transport of :func:`_timed_transport`)
+_SENT: contextvars.ContextVar[list[float]] = contextvars.ContextVar("sent")
+
+
+def _timed_transport() -> Any:
+    """An httpx transport that notes, in the calling stream's :data:`_SENT` box,
+    when a request's body has been written: how long the client itself took to
+    send what it was asked to (one client's concurrent requests are built one
+    after another, and httpx writes a request's head and yields before its body)."""
+    import openai
+
+    # the HTTP package the openai client is built on (httpx, or its fork httpx2)
+    hx = importlib.import_module(
+        openai.DefaultAsyncHttpxClient.__mro__[1].__module__.partition(".")[0])
+
+    class Noted(hx.AsyncByteStream):  # type: ignore[name-defined]
+        def __init__(self, inner: Any, box: list[float]) -> None:
+            self.inner, self.box = inner, box
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            async for chunk in self.inner:
+                yield chunk
+            self.box.append(time.perf_counter())  # the last chunk is written
+
+    class Timed(hx.AsyncHTTPTransport):  # type: ignore[name-defined]
+        async def handle_async_request(self, request: Any) -> Any:
+            box = _SENT.get(None)
+            if box is not None:
+                request.stream = Noted(request.stream, box)
+            return await super().handle_async_request(request)
+
+    # the openai client's own pool limits
+    return Timed(limits=hx.Limits(max_connections=1000, max_keepalive_connections=100))
+
+
 async def _client(url: str, model: str, streams: int, tokens: int, seed0: int
                   ) -> dict[str, Any]:
     """The HTTP side of one setting, run in the client process."""
     import openai
 
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    client = openai.AsyncOpenAI(
+        base_url=url + "/v1", api_key="unused", max_retries=0,
+        http_client=openai.DefaultAsyncHttpxClient(transport=_timed_transport()))
     # warmed as a running app's client is: a connection per stream in the pool, and
     # one streamed completion read through, so the client's first-use costs (its
     # lazy imports, its response types built) do not land on the first timed token
@@ -78,7 +120,9 @@ async def _over_http(url: str, model: str, streams: int, tokens: int,
 
 
 async def _one_http(client: Any, model: str, prompt: str, tokens: int,
-                    seed: int) -> tuple[int, float, float]:
+                    seed: int) -> tuple[int, float, float, float]:
+    box: list[float] = []
+    _SENT.set(box)
     t0 = time.perf_counter()
     first = None
     n = 0
@@ -91,19 +135,27 @@ async def _one_http(client: Any, model: str, prompt: str, tokens: int,
             first = time.perf_counter() - t0
         if chunk.usage is not None:
             n = chunk.usage.completion_tokens
-    return n, first or 0.0, time.perf_counter() - t0
+    return n, first or 0.0, time.perf_counter() - t0, (box[0] - t0) if box else 0.0
 
 
 async def _setting(run: Any, streams: int, tokens: int, seed0: int) -> dict[str, Any]:
+    """One pass of ``streams`` concurrent streams. ``run`` returns a stream's
+    (tokens, seconds to its first text, seconds in all, seconds until its request
+    was sent: 0 in process)."""
     t0 = time.perf_counter()
     out = await asyncio.gather(*[run(PROMPTS[i % len(PROMPTS)], tokens, seed0 + i)
                                  for i in range(streams)])
     wall = time.perf_counter() - t0
-    total = sum(n for n, _, _ in out)
+    total = sum(r[0] for r in out)
     return {"tok_s": total / wall, "tokens": total, "wall_s": wall,
-            "ttft_ms": statistics.median(f for _, f, _ in out) * 1e3,
-            "ttft_mean_ms": statistics.fmean(f for _, f, _ in out) * 1e3,
-            "ttfts_ms": [round(f * 1e3, 2) for _, f, _ in out]}
+            "ttft_ms": statistics.median(r[1] for r in out) * 1e3,
+            "ttft_mean_ms": statistics.fmean(r[1] for r in out) * 1e3,
+            "ttfts_ms": [round(r[1] * 1e3, 2) for r in out],
+            # how long the client took to send each request, and the time to first
+            # text from then: what the server and the way back took
+            "send_mean_ms": statistics.fmean(r[3] for r in out) * 1e3,
+            "ttft_sent_ms": statistics.median(r[1] - r[3] for r in out) * 1e3,
+            "sends_ms": [round(r[3] * 1e3, 2) for r in out]}
 
 
 #: the pairs measured: the embedded n-gram pair, whose cloud computes on this
@@ -173,18 +225,6 @@ async def _cloud(pair: str) -> None:
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
 
 
-def _server_ttft(api: Any) -> tuple[float, float]:
-    """The API's own time-to-first-token histogram: (sum of seconds, count)."""
-    total = count = 0.0
-    for metric in api.metrics.ttft.collect():
-        for sample in metric.samples:
-            if sample.name.endswith("_sum"):
-                total = sample.value
-            elif sample.name.endswith("_count"):
-                count = sample.value
-    return total, count
-
-
 async def _measure(edge: Any, tokens: int, passes: int,
                    concurrency: list[int]) -> list[dict[str, Any]]:
     """Every setting of one pair, through ``edge``."""
@@ -195,7 +235,7 @@ async def _measure(edge: Any, tokens: int, passes: int,
     api = OpenAIApp(edge)
     async with HttpServer(api) as http:
 
-        async def inproc(p: str, t: int, s: int) -> tuple[int, float, float]:
+        async def inproc(p: str, t: int, s: int) -> tuple[int, float, float, float]:
             # as an application streams in process (EdgeNode.stream): the text
             # reaches the consumer through a queue, a turn of the loop after
             # the node commits it; generate's result gives the exact token count
@@ -209,15 +249,18 @@ async def _measure(edge: Any, tokens: int, passes: int,
             first = time.perf_counter() - t0
             waiter.cancel()
             res = await task
-            return res.stats.tokens, first, time.perf_counter() - t0
+            return res.stats.tokens, first, time.perf_counter() - t0, 0.0
 
         # warm both paths (connections, caches) before measuring
         await _setting(inproc, 2, 8, 1)
         await _over_http(http.url, api.model, 2, 8, 1)
+        hold = edge.arrivals.hold_s
         for c in concurrency:
             per: dict[str, list[dict[str, Any]]] = {"inproc": [], "http": []}
+            if c > 1:
+                per["unheld"] = []
             for k in range(passes):
-                order = ["inproc", "http"]
+                order = list(per)
                 if k % 2:
                     order.reverse()
                 for name in order:
@@ -225,18 +268,20 @@ async def _measure(edge: Any, tokens: int, passes: int,
                     if name == "inproc":
                         per[name].append(await _setting(inproc, c, tokens, seed0))
                         continue
-                    before = _server_ttft(api)
-                    r = await _over_http(http.url, api.model, c, tokens, seed0)
-                    after = _server_ttft(api)
-                    # from the request's arrival to its first text, by the API's
-                    # own histogram: the generation's part of the client's TTFT
-                    r["server_ttft_mean_ms"] = (after[0] - before[0]) / max(
-                        1.0, after[1] - before[1]) * 1e3
-                    per[name].append(r)
+                    # "unheld": every open goes as soon as it is drafted, not with
+                    # those of the requests that arrived beside it (xcosd/nodes/arrivals.py)
+                    edge.arrivals.hold_s = 0.0 if name == "unheld" else hold
+                    try:
+                        per[name].append(await _over_http(http.url, api.model, c, tokens,
+                                                          seed0))
+                    finally:
+                        edge.arrivals.hold_s = hold
             ratios = [h["tok_s"] / i["tok_s"] for h, i in zip(per["http"], per["inproc"],
                                                              strict=True)]
             ttft_d = [h["ttft_ms"] - i["ttft_ms"] for h, i in zip(per["http"], per["inproc"],
                                                                  strict=True)]
+            sent_d = [h["ttft_sent_ms"] - i["ttft_ms"]
+                      for h, i in zip(per["http"], per["inproc"], strict=True)]
             rows.append({
                 "streams": c,
                 "inproc_tok_s": statistics.median(r["tok_s"] for r in per["inproc"]),
@@ -245,24 +290,34 @@ async def _measure(edge: Any, tokens: int, passes: int,
                 "http_ttft_ms": statistics.median(r["ttft_ms"] for r in per["http"]),
                 "ratio": statistics.median(ratios),
                 "ttft_delta_ms": statistics.median(ttft_d),
-                # what HTTP itself adds to a request's time to first token: the
-                # client's mean less the server's (arrival to first text)
-                "http_share_ms": statistics.median(
-                    h["ttft_mean_ms"] - h["server_ttft_mean_ms"] for h in per["http"]),
+                # the client's own part of it: how long after a stream was asked
+                # for its request had been sent (mean over streams)
+                "send_ms": statistics.median(h["send_mean_ms"] for h in per["http"]),
+                # and the rest: from the request sent to its first text, against
+                # the time to first text in process
+                "ttft_delta_sent_ms": statistics.median(sent_d),
                 # the fraction of a core the client process used while it streamed
                 "client_cpu_share": statistics.median(
                     h["client_cpu_s"] / h["wall_s"] for h in per["http"]),
+                **({"unheld_ttft_ms": statistics.median(r["ttft_ms"] for r in per["unheld"]),
+                    "unheld_delta_ms": statistics.median(
+                        u["ttft_ms"] - i["ttft_ms"]
+                        for u, i in zip(per["unheld"], per["inproc"], strict=True))}
+                   if "unheld" in per else {}),
                 "passes": per})
     return rows
 
 
 def format_report(rep: dict[str, Any], markdown: bool = False) -> str:
     head = ["pair", "streams", "in process tok/s", "HTTP tok/s", "ratio", "TTFT in process ms",
-            "TTFT HTTP ms", "TTFT difference ms", "HTTP's own share ms", "client CPU"]
+            "TTFT HTTP ms", "TTFT difference ms", "client's send ms",
+            "difference once sent ms", "difference, opens unheld ms", "client CPU"]
     body = [[r.get("pair", "ngram"), r["streams"], f"{r['inproc_tok_s']:.1f}", f"{r['http_tok_s']:.1f}",
              f"{r['ratio']:.2f}x", f"{r['inproc_ttft_ms']:.1f}", f"{r['http_ttft_ms']:.1f}",
              f"{r['ttft_delta_ms']:+.1f}",
-             f"{r['http_share_ms']:.1f}" if "http_share_ms" in r else "",
+             f"{r['send_ms']:.1f}" if "send_ms" in r else "",
+             f"{r['ttft_delta_sent_ms']:+.1f}" if "ttft_delta_sent_ms" in r else "",
+             f"{r['unheld_delta_ms']:+.1f}" if "unheld_delta_ms" in r else "",
              f"{r['client_cpu_share']:.0%}" if "client_cpu_share" in r else ""]
             for r in rep["rows"]]
     return table(body, head, markdown=markdown)
@@ -281,6 +336,29 @@ def _client_cpu_lines(rep: dict[str, Any]) -> list[str]:
             "so that CPU is taken from them whatever the server does; with the cloud's "
             "compute elsewhere (`remote`) only the edge's drafting shares the cores with "
             "the client.", ""]
+
+
+def _burst_lines(rep: dict[str, Any]) -> list[str]:
+    """What the 16-stream rows say about one client's burst of requests."""
+    rows = [r for r in rep["rows"] if r["streams"] > 1 and "send_ms" in r]
+    if not rows:
+        return []
+    each = "; ".join(
+        f"`{r.get('pair', 'ngram')}` {r['ttft_delta_ms']:+.1f} ms, of which the client's "
+        f"send {r['send_ms']:.1f} ms (once sent {r['ttft_delta_sent_ms']:+.1f} ms"
+        + (f"; opens unheld {r['unheld_delta_ms']:+.1f} ms" if "unheld_delta_ms" in r else "")
+        + ")" for r in rows)
+    return ["At 16 streams the difference is mostly the client's own (each pass's per-stream "
+            "times are in the JSON): " + each + ". In process every stream is asked for at once; "
+            "one `openai` client builds its requests one after another and httpx writes each "
+            "request's head and yields before its body, so the bodies reach the edge spread "
+            "over about as long as it took to build them all. Without holding their opens "
+            "the first request's open reaches the idle cloud alone and gets a target call of "
+            "its own, and the others wait that whole call; held, they share the first call, "
+            "and an early request's time once sent includes the wait for the later ones. "
+            "The wait is bounded by the cloud's least recent call time (by its own account), "
+            "so on `ngram`, whose calls cost about a millisecond on the same cores, the opens "
+            "barely wait.", ""]
 
 
 def section_lines(rep: dict[str, Any] | None) -> list[str]:
@@ -307,11 +385,16 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
             f"through), {rep['tokens_per_stream']} tokens a stream"
             + (" (`ignore_eos`: no stream ends early, so every pass times the same tokens)"
                if rep.get("ignore_eos") else "") + ", alternating over "
-            f"{rep['passes']} passes (medians; the ratio and the difference are medians of "
-            "those within a pass). HTTP's own share is the client's mean time to first token "
-            "less the API's own (its `xcosd_edge_time_to_first_token_seconds`, from the "
-            "request's arrival to its first text): the request's way in and the first "
-            "chunk's way out, the client's own queueing included. *Client CPU* is the client "
+            f"{rep['passes']} passes (medians; the ratio and the differences are medians of "
+            "those within a pass). *Client's send* is how long after a stream was asked for "
+            "the client had written its request (the mean over streams, noted by the client's "
+            "HTTP transport when the body's last byte is written). *Difference once sent* is "
+            "the median time from a request's sending to its first text, against the time to "
+            "first text in process: what the server, HTTP and the way back add. *Difference, "
+            "opens unheld* is the TTFT difference of a third arm in the same passes, whose "
+            "generations send their opens as soon as they are drafted rather than with those "
+            "of the requests that arrived beside them (`EdgeNode.arrivals`, "
+            "xcosd/nodes/arrivals.py). *Client CPU* is the client "
             "process's CPU time over its streams' wall time (the fraction of a core it used). "
             "Two pairs: `ngram`, the "
             "embedded pair, whose cloud computes on this machine's two cores beside the edge, "
@@ -320,11 +403,7 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
             "plus 0.5 ms a row and a cost-free synthetic draft, the shape of a deployment "
             "whose cloud runs on a machine of its own.", "",
             format_report(rep, markdown=True), "",
-            "Past HTTP's own share, the difference at 16 streams is the cloud's batches (each "
-            "pass's per-stream times are in the JSON): in process every stream is asked for "
-            "at once and round 0 of all of them shares the first target call; one client's "
-            "requests arrive one after another, and those that miss the first call wait for "
-            "the next.", "",
+            *_burst_lines(rep),
             *_client_cpu_lines(rep),
             f"Goals: HTTP at least {goals['ratio']}x the in-process tokens/s and its time to "
             f"first token within {goals['ttft_delta_ms']:g} ms: {met('remote')} with the "

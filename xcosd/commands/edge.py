@@ -41,6 +41,7 @@ from .options import (
     generation_config,
     host_port,
     link_from_args,
+    nonneg_float,
     positive_float,
     positive_int,
     probe,
@@ -72,6 +73,11 @@ def add_parser(sub: Any) -> None:
                    help="with --http: generations at once; more get 429 (default 64)")
     p.add_argument("--max-tokens-limit", type=positive_int, default=4096,
                    help="with --http: the most tokens one request may ask for")
+    p.add_argument("--open-hold-ms", type=nonneg_float, default=None,
+                   help="with --http: the longest a request's first round waits for the "
+                        "requests that arrived beside it, so they share the cloud's first "
+                        "call; never longer than the cloud's least recent call time "
+                        "(default: EdgeNode's open_hold_s, 25 ms; 0: never wait)")
     p.add_argument("--concurrent", action="store_true", help="run all prompts at once")
     p.add_argument("--no-stream", action="store_true", help="print each text when done")
     p.add_argument("--json", action="store_true",
@@ -139,7 +145,9 @@ async def _node(args: argparse.Namespace) -> Any:
     draft = await asyncio.to_thread(load_model, args.draft, **device_kw(args, "draft-"))
     return EdgeNode(draft=draft, connect=args.connect, transport=args.transport,
                     config=cfg, link=link_from_args(args), curve=curve,
-                    timeout_s=args.timeout, connect_timeout_s=args.connect_timeout)
+                    timeout_s=args.timeout, connect_timeout_s=args.connect_timeout,
+                    **({} if args.open_hold_ms is None
+                       else {"open_hold_s": args.open_hold_ms / 1e3}))
 
 
 async def _serve_http(args: argparse.Namespace) -> int:
