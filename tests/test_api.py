@@ -228,7 +228,14 @@ async def test_requests_sent_together_share_the_clouds_first_call() -> None:
                                      limits=httpx.Limits(max_connections=n)) as c:
             streams = [asyncio.ensure_future(one(c, i)) for i in range(n)]
             await until(lambda: s.edge.arrivals.pending == n, "every request's head read")
-            for e in go:  # the bodies one after another, a turn or two apart
+            renders = s.cloud.stats()["renders"]
+            go[0].set()
+            await until(lambda: s.edge.arrivals.held == 1, "the first open waiting")
+            # its prompt's tokenize waits for the open too (ahead of the opens it
+            # would delay the first call): a render asked now is the cloud's next
+            assert await s.edge.tokenize("c")
+            assert s.cloud.stats()["renders"] == renders + 1
+            for e in go[1:]:  # the other bodies one after another, a turn or two apart
                 e.set()
                 await asyncio.sleep(0.002)
             texts = await asyncio.gather(*streams)

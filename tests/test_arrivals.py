@@ -5,7 +5,8 @@ never waits; an open waits while other marked requests are pending and the last
 one to reach its open releases the waiters, which go before it in the same turn of
 the loop; the wait never outlasts the least recent call time nor ``hold_s``; a mark
 that leaves without an open (a refused request) releases the waiters as well; a
-cancelled waiter is forgotten.
+cancelled waiter is forgotten; a server waiting for the open to have gone
+(:meth:`Arrival.until_sent`) goes on once it has, not when it is ready.
 """
 
 from __future__ import annotations
@@ -106,3 +107,20 @@ async def test_a_cancelled_waiter_is_forgotten_and_the_others_wait_on() -> None:
     late.leave()
     await asyncio.wait_for(stays, HANG_S)
     assert a.pending == 0
+
+
+async def test_until_sent_waits_for_the_open_to_have_gone() -> None:
+    a = _seen(Arrivals(hold_s=HANG_S), 30.0)
+    mark = a.arrived()
+    waiting = asyncio.ensure_future(mark.until_sent())
+    await asyncio.sleep(0)
+    mark.leave()  # ready to open is not gone yet
+    await asyncio.sleep(0)
+    assert not waiting.done() and a.pending == 0
+    mark.sent()
+    await asyncio.wait_for(waiting, HANG_S)
+    await asyncio.wait_for(mark.until_sent(), HANG_S)  # and at once after
+    ended = a.arrived()
+    ended.sent()  # a generation that ended without an open: it leaves too
+    assert a.pending == 0
+    await asyncio.wait_for(ended.until_sent(), HANG_S)

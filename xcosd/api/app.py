@@ -111,7 +111,7 @@ class _Generation:
             run(self._on_text))
         self.task.add_done_callback(lambda _t: self.pieces.put_nowait(None))
         # its first open drops the mark; a generation cancelled before it ran does here
-        self.task.add_done_callback(lambda _t: mark.leave())
+        self.task.add_done_callback(lambda _t: mark.sent())
 
     def _on_text(self, piece: str) -> None:
         if piece:
@@ -360,7 +360,8 @@ class OpenAIApp:
                 text = req.prompt
                 gen = _Generation(lambda on_text: self.edge.generate(
                     text, config=cfg, on_text=on_text, arrival=mark), arrived, mark)
-            prompt = await unless_disconnected(request.receive, self._prompt_ids(req))
+            prompt = await unless_disconnected(request.receive,
+                                               self._prompt_ids(req, gen, mark))
             if prompt is None:  # the client left while the prompt was prepared
                 return Response(status_code=499)
             if gen is None:
@@ -385,12 +386,21 @@ class OpenAIApp:
         self.in_flight -= 1
         self.metrics.running.dec()
 
-    async def _prompt_ids(self, req: CompletionRequest | ChatRequest) -> list[int]:
+    async def _prompt_ids(self, req: CompletionRequest | ChatRequest,
+                          gen: _Generation | None, mark: Arrival) -> list[int]:
         """The prompt as target ids: a chat rendered by the target's template, text
-        tokenised by the target's tokenizer (both on the cloud), ids checked."""
+        tokenised by the target's tokenizer (both on the cloud), ids checked. Text
+        is tokenised once its generation (``gen``, already started) has sent its
+        open: asked before, the tokenize would reach the cloud ahead of the opens
+        of the requests that arrived with it and delay their first call (measured
+        with 16 streams on a target costing 20 ms a call: about 4 ms)."""
         if isinstance(req, ChatRequest):
             ids = list(await self.edge.chat_prompt([m.as_dict() for m in req.messages]))
         elif isinstance(req.prompt, str):
+            await mark.until_sent()
+            if gen is not None and gen.task.done() and not gen.task.cancelled() and (
+                    gen.task.exception() is not None):
+                raise gen.task.exception()  # type: ignore[misc]  # e.g. the cloud away
             ids = list(await self.edge.tokenize(req.prompt))
         else:
             ids = list(req.prompt)

@@ -47,13 +47,18 @@ CALLS_SEEN = 32
 
 class Arrival:
     """One request's mark, from its arrival until its generation's first open is
-    ready to go (or it ends without one): :meth:`leave` once, either way."""
+    ready to go (or it ends without one): :meth:`leave` once, either way. The edge
+    also says when that open has gone (:meth:`sent`): a server that has more to ask
+    of the cloud for the request (the prompt's length in tokens) asks after it
+    (:meth:`until_sent`), so that it does not reach the cloud ahead of the opens."""
 
-    __slots__ = ("_arrivals", "_left")
+    __slots__ = ("_arrivals", "_left", "_sent", "_sent_fut")
 
     def __init__(self, arrivals: Arrivals) -> None:
         self._arrivals = arrivals
         self._left = False
+        self._sent = False
+        self._sent_fut: asyncio.Future[None] | None = None
 
     @property
     def pending(self) -> bool:
@@ -64,6 +69,22 @@ class Arrival:
         if not self._left:
             self._left = True
             self._arrivals._left()
+
+    def sent(self) -> None:
+        """Its generation's first open has gone to the cloud, or it ended without
+        one: it leaves, and :meth:`until_sent` returns (idempotent)."""
+        self.leave()
+        self._sent = True
+        if self._sent_fut is not None and not self._sent_fut.done():
+            self._sent_fut.set_result(None)
+
+    async def until_sent(self) -> None:
+        """Wait until :meth:`sent`."""
+        if self._sent:
+            return
+        if self._sent_fut is None:
+            self._sent_fut = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._sent_fut)
 
 
 class Arrivals:

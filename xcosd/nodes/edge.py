@@ -829,7 +829,7 @@ class EdgeNode:
             return await self._generation(prompt, cfg, on_text, arrival)
         finally:
             if arrival is not None:  # it ended before its open: none waits for it
-                arrival.leave()
+                arrival.sent()
 
     async def _generation(self, prompt: Prompt, cfg: GenerationConfig,
                           on_text: Callable[[str], None] | None,
@@ -1017,9 +1017,12 @@ class EdgeNode:
         [msg] = out.send
         drafting_s = time.perf_counter() - t
         st.draft_compute_s += drafting_s
-        if isinstance(msg, Open):  # with those of the requests that arrived beside it
+        opening = isinstance(msg, Open)
+        if opening:  # with those of the requests that arrived beside it
             await self.arrivals.gather(arrival)
         await self._send(msg, st, trace)
+        if opening and arrival is not None:
+            arrival.sent()
         block = getattr(msg, "draft", None)  # a draft's, or round 0's on the open
         drafted = block.length if block is not None else 0
         # what the draft-length policy may measure (draft_cost="auto"): a draft
