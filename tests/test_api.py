@@ -242,6 +242,10 @@ async def test_requests_sent_together_share_the_clouds_first_call() -> None:
         assert fixed.sizes[0] == n, fixed.sizes  # every open in the first call
         assert s.edge.arrivals.held >= n - 1 and s.edge.arrivals.expired == 0
         assert s.edge.arrivals.pending == 0
+        scrape = (await s.raw("GET", "/metrics")).text
+        assert metric(scrape, "xcosd_edge_opens_held_total") == s.edge.arrivals.held
+        assert metric(scrape, "xcosd_edge_opens_hold_expired_total") == 0
+        assert metric(scrape, "xcosd_edge_open_hold_bound_seconds") >= FixedCost.CALL_S
         # and each is still its own generation: the text the edge gives that seed
         own = await asyncio.gather(*[s.edge.generate("c", max_new_tokens=3, seed=10 + i)
                                      for i in range(n)])

@@ -219,7 +219,7 @@ class OpenAIApp:
                                else 6 * self.limits.max_prompt_chars + (64 << 10))
         self.in_flight = 0
         self.started = int(time.time())
-        self.metrics = EdgeMetrics()
+        self.metrics = EdgeMetrics(edge.arrivals)
         self.app = Starlette(
             routes=[
                 Route("/v1/completions", self._completions, methods=["POST"]),

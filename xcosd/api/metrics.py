@@ -12,8 +12,12 @@ sends becomes a label, so no client can grow the number of series.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..nodes.arrivals import Arrivals
 from ..nodes.stats import GenerationStats
 
 #: the ``endpoint`` label's values
@@ -34,11 +38,33 @@ def status_class(status: int) -> str:
     return f"{min(max(status // 100, 1), 5)}xx"
 
 
-class EdgeMetrics:
-    """Counters of the generations an edge's HTTP API served."""
+class _ArrivalsCollector:
+    """How the edge's first rounds waited for the requests arriving beside them
+    (xcosd/nodes/arrivals.py), read from its counters at each scrape."""
 
-    def __init__(self) -> None:
+    def __init__(self, arrivals: Arrivals) -> None:
+        self.arrivals = arrivals
+
+    def collect(self) -> Iterator[Metric]:
+        a = self.arrivals
+        yield CounterMetricFamily("xcosd_edge_opens_held", "first rounds that waited for "
+                                  "requests arriving beside them", value=a.held)
+        yield CounterMetricFamily("xcosd_edge_opens_hold_expired", "of them, released by the "
+                                  "bound rather than by the last of those requests",
+                                  value=a.expired)
+        yield GaugeMetricFamily("xcosd_edge_open_hold_bound_seconds", "how long a first round "
+                                "may wait now: the cloud's least recent call time, at most "
+                                "open_hold_s", value=a.bound_s)
+
+
+class EdgeMetrics:
+    """Counters of the generations an edge's HTTP API served (``arrivals``: the
+    edge's, whose holds it reports too)."""
+
+    def __init__(self, arrivals: Arrivals | None = None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        if arrivals is not None:
+            r.register(_ArrivalsCollector(arrivals))
         p = "xcosd_edge_"
         self.requests = Counter(p + "http_requests", "HTTP requests answered",
                                 ["endpoint", "status"], registry=r)
