@@ -1020,9 +1020,13 @@ class EdgeNode:
         opening = isinstance(msg, Open)
         if opening:  # with those of the requests that arrived beside it
             await self.arrivals.gather(arrival)
-        await self._send(msg, st, trace)
-        if opening and arrival is not None:
-            arrival.sent()
+        try:
+            await self._send(msg, st, trace)
+        finally:
+            if opening and arrival is not None:
+                # gone, or lost with the connection (its resume opens again
+                # later): nothing asked for this request waits behind it any more
+                arrival.sent()
         block = getattr(msg, "draft", None)  # a draft's, or round 0's on the open
         drafted = block.length if block is not None else 0
         # what the draft-length policy may measure (draft_cost="auto"): a draft
