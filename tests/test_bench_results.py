@@ -121,7 +121,8 @@ def test_http_api_section_judges_each_pair_by_both_goals() -> None:
              "send_ms": 0.5 * streams, "ttft_delta_sent_ms": delta - 0.5 * streams,
              "client_cpu_share": 0.05 * streams ** 0.25}
         if streams > 1:
-            r |= {"unheld_ttft_ms": 40.0, "unheld_delta_ms": 30.0, "open_bound_ms": 21.25}
+            r |= {"unheld_ttft_ms": 40.0, "unheld_delta_ms": 30.0, "open_bound_ms": 21.25,
+                  "first_send_ms": 11.0}
         return r
 
     rep = {"tokens_per_stream": 64, "passes": 3, "goals": {"ratio": 0.9, "ttft_delta_ms": 5.0},
@@ -135,6 +136,7 @@ def test_http_api_section_judges_each_pair_by_both_goals() -> None:
     assert ("`remote` +4.0 ms, of which the client's send 8.0 ms (once sent -4.0 ms; opens "
             "unheld +30.0 ms)") in text
     assert "(21.2 ms on `ngram`, 21.2 ms on `remote` at the end of the run)" in text
+    assert "(the first body was written 11.0 ms on `ngram`, 11.0 ms on `remote` after" in text
     # the CPU-bound pair's ratio beside what its client alone took of the two cores
     assert ("used 5% of a core at 1 stream (ratio 0.78x) and 10% of a core at 16 streams "
             "(ratio 0.93x)") in text

@@ -120,7 +120,7 @@ async def _over_http(url: str, model: str, streams: int, tokens: int,
 
 
 async def _one_http(client: Any, model: str, prompt: str, tokens: int,
-                    seed: int) -> tuple[int, float, float, float]:
+                    seed: int) -> tuple[int, float, float, float, float]:
     box: list[float] = []
     _SENT.set(box)
     t0 = time.perf_counter()
@@ -135,13 +135,13 @@ async def _one_http(client: Any, model: str, prompt: str, tokens: int,
             first = time.perf_counter() - t0
         if chunk.usage is not None:
             n = chunk.usage.completion_tokens
-    return n, first or 0.0, time.perf_counter() - t0, (box[0] - t0) if box else 0.0
+    return n, first or 0.0, time.perf_counter() - t0, (box[0] - t0) if box else 0.0, t0
 
 
 async def _setting(run: Any, streams: int, tokens: int, seed0: int) -> dict[str, Any]:
     """One pass of ``streams`` concurrent streams. ``run`` returns a stream's
     (tokens, seconds to its first text, seconds in all, seconds until its request
-    was sent: 0 in process)."""
+    was sent: 0 in process, the moment it was asked for)."""
     t0 = time.perf_counter()
     out = await asyncio.gather(*[run(PROMPTS[i % len(PROMPTS)], tokens, seed0 + i)
                                  for i in range(streams)])
@@ -155,7 +155,9 @@ async def _setting(run: Any, streams: int, tokens: int, seed0: int) -> dict[str,
             # text from then: what the server and the way back took
             "send_mean_ms": statistics.fmean(r[3] for r in out) * 1e3,
             "ttft_sent_ms": statistics.median(r[1] - r[3] for r in out) * 1e3,
-            "sends_ms": [round(r[3] * 1e3, 2) for r in out]}
+            "sends_ms": [round(r[3] * 1e3, 2) for r in out],
+            # when the first request was written, after the first stream was asked for
+            "first_send_ms": (min(r[4] + r[3] for r in out) - min(r[4] for r in out)) * 1e3}
 
 
 #: the pairs measured: the embedded n-gram pair, whose cloud computes on this
@@ -235,7 +237,7 @@ async def _measure(edge: Any, tokens: int, passes: int,
     api = OpenAIApp(edge)
     async with HttpServer(api) as http:
 
-        async def inproc(p: str, t: int, s: int) -> tuple[int, float, float, float]:
+        async def inproc(p: str, t: int, s: int) -> tuple[int, float, float, float, float]:
             # as an application streams in process (EdgeNode.stream): the text
             # reaches the consumer through a queue, a turn of the loop after
             # the node commits it; generate's result gives the exact token count
@@ -249,7 +251,7 @@ async def _measure(edge: Any, tokens: int, passes: int,
             first = time.perf_counter() - t0
             waiter.cancel()
             res = await task
-            return res.stats.tokens, first, time.perf_counter() - t0, 0.0
+            return res.stats.tokens, first, time.perf_counter() - t0, 0.0, t0
 
         # warm both paths (connections, caches) before measuring
         await _setting(inproc, 2, 8, 1)
@@ -293,6 +295,7 @@ async def _measure(edge: Any, tokens: int, passes: int,
                 # the client's own part of it: how long after a stream was asked
                 # for its request had been sent (mean over streams)
                 "send_ms": statistics.median(h["send_mean_ms"] for h in per["http"]),
+                "first_send_ms": statistics.median(h["first_send_ms"] for h in per["http"]),
                 # and the rest: from the request sent to its first text, against
                 # the time to first text in process
                 "ttft_delta_sent_ms": statistics.median(sent_d),
@@ -352,19 +355,23 @@ def _burst_lines(rep: dict[str, Any]) -> list[str]:
         + ")" for r in rows)
     bounds = ", ".join(f"{r['open_bound_ms']:.1f} ms on `{r.get('pair', 'ngram')}`"
                        for r in rows if "open_bound_ms" in r)
+    first = ", ".join(f"{r['first_send_ms']:.1f} ms on `{r.get('pair', 'ngram')}`"
+                      for r in rows if "first_send_ms" in r)
     return ["At 16 streams (each pass's per-stream times are in the JSON): " + each + ". In "
             "process every stream is asked for at once; one `openai` client builds its "
             "requests one after another and httpx writes each request's head and yields "
-            "before its body, so the bodies reach the edge spread over about as long as it "
-            "took to build them all. Without holding their opens the first request's open "
+            "before its body, so no body leaves before every head is built"
+            + (f" (the first body was written {first} after the first stream was asked for)"
+               if first else "") + ". Without holding their opens the first request's open "
             "reaches the idle cloud alone and gets a target call of its own, and the others "
             "wait that whole call; held, they share the first call, and an early request's "
             "time once sent includes the wait for the later ones. The wait is bounded by the "
             "cloud's least recent call time, by its own account"
             + (f" ({bounds} at the end of the run)" if bounds else "") + ". On `ngram` the "
             "16 first rounds are drafted one after another in the edge's draft thread in "
-            "both arms, and through HTTP the client's building and parsing and the server's "
-            "work take their CPU from that chain on the same two cores.", ""]
+            "both arms: through HTTP that chain starts only when the first body arrives, "
+            "and the client's parsing and the server's work take their CPU from it on the "
+            "same two cores.", ""]
 
 
 def section_lines(rep: dict[str, Any] | None) -> list[str]:
