@@ -14,9 +14,10 @@ to the first text, the ratios HTTP / in process (medians over passes of the rati
 within a pass), the client's own time to send its requests and the time to first
 text from then, the 16-stream difference with the edge's opens unheld
 (``arrivals.hold_s = 0``: each goes as soon as it is drafted) as a third arm in the
-same passes, and the client process's CPU while it streams, as a fraction of a core. Seeded, so both paths
-generate the same tokens, and with ``ignore_eos``, so every stream runs its full
-length (a stream that ended after a few tokens would time its first token alone).
+same passes, and the client process's CPU while it streams, as a fraction of a
+core. Seeded, so both paths generate the same tokens, and with ``ignore_eos``, so
+every stream runs its full length (a stream that ended after a few tokens would
+time its first token alone).
 Prints and writes ``bench/out/http_api.json``.
 """
 
