@@ -6,7 +6,8 @@ one to reach its open releases the waiters, which go before it in the same turn 
 the loop; the wait never outlasts the least recent call time nor ``hold_s``; a mark
 that leaves without an open (a refused request) releases the waiters as well; a
 cancelled waiter is forgotten; a server waiting for the open to have gone
-(:meth:`Arrival.until_sent`) goes on once it has, not when it is ready.
+(:meth:`Arrival.until_sent`) goes on once it has, not when it is ready, and
+when the connection is lost as it leaves (the generation then waits to resume).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import asyncio
 
 import pytest
 
+import xcosd
 from xcosd.nodes.arrivals import Arrival, Arrivals
 
+from .helpers.gated import GatedModel
 from .helpers.waits import HANG_S, until
+from .session_pairs import pair
 
 
 def _seen(a: Arrivals, *calls: float) -> Arrivals:
@@ -124,3 +128,24 @@ async def test_until_sent_waits_for_the_open_to_have_gone() -> None:
     ended.sent()  # a generation that ended without an open: it leaves too
     assert a.pending == 0
     await asyncio.wait_for(ended.until_sent(), HANG_S)
+
+
+async def test_an_open_lost_with_its_connection_counts_as_sent() -> None:
+    # a server waiting for the open (its tokenize) goes on when the connection is lost
+    # as the open leaves, not only when the generation, resuming, ends
+    target, draft = pair()
+    gated = GatedModel(draft, hold_score=True)  # round 0 waits in the draft thread
+    cloud = await xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0").start()
+    async with xcosd.EdgeNode(draft=gated, connect=cloud.endpoint, heartbeat_s=0.05,
+                              timeout_s=0.3, connect_timeout_s=HANG_S) as edge:
+        mark = edge.arrivals.arrived()
+        gen = asyncio.ensure_future(edge.generate("c", max_new_tokens=4, arrival=mark))
+        assert await asyncio.to_thread(gated.in_score.wait, HANG_S)
+        await cloud.close()
+        await until(lambda: not edge.connected, "the edge sees the cloud gone")
+        gated.gate.set()  # the open is drafted and its send finds no connection
+        await asyncio.wait_for(mark.until_sent(), HANG_S)
+        assert not gen.done()  # the generation waits to resume
+        gen.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gen
