@@ -33,7 +33,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from xcosd.bench.report import OUT_DIR, machine, table, write_json
 
@@ -82,6 +82,17 @@ def _timed_transport() -> Any:
     return Timed(limits=hx.Limits(max_connections=1000, max_keepalive_connections=100))
 
 
+class _Stream(NamedTuple):
+    """One stream's times, in seconds from ``t0`` (when it was asked for)."""
+
+    tokens: int
+    first: float
+    total: float
+    #: until its request was written (0 in process: nothing to send)
+    sent: float
+    t0: float
+
+
 async def _client(url: str, model: str, streams: int, tokens: int, seed0: int
                   ) -> dict[str, Any]:
     """The HTTP side of one setting, run in the client process."""
@@ -121,7 +132,7 @@ async def _over_http(url: str, model: str, streams: int, tokens: int,
 
 
 async def _one_http(client: Any, model: str, prompt: str, tokens: int,
-                    seed: int) -> tuple[int, float, float, float, float]:
+                    seed: int) -> _Stream:
     box: list[float] = []
     _SENT.set(box)
     t0 = time.perf_counter()
@@ -136,29 +147,28 @@ async def _one_http(client: Any, model: str, prompt: str, tokens: int,
             first = time.perf_counter() - t0
         if chunk.usage is not None:
             n = chunk.usage.completion_tokens
-    return n, first or 0.0, time.perf_counter() - t0, (box[0] - t0) if box else 0.0, t0
+    return _Stream(n, first or 0.0, time.perf_counter() - t0, (box[0] - t0) if box else 0.0,
+                   t0)
 
 
 async def _setting(run: Any, streams: int, tokens: int, seed0: int) -> dict[str, Any]:
-    """One pass of ``streams`` concurrent streams. ``run`` returns a stream's
-    (tokens, seconds to its first text, seconds in all, seconds until its request
-    was sent: 0 in process, the moment it was asked for)."""
+    """One pass of ``streams`` concurrent streams, each a :class:`_Stream` of ``run``."""
     t0 = time.perf_counter()
-    out = await asyncio.gather(*[run(PROMPTS[i % len(PROMPTS)], tokens, seed0 + i)
+    out: list[_Stream] = await asyncio.gather(*[run(PROMPTS[i % len(PROMPTS)], tokens, seed0 + i)
                                  for i in range(streams)])
     wall = time.perf_counter() - t0
-    total = sum(r[0] for r in out)
+    total = sum(r.tokens for r in out)
     return {"tok_s": total / wall, "tokens": total, "wall_s": wall,
-            "ttft_ms": statistics.median(r[1] for r in out) * 1e3,
-            "ttft_mean_ms": statistics.fmean(r[1] for r in out) * 1e3,
-            "ttfts_ms": [round(r[1] * 1e3, 2) for r in out],
+            "ttft_ms": statistics.median(r.first for r in out) * 1e3,
+            "ttft_mean_ms": statistics.fmean(r.first for r in out) * 1e3,
+            "ttfts_ms": [round(r.first * 1e3, 2) for r in out],
             # how long the client took to send each request, and the time to first
             # text from then: what the server and the way back took
-            "send_mean_ms": statistics.fmean(r[3] for r in out) * 1e3,
-            "ttft_sent_ms": statistics.median(r[1] - r[3] for r in out) * 1e3,
-            "sends_ms": [round(r[3] * 1e3, 2) for r in out],
+            "send_mean_ms": statistics.fmean(r.sent for r in out) * 1e3,
+            "ttft_sent_ms": statistics.median(r.first - r.sent for r in out) * 1e3,
+            "sends_ms": [round(r.sent * 1e3, 2) for r in out],
             # when the first request was written, after the first stream was asked for
-            "first_send_ms": (min(r[4] + r[3] for r in out) - min(r[4] for r in out)) * 1e3}
+            "first_send_ms": (min(r.t0 + r.sent for r in out) - min(r.t0 for r in out)) * 1e3}
 
 
 #: the pairs measured: the embedded n-gram pair, whose cloud computes on this
@@ -238,7 +248,7 @@ async def _measure(edge: Any, tokens: int, passes: int,
     api = OpenAIApp(edge)
     async with HttpServer(api) as http:
 
-        async def inproc(p: str, t: int, s: int) -> tuple[int, float, float, float, float]:
+        async def inproc(p: str, t: int, s: int) -> _Stream:
             # as an application streams in process (EdgeNode.stream): the text
             # reaches the consumer through a queue, a turn of the loop after
             # the node commits it; generate's result gives the exact token count
@@ -252,7 +262,7 @@ async def _measure(edge: Any, tokens: int, passes: int,
             first = time.perf_counter() - t0
             waiter.cancel()
             res = await task
-            return res.stats.tokens, first, time.perf_counter() - t0, 0.0, t0
+            return _Stream(res.stats.tokens, first, time.perf_counter() - t0, 0.0, t0)
 
         # warm both paths (connections, caches) before measuring
         await _setting(inproc, 2, 8, 1)
