@@ -447,6 +447,9 @@ async def serve_process(*argv: str) -> AsyncIterator[list[str]]:
     reader = asyncio.create_task(read())
     try:
         yield lines
+    except BaseException as e:  # a failed wait shows what the command printed
+        e.add_note("xcosd serve printed:\n" + "\n".join(lines[-30:]))
+        raise
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGINT)
