@@ -7,7 +7,7 @@ EXTRAS ?= models,fast,bench,dev
 # the suite is CPU-bound (statistical exactness tests): one worker per core
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup setup-haproxy setup-real test demo lint bench clean mutation gpu-check
+.PHONY: setup setup-haproxy setup-real setup-llama test demo lint bench clean mutation gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,7 +38,32 @@ $(REAL_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --no-deps $(REAL_PKGS)
 	touch $(REAL_STAMP)
 
-setup-real: $(REAL_STAMP)
+# llama.cpp, the edge runtime (xcosd/models/llama_cpp_model.py): llama-cpp-python ships
+# only as source, so it is built here once, pinned, with these flags, and the wheel kept
+# under ~/.cache/xcosd/wheels in a folder named by the version and the flags (pip's own
+# wheel cache does not key on CMAKE_ARGS). x86-64-v3 (AVX2, FMA, F16C): every x86-64
+# CPU since 2013; the native build crashes in its first multi-token decode on AMX
+# Xeons. No llamafile sgemm: its kernels sum a row differently by batch size, and a
+# row must not depend on the batch it was computed in (docs/MODELS.md).
+LLAMA_CPP_VERSION := 0.3.16
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+	-DGGML_F16C=ON -DGGML_LLAMAFILE=OFF -DLLAMA_CURL=OFF
+LLAMA_KEY := $(shell echo "$(LLAMA_CPP_VERSION) $(LLAMA_CMAKE_ARGS)" | sha256sum | cut -c1-12)
+LLAMA_WHEELS := $(HOME)/.cache/xcosd/wheels/llama-cpp-python-$(LLAMA_CPP_VERSION)-$(LLAMA_KEY)
+LLAMA_STAMP := $(VENV)/.installed-llama-$(LLAMA_KEY)
+$(LLAMA_STAMP): $(STAMP)
+	@ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || { \
+		echo "building llama-cpp-python $(LLAMA_CPP_VERSION) (once; a few minutes)"; \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
+		$(BIN)/python -m pip wheel -q --no-deps --no-cache-dir -w $(LLAMA_WHEELS) \
+			"llama-cpp-python==$(LLAMA_CPP_VERSION)"; }
+	$(BIN)/python -m pip install -q --force-reinstall --no-deps $(LLAMA_WHEELS)/llama_cpp_python-*.whl
+	$(BIN)/python -m pip install -q "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5.0"
+	touch $@
+
+setup-llama: $(LLAMA_STAMP)
+
+setup-real: $(REAL_STAMP) $(LLAMA_STAMP)
 
 # lint first (seconds), then the tests, the real pair's (marked slow/real) included
 test: setup setup-real

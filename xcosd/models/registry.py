@@ -10,6 +10,12 @@ Specs:
 * ``synthetic:<vocab or size>[:<a_ms>[:<b_ms>]]`` -- a :class:`SyntheticModel`
   costing ``a + b * rows`` milliseconds per call;
 * a local Hugging Face model directory, or a ``.gguf`` file.
+
+A real model or a ``.gguf`` file runs on transformers (torch) by default, or on
+llama.cpp with ``backend="llama.cpp"`` or the suffix ``@llama.cpp``
+(``smollm2-135m@llama.cpp``): :class:`~xcosd.models.llama_cpp_model.LlamaCppModel`.
+Each backend takes its own keywords (:data:`BACKEND_KEYWORDS`); any other is refused
+before anything is loaded or cached.
 """
 
 from __future__ import annotations
@@ -34,6 +40,22 @@ REAL_MODELS: dict[str, tuple[str, str, str]] = {
 
 #: the chat template a real model's tokenizer is given when its GGUF carries none
 REAL_CHAT_TEMPLATES: dict[str, str] = {"gemma3-270m": GEMMA3_CHAT_TEMPLATE}
+
+#: the backends a real model or a ``.gguf`` file runs on (``torch`` names the first)
+BACKENDS = ("transformers", "llama.cpp")
+_BACKEND_ALIASES = {"transformers": "transformers", "torch": "transformers",
+                    "llama.cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama_cpp": "llama.cpp"}
+
+#: the keywords :func:`load_model` passes to each kind of model; ``device`` and
+#: ``dtype`` are taken by :func:`load_model` itself for every kind but llama.cpp
+BACKEND_KEYWORDS: dict[str, frozenset[str]] = {
+    "default": frozenset({"cache", "alpha", "use_cache"}),
+    "ngram": frozenset({"corpus", "cache", "alpha", "use_cache"}),
+    "synthetic": frozenset({"a", "b", "skew", "busy", "name"}),
+    "transformers": frozenset({"name", "threads", "cache", "attn_implementation"}),
+    "llama.cpp": frozenset({"name", "threads", "context", "sequences", "batch",
+                            "chat_template"}),
+}
 
 
 def _module_dir(module: str) -> Path | None:
@@ -79,6 +101,9 @@ def check_spec(spec: str) -> None:
     anything (no torch import, no training): the CLI checks its model arguments with
     this before spending seconds or minutes loading the other model. A real model
     whose package is missing is caught here too; a corrupt file is not."""
+    spec, backend = split_backend(spec)
+    if backend == "llama.cpp":
+        _check_llama_cpp(spec)
     if spec in ("default-draft", "default-target"):
         return
     if spec.startswith("ngram:"):
@@ -108,6 +133,64 @@ def check_spec(spec: str) -> None:
     _model_path(spec)
 
 
+def split_backend(spec: str, backend: str | None = None) -> tuple[str, str | None]:
+    """``"name@backend"`` -> ``("name", backend)`` (``backend`` given as an argument
+    too must agree); the backend's canonical name, or ``None`` when none is named."""
+    named = None
+    if "@" in spec and not Path(os.path.expanduser(spec)).exists():
+        spec, _, suffix = spec.rpartition("@")
+        named = _canonical_backend(suffix)
+    if backend is not None:
+        chosen = _canonical_backend(backend)
+        if named is not None and named != chosen:
+            raise ModelError(f"model spec names backend {named!r} but backend={backend!r}")
+        named = chosen
+    return spec, named
+
+
+def _canonical_backend(name: str) -> str:
+    try:
+        return _BACKEND_ALIASES[name.strip().lower()]
+    except KeyError:
+        raise ModelError(f"unknown model backend {name!r}: use one of {', '.join(BACKENDS)}"
+                         ) from None
+
+
+def _check_llama_cpp(spec: str) -> None:
+    """A llama.cpp spec names a GGUF model, and llama-cpp-python is installed."""
+    if spec in ("default-draft", "default-target") or spec.startswith(("ngram:", "synthetic:")):
+        raise ModelError(f"{spec!r} is not a GGUF model: the llama.cpp backend runs a real "
+                         "model or a .gguf file")
+    from .llama_cpp_model import INSTALL_HINT
+
+    try:
+        found = importlib.util.find_spec("llama_cpp") is not None
+    except ValueError:  # in sys.modules as None: made unimportable on purpose
+        found = False
+    if not found:
+        raise ModelError(f"the llama.cpp backend needs llama-cpp-python; {INSTALL_HINT}")
+
+
+def _kind(spec: str, backend: str | None) -> str:
+    if spec in ("default-draft", "default-target"):
+        return "default"
+    if spec.startswith("ngram:"):
+        return "ngram"
+    if spec.startswith("synthetic:"):
+        return "synthetic"
+    return backend or "transformers"
+
+
+def _check_keywords(spec: str, kind: str, kw: dict[str, Any]) -> None:
+    unknown = sorted(set(kw) - BACKEND_KEYWORDS[kind])
+    if unknown:
+        names = ", ".join(repr(k) for k in unknown)
+        known = ", ".join(sorted(BACKEND_KEYWORDS[kind] | (
+            set() if kind == "llama.cpp" else {"device", "dtype"})))
+        raise ModelError(f"load_model({spec!r}): unknown keyword argument{'s' * (len(unknown) > 1)} "
+                         f"{names} for {kind} models (they take: {known}, backend)")
+
+
 def _check_vocab(name: str, spec: str) -> None:
     from ..vocab import QUICKTOK_ALIASES
 
@@ -133,18 +216,34 @@ def _model_path(spec: str) -> Path:
     )
 
 
-def load_model(spec: str, **kw: Any) -> LanguageModel:
+def load_model(spec: str, *, backend: str | None = None, **kw: Any) -> LanguageModel:
     """A model by spec (see the module docstring). Keyword arguments go to the
     backend: ``corpus=[paths]``, ``cache=``, ``alpha=`` for n-grams; ``device=``,
-    ``dtype=``, ``cache=False`` (skip the converted-GGUF cache, see
-    :mod:`xcosd.models.model_cache`) for transformers; ``a=``, ``b=``, ``busy=``
-    for synthetic models.
+    ``dtype=``, ``threads=``, ``cache=False`` (skip the converted-GGUF cache, see
+    :mod:`xcosd.models.model_cache`) for transformers; ``threads=``, ``context=``,
+    ``sequences=``, ``batch=`` for llama.cpp; ``a=``, ``b=``, ``busy=`` for
+    synthetic models. A keyword the model's backend does not take is a
+    :class:`~xcosd.errors.ModelError` naming it, raised before anything is loaded
+    (so no cache is read, written or removed).
 
     ``device`` and ``dtype`` place any model: a transformers model is loaded there
     (``dtype`` one of its float types); a model that computes its rows in numpy is
     wrapped in :class:`~xcosd.models.on_device.OnDevice`, so a cloud can verify next
     to its rows on that device (``dtype`` does not apply to it). A device this machine
-    lacks is a :class:`~xcosd.errors.ModelError` that says so."""
+    lacks is a :class:`~xcosd.errors.ModelError` that says so. llama.cpp models run
+    on the CPU and take neither."""
+    spec, backend = split_backend(spec, backend)
+    kind = _kind(spec, backend)
+    if backend == "llama.cpp":
+        _check_llama_cpp(spec)
+        for key in ("device", "dtype"):
+            if kw.get(key) not in (None, "cpu"):
+                raise ModelError(f"{spec}@llama.cpp runs on the CPU: {key}={kw[key]!r} applies to "
+                                 "transformers models only")
+            kw.pop(key, None)
+        _check_keywords(spec, kind, kw)
+        return _load_llama_cpp(spec, **kw)
+    _check_keywords(spec, kind, {k: v for k, v in kw.items() if k not in ("device", "dtype")})
     device = kw.pop("device", None)
     dtype = kw.pop("dtype", None)
     if device is not None:
@@ -166,6 +265,21 @@ def load_model(spec: str, **kw: Any) -> LanguageModel:
 
         return OnDevice(model, device)
     return model
+
+
+def _load_llama_cpp(spec: str, **kw: Any) -> LanguageModel:
+    from .llama_cpp_model import LlamaCppModel
+
+    if spec in REAL_MODELS:
+        kw.setdefault("name", spec)
+        model = LlamaCppModel.from_gguf(real_model_path(spec), **kw)
+        if model.chat_template is None:  # as the transformers path: the file's own first
+            model.chat_template = REAL_CHAT_TEMPLATES.get(spec)
+        return model
+    p = _model_path(spec)
+    if p.is_dir():
+        raise ModelError(f"{spec!r} is a model directory: the llama.cpp backend runs .gguf files")
+    return LlamaCppModel.from_gguf(p, **kw)
 
 
 def _is_transformers(spec: str) -> bool:

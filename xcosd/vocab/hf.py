@@ -38,7 +38,7 @@ from ..errors import VocabError
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 #: special-token texts that end a turn in chat models, for the ``eot`` role
-_EOT_TEXTS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>")
+EOT_TEXTS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>")
 
 
 @cache
@@ -162,7 +162,7 @@ def hf_table(tokenizer: Any, name: str | None = None) -> HfTable:
         if tid is not None and 0 <= int(tid) < size:
             roles[role] = int(tid)
             special.add(int(tid))
-    for text in _EOT_TEXTS:
+    for text in EOT_TEXTS:
         tid = vocab.get(text)
         if tid is not None and tid != roles.get("eos"):
             roles["eot"] = tid

@@ -1,0 +1,491 @@
+"""GGUF models on llama.cpp behind :class:`~xcosd.models.base.LanguageModel`.
+
+Edge devices run their small model on llama.cpp (and the apps built on it) from a
+quantised GGUF file, not through torch: :class:`LlamaCppModel` is that runtime as an
+xcosd model, for the draft and for the target, through llama-cpp-python's bindings
+of llama.cpp's C API (no torch, no transformers).
+
+Sessions are sequences. One llama.cpp context holds every session's cache, each
+under a sequence id of its own, in one unified KV buffer: :meth:`LlamaCppModel.score`
+puts every session's new tokens into **one** ``llama_decode`` (a cloud verifies a
+batch of devices in one call), each token tagged with its session's sequence and
+position, and asks for rows only where a call returns them. A rollback after a
+rejection removes the rejected positions from the session's sequence
+(``llama_memory_seq_rm``); the prefix is never evaluated again. When more sessions
+are open than the context has sequences (``sequences``), or its cells run out, the
+least recently used session not in the call gives its sequence up and is evaluated
+again from its ids the next time it is scored: slower, never different.
+
+Rows. Each row is llama.cpp's logits for the position, before any sampler, as a
+float32 softmax over the full vocabulary: the row llama.cpp's own sampler starts
+from, handed to xcosd's warpers and draws as every model's rows are.
+
+Start state, as in :class:`~xcosd.models.transformers_model.TransformersModel`: a
+model whose vocabulary adds a BOS gets it in front of every context, an empty
+context starts from BOS (or EOS); ``session.ids`` counts only real ids.
+
+Vocabulary. Built from llama.cpp's own token table (:mod:`xcosd.vocab.llama`),
+identical to the one the transformers path builds from the same file, and encoded
+with llama.cpp's tokenizer; the tests compare both on every id and on real prompts.
+
+Threads. ``threads`` sets llama.cpp's threads for one-token steps and for batches
+alike. The bindings release the GIL during a decode, so a draft thread computes while
+the event loop goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelError
+from ..vocab import Vocabulary
+from ..vocab.llama import llama_table
+from .base import Session
+
+log = logging.getLogger(__name__)
+
+#: the llama-cpp-python release the project builds and tests (Makefile, setup-llama)
+LLAMA_CPP_VERSION = "0.3.16"
+INSTALL_HINT = "install it with: make setup-llama  (it builds llama-cpp-python from source)"
+
+#: default context size in cells, shared by all sessions (unified KV buffer)
+DEFAULT_CONTEXT = 8192
+#: default number of sessions that keep a cache at once (llama.cpp allows 64)
+DEFAULT_SEQUENCES = 16
+
+
+#: the CPU features the project's build (Makefile, LLAMA_CMAKE_ARGS) compiles in
+BUILD_CPU_FLAGS = ("avx2", "fma", "f16c")
+
+
+def _bindings() -> Any:
+    """llama-cpp-python's module, or a one-line :class:`ModelError` naming the install."""
+    missing = _missing_cpu_flags()
+    if missing:
+        raise ModelError(f"this CPU lacks {', '.join(missing)}, which the llama.cpp build "
+                         "needs: rebuild llama-cpp-python without them (Makefile, LLAMA_CMAKE_ARGS)")
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise ModelError(f"the llama.cpp backend needs llama-cpp-python ({e}); {INSTALL_HINT}") from e
+    _init_backend(llama_cpp)
+    return llama_cpp
+
+
+def _missing_cpu_flags() -> list[str]:
+    """The build's CPU features this x86 Linux machine lacks (a model loaded without
+    them dies of an illegal instruction, with no message); elsewhere nothing."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [x for x in BUILD_CPU_FLAGS if x not in have]
+    except OSError:
+        pass
+    return []
+
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+_log_callback: Any = None
+
+
+def _init_backend(L: Any) -> None:
+    """Once per process: llama.cpp's backend, and its log (which writes to stderr by
+    default) routed to Python's ``logging``: errors as errors, warnings (a context
+    shorter than the model was trained for, ...) as info."""
+    global _backend_ready, _log_callback
+    with _backend_lock:
+        if _backend_ready:
+            return
+
+        def _log(level: int, text: bytes | None, _data: Any) -> None:
+            if text and level in (3, 4):  # GGML_LOG_LEVEL_WARN, _ERROR
+                log.log(logging.INFO if level == 3 else logging.ERROR, "llama.cpp: %s",
+                        text.decode("utf-8", "replace").rstrip())
+
+        _log_callback = L.llama_log_callback(_log)  # kept: llama.cpp holds the pointer
+        L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        L.llama_backend_init()
+        _backend_ready = True
+
+
+@dataclass(eq=False)
+class _Seq:
+    """A session's place in the context: its sequence id (``None``: not resident,
+    evaluated again on its next score) and how many positions of
+    ``prefix + ids`` the context holds for it."""
+
+    prefix: list[int]
+    seq: int | None = None
+    length: int = 0
+    #: the model whose context holds the sequence (a session is one model's)
+    owner: Any = field(default=None, repr=False)
+
+
+class LlamaCppModel:
+    """A GGUF model on llama.cpp with one sequence per session and batched scoring.
+
+    Build with :meth:`from_gguf`. ``threads`` (default: every core) is llama.cpp's
+    thread count; ``context`` the cells shared by all sessions; ``sequences`` how
+    many sessions keep a cache at once; ``batch`` the most tokens one decode takes.
+    """
+
+    def __init__(self, path: str | Path, *, name: str | None = None, threads: int | None = None,
+                 context: int = DEFAULT_CONTEXT, sequences: int = DEFAULT_SEQUENCES,
+                 batch: int = 512, chat_template: str | None = None) -> None:
+        L = _bindings()
+        self._L = L
+        p = Path(path)
+        if not p.is_file():
+            raise ModelError(f"no GGUF file at {p}")
+        if threads is not None and int(threads) < 1:
+            raise ModelError(f"threads must be >= 1, got {threads}")
+        if not 1 <= int(sequences) <= 64:
+            raise ModelError(f"sequences must be 1..64 (llama.cpp's limit), got {sequences}")
+        self.path = p
+        self.threads = int(threads) if threads is not None else (os.cpu_count() or 1)
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        # no repacked weight layouts: their kernels sum a row differently by where it
+        # falls in the batch, so a position's row would depend on the batch
+        mp.use_extra_bufts = False
+        self._model = L.llama_model_load_from_file(str(p).encode(), mp)
+        if not self._model:
+            raise ModelError(f"llama.cpp cannot load {p} (not a GGUF model it supports)")
+        cp = L.llama_context_default_params()
+        cp.n_ctx = int(context) * int(sequences)
+        cp.n_batch = cp.n_ubatch = int(batch)
+        cp.n_seq_max = int(sequences)
+        cp.n_threads = cp.n_threads_batch = self.threads
+        # a buffer of its own per session: its cells stay in position order, so a
+        # row does not depend on what other sessions did (see the module docstring);
+        # the full history of sliding-window layers, so a rollback into the window's
+        # past is exact (as in the transformers backend)
+        cp.kv_unified = False
+        cp.swa_full = True
+        cp.no_perf = True
+        self._ctx = L.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            L.llama_model_free(self._model)
+            self._model = None
+            raise ModelError(f"llama.cpp cannot make a context for {p} "
+                             f"(context={context}, sequences={sequences})")
+        self._mem = L.llama_get_memory(self._ctx)
+        self.context = int(L.llama_n_ctx(self._ctx)) // int(sequences)
+        self.sequences = int(sequences)
+        self.batch = int(batch)
+        self._vocab_p = L.llama_model_get_vocab(self._model)
+        self._n_vocab = int(L.llama_vocab_n_tokens(self._vocab_p))
+        self.name = name or p.stem
+        self.vocab = self._read_vocab(self.name)
+        bos = self.vocab.roles.get("bos")
+        self._add_bos = bos is not None and bool(L.llama_vocab_get_add_bos(self._vocab_p))
+        self._start = bos if bos is not None else self.vocab.roles.get("eos")
+        template = chat_template
+        if template is None:
+            raw = L.llama_model_chat_template(self._model, None)
+            template = raw.decode("utf-8") if raw else None
+        self.chat_template = template
+        self._free = list(range(self.sequences - 1, -1, -1))
+        #: resident sessions, least recently used first
+        self._lru: OrderedDict[int, _Seq] = OrderedDict()
+        # one decode at a time on the context: a model used by two threads (an edge
+        # drafting while it renders) must not interleave their batches
+        self._lock = threading.RLock()
+        #: decodes run, and sessions evicted to make room (for the benches and tests)
+        self.decodes = 0
+        self.evictions = 0
+
+    def __repr__(self) -> str:
+        return (f"LlamaCppModel({self.name!r}, vocab={self.vocab.size}, threads={self.threads}, "
+                f"context={self.context}, sequences={self.sequences})")
+
+    @classmethod
+    def from_gguf(cls, file: str | Path, **kw: Any) -> LlamaCppModel:
+        """Load a ``.gguf`` file (its quantised weights stay quantised)."""
+        return cls(file, **kw)
+
+    def close(self) -> None:
+        """Free the context and the weights (also done when collected)."""
+        L = getattr(self, "_L", None)
+        if L is None:
+            return
+        with self._lock:
+            if getattr(self, "_ctx", None):
+                L.llama_free(self._ctx)
+                self._ctx = None
+            if getattr(self, "_model", None):
+                L.llama_model_free(self._model)
+                self._model = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at shutdown the bindings may be gone
+            self.close()
+
+    # -- the vocabulary ----------------------------------------------------------
+
+    def _read_vocab(self, name: str) -> Vocabulary:
+        L, v = self._L, self._vocab_p
+        texts = [bytes(L.llama_vocab_get_text(v, i)) for i in range(self._n_vocab)]
+        attrs = [int(L.llama_vocab_get_attr(v, i)) for i in range(self._n_vocab)]
+        roles = {"bos": int(L.llama_vocab_bos(v)), "eos": int(L.llama_vocab_eos(v)),
+                 "pad": int(L.llama_vocab_pad(v))}
+        t = llama_table(name, int(L.llama_vocab_type(v)), texts, attrs, roles, self._encode)
+        return Vocabulary(t.name, t.tokens, special=t.special, roles=t.roles, encoder=t.encoder)
+
+    def _encode(self, text: str) -> list[int]:
+        """llama.cpp's tokenizer, no BOS added, special-token texts parsed as their
+        ids (as a Hugging Face tokenizer's ``encode`` does)."""
+        data = text.encode("utf-8", "surrogatepass")
+        cap = len(data) + 8
+        while True:
+            buf = (self._L.llama_token * cap)()
+            n = int(self._L.llama_tokenize(self._vocab_p, data, len(data), buf, cap, False, True))
+            if n >= 0:
+                return [int(buf[i]) for i in range(n)]
+            cap = -n
+
+    # -- the LanguageModel interface ---------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.vocab.encode(text)
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """A chat rendered by the model's chat template (the GGUF file's, or the one
+        given), the generation prompt added, as the ids :meth:`start` is given: the
+        same ids as the transformers backend gives for the same file and template."""
+        if not self.chat_template:
+            raise ModelError(f"{self.name}: the model has no chat template", code="unsupported")
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def _raise(message: str) -> None:
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        roles = self.vocab.roles
+        special = {r: self.vocab.tokens[i].decode("utf-8", "replace")  # type: ignore[union-attr]
+                   for r, i in roles.items() if self.vocab.tokens[i] is not None}
+        try:
+            text = env.from_string(self.chat_template).render(
+                messages=[dict(m) for m in messages], add_generation_prompt=True,
+                bos_token=special.get("bos", ""), eos_token=special.get("eos", ""))
+        except TemplateError as e:
+            raise ModelError(f"{self.name}: chat template: {e}") from e
+        ids = self._encode(text)
+        if self._add_bos and ids and ids[0] == self._start:
+            ids = ids[1:]
+        return ids
+
+    def start(self, prompt_ids: Sequence[int]) -> Session:
+        ids = [int(i) for i in prompt_ids]
+        self._check(ids)
+        prefix = [self._start] if self._start is not None and (self._add_bos or not ids) else []
+        return Session(ids=ids, cached=0, cache=_Seq(prefix=prefix, owner=self))
+
+    def append(self, session: Session, ids: Sequence[int]) -> None:
+        new = [int(i) for i in ids]
+        self._check(new)
+        self._seq(session)
+        session.ids.extend(new)
+
+    def rollback(self, session: Session, length: int) -> None:
+        if length < 0:
+            raise ValueError(f"rollback length must be >= 0, got {length}")
+        s = self._seq(session)
+        del session.ids[length:]
+        keep = len(s.prefix) + len(session.ids)
+        if s.length > keep:
+            with self._lock:
+                self._cut(s, keep)
+        session.cached = max(0, s.length - len(s.prefix))
+
+    def end(self, session: Session) -> None:
+        s = session.cache
+        if isinstance(s, _Seq) and s.owner is self:
+            with self._lock:
+                self._release(s)
+        session.ids = []
+        session.cached = 0
+        session.cache = None
+
+    def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:
+        """For each ``(session, new_ids)``, ``len(new_ids) + 1`` rows, all sessions in
+        one ``llama_decode`` (more only when the tokens exceed ``batch``)."""
+        if not batch:
+            return []
+        plan: list[tuple[Session, _Seq, list[int], list[int], int]] = []
+        seen: set[int] = set()
+        for session, new_ids in batch:
+            new = [int(i) for i in new_ids]
+            self._check(new)
+            s = self._seq(session)
+            if id(s) in seen:
+                raise ModelError(f"{self.name}: a session appears twice in one score call")
+            seen.add(id(s))
+            if not s.prefix and not session.ids and not new:
+                if self._start is None:
+                    raise ModelError(f"{self.name}: empty context and no BOS/EOS to start from")
+                s.prefix = [self._start]
+            if not s.prefix and not session.ids:
+                raise ModelError(f"{self.name}: cannot score an empty context without BOS/EOS")
+            plan.append((session, s, new, [], len(new) + 1))
+        with self._lock:
+            if self._ctx is None:
+                raise ModelError(f"{self.name}: the model is closed")
+            members = [s for _, s, _, _, _ in plan]
+            for i, (session, s, new, _, n_out) in enumerate(plan):
+                self._make_resident(s, members)
+                full = s.prefix + session.ids
+                if s.length >= len(full):
+                    # all cached: the row after the context needs its last token fed again
+                    self._cut(s, len(full) - 1)
+                plan[i] = (session, s, new, full[s.length:] + new, n_out)
+            rows = self._decode([(s, feed, n_out) for _, s, _, feed, n_out in plan], members)
+        out = []
+        for (session, s, new, _feed, _n), r in zip(plan, rows, strict=True):
+            session.ids.extend(new)
+            session.cached = s.length - len(s.prefix)
+            out.append(r)
+        return out
+
+    # -- internals ---------------------------------------------------------------
+
+    def _check(self, ids: Sequence[int]) -> None:
+        n = self.vocab.size
+        for i in ids:
+            if not 0 <= i < n:
+                raise ModelError(f"{self.name}: token id {i} outside 0..{n - 1}")
+
+    def _seq(self, session: Session) -> _Seq:
+        s = session.cache
+        if not isinstance(s, _Seq) or s.owner is not self:
+            raise ModelError("session does not belong to this llama.cpp model (or has ended)")
+        return s
+
+    def _cut(self, s: _Seq, keep: int) -> None:
+        """Drop the session's positions from ``keep`` on (the context's cells too)."""
+        if (s.seq is not None and s.length > keep
+                and not self._L.llama_memory_seq_rm(self._mem, s.seq, keep, -1)):
+            self._release(s)  # cannot cut part of it: evaluate it all again
+            return
+        s.length = min(s.length, keep)
+
+    def _release(self, s: _Seq) -> None:
+        """Give up the session's sequence: its cells are freed, its cache forgotten."""
+        if s.seq is not None:
+            self._L.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
+            self._lru.pop(s.seq, None)
+            self._free.append(s.seq)
+            s.seq = None
+        s.length = 0
+
+    def _evict(self, keep: Sequence[_Seq]) -> bool:
+        """Release the least recently used resident session not in ``keep``."""
+        protected = {id(s) for s in keep}
+        for victim in self._lru.values():
+            if id(victim) not in protected:
+                self._release(victim)
+                self.evictions += 1
+                return True
+        return False
+
+    def _make_resident(self, s: _Seq, members: Sequence[_Seq]) -> None:
+        if s.seq is not None:
+            self._lru.move_to_end(s.seq)
+            return
+        if not self._free and not self._evict(members):
+            raise ModelError(f"{self.name}: more sessions in one call than the context's "
+                             f"{self.sequences} sequences")
+        s.seq = self._free.pop()
+        s.length = 0
+        self._lru[s.seq] = s
+
+    def _decode(self, items: list[tuple[_Seq, list[int], int]],
+                members: Sequence[_Seq]) -> list[np.ndarray]:
+        """Feed each session's tokens after its cached positions; per session, the
+        probability rows of its last ``n_out`` fed positions."""
+        total = sum(len(feed) for _, feed, _ in items)
+        if max(s.length + len(feed) for s, feed, _ in items) > self.context:
+            raise ModelError(f"{self.name}: a context longer than the model's "
+                             f"{self.context} cells")
+        if total <= self.batch:
+            return self._decode_once(items, members)
+        # more tokens than one decode takes: each session's feed in turn, in chunks,
+        # the last chunk exactly the positions whose rows are returned
+        out = []
+        for s, feed, n_out in items:
+            if n_out > self.batch:
+                raise ModelError(f"{self.name}: {n_out} rows in one call, over the model's "
+                                 f"batch of {self.batch} tokens")
+            head = feed[: len(feed) - n_out]
+            for lo in range(0, len(head), self.batch):
+                self._decode_once([(s, head[lo: lo + self.batch], 0)], members)
+            out.extend(self._decode_once([(s, feed[len(feed) - n_out:], n_out)], members))
+        return out
+
+    def _decode_once(self, items: list[tuple[_Seq, list[int], int]],
+                     members: Sequence[_Seq]) -> list[np.ndarray]:
+        L = self._L
+        total = sum(len(feed) for _, feed, _ in items)
+        b = L.llama_batch_init(total, 0, 1)
+        try:
+            k = 0
+            for s, feed, n_out in items:
+                assert s.seq is not None
+                first_out = len(feed) - n_out
+                for j, tok in enumerate(feed):
+                    b.token[k] = tok
+                    b.pos[k] = s.length + j
+                    b.n_seq_id[k] = 1
+                    b.seq_id[k][0] = s.seq
+                    b.logits[k] = 1 if j >= first_out else 0
+                    k += 1
+            b.n_tokens = total
+            while True:
+                rc = int(L.llama_decode(self._ctx, b))
+                if rc == 0:
+                    break
+                # 1: no room in the cells (the context restored as it was): make room
+                if rc == 1 and self._evict(members):
+                    continue
+                for s, _, _ in items:  # a failed decode may leave part of it behind
+                    self._release(s)
+                raise ModelError(f"{self.name}: llama_decode failed ({rc}) on {total} tokens"
+                                 + (": the context is full" if rc == 1 else ""))
+            self.decodes += 1
+            out: list[np.ndarray] = []
+            k = 0
+            for s, feed, n_out in items:
+                rows = np.empty((n_out, self._n_vocab), dtype=np.float32)
+                for r in range(n_out):
+                    ptr = L.llama_get_logits_ith(self._ctx, k + len(feed) - n_out + r)
+                    rows[r] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+                _softmax_rows(rows)
+                out.append(rows)
+                s.length += len(feed)
+                k += len(feed)
+            return out
+        finally:
+            L.llama_batch_free(b)
+
+
+def _softmax_rows(x: np.ndarray) -> None:
+    """Logits -> probabilities in place, row by row, in float32."""
+    x -= x.max(axis=1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=1, keepdims=True)
