@@ -57,7 +57,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--prompts-file", default=None, type=existing_file,
                    help="one prompt per line")
     p.add_argument("--draft", default="default-draft",
-                   help="model spec for xcosd.models.load_model")
+                   help="model spec for xcosd.models.load_model (a real model or a .gguf "
+                        "runs on llama.cpp with the suffix @llama.cpp)")
     p.add_argument("--connect", default="tcp://127.0.0.1:5555", type=endpoints,
                    help="the cloud's endpoint, or several comma-separated (tried in turn; a "
                         "host name with several addresses counts as several)")

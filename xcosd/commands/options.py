@@ -448,14 +448,17 @@ def add_device_args(p: argparse.ArgumentParser, what: str, prefix: str = "") -> 
                         "computes its rows in numpy hands them over on it")
     p.add_argument(f"--{prefix}dtype", default=None, choices=DTYPES,
                    help=f"float type of {what}'s weights (transformers models)")
+    p.add_argument(f"--{prefix}threads", default=None, type=positive_int, metavar="N",
+                   help=f"CPU threads of {what}'s compute (llama.cpp's threads; torch's for "
+                        "transformers models; default: llama.cpp every core, torch its own)")
 
 
 def device_kw(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
-    """The ``device`` / ``dtype`` keywords of :func:`xcosd.models.load_model` from the
-    flags :func:`add_device_args` added."""
+    """The ``device`` / ``dtype`` / ``threads`` keywords of
+    :func:`xcosd.models.load_model` from the flags :func:`add_device_args` added."""
     attr = prefix.replace("-", "_")
     out: dict[str, Any] = {}
-    for key in ("device", "dtype"):
+    for key in ("device", "dtype", "threads"):
         v = getattr(args, attr + key, None)
         if v is not None:
             out[key] = v

@@ -86,7 +86,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="run a cloud node (the target model)",
                        description="Serve a target model to edge devices over ZeroMQ or TCP.")
     p.add_argument("--target", default="default-target",
-                   help="model spec for xcosd.models.load_model")
+                   help="model spec for xcosd.models.load_model (a real model or a .gguf "
+                        "runs on llama.cpp with the suffix @llama.cpp)")
     p.add_argument("--bind", default="tcp://127.0.0.1:5555", type=endpoint,
                    help="endpoint to bind")
     add_transport_arg(p)

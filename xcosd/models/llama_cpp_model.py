@@ -205,8 +205,10 @@ class LlamaCppModel:
         # one decode at a time on the context: a model used by two threads (an edge
         # drafting while it renders) must not interleave their batches
         self._lock = threading.RLock()
-        #: decodes run, and sessions evicted to make room (for the benches and tests)
+        #: decodes run, tokens fed to them, and sessions evicted to make room (for the
+        #: benches and tests)
         self.decodes = 0
+        self.tokens_fed = 0
         self.evictions = 0
 
     def __repr__(self) -> str:
@@ -468,6 +470,7 @@ class LlamaCppModel:
                 raise ModelError(f"{self.name}: llama_decode failed ({rc}) on {total} tokens"
                                  + (": the context is full" if rc == 1 else ""))
             self.decodes += 1
+            self.tokens_fed += total
             out: list[np.ndarray] = []
             k = 0
             for s, feed, n_out in items:

