@@ -25,6 +25,12 @@ keep its generation's slot for good. :class:`BoundedH11` adds:
   once it has waited ``write_timeout_s`` with that buffer full the connection is
   dropped, which ends the response (and cancels a streamed generation: see
   ``xcosd/api/app.py``).
+* **An answer sent before its request was read whole** (a 413 for a body over the
+  limit, a refusal) reaches its client: closing a socket with input unread makes
+  the kernel reset the connection, and a reset discards the answer the client has
+  not read yet. So a connection closed while its request's body is still coming
+  is half-closed instead (the answer, then end of stream) and its input read and
+  dropped until the client closes too, for at most :data:`LINGER_S`.
 * **A head that is not HTTP** gets a 400 error object in the same shape.
 """
 
@@ -43,10 +49,31 @@ from .limits import AddressSlots, ConnectionLimits
 
 #: seconds a refused connection is kept to read what its client sent
 REFUSE_LINGER_S = 1.0
+#: seconds a connection closed with its request's body still coming is kept,
+#: half-closed, to read (and drop) it
+LINGER_S = 2.0
 
 _REFUSAL = {429: ("too many connections from this address; retry later",
                   "too_many_connections"),
             503: ("the server is at its connection limit; retry later", "server_full")}
+
+
+class _LingeringClose:
+    """The transport uvicorn's code is given: the same, but its ``close`` lingers
+    while the request's body is still coming (:meth:`BoundedH11._close`)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: BoundedH11) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._protocol._close()
+
+    def is_closing(self) -> bool:
+        return self._protocol._lingering or self._transport.is_closing()
 
 
 class BoundedH11(H11Protocol):
@@ -63,11 +90,15 @@ class BoundedH11(H11Protocol):
     _phase: tuple[str, object] | None = None
     _deadline: asyncio.TimerHandle | None = None
     _write_deadline: asyncio.TimerHandle | None = None
+    _raw: asyncio.Transport
+    _lingering = False
 
     # -- admission ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._raw = transport
+        self.transport = _LingeringClose(transport, self)  # type: ignore[assignment]
         host = self.client[0] if self.client else None
         status = self.slots.refusal(host)
         if status is not None:
@@ -99,9 +130,30 @@ class BoundedH11(H11Protocol):
             self._slot = None
         super().connection_lost(exc)
 
+    def _close(self) -> None:
+        """Close, or half-close and linger if the request's body is still coming."""
+        raw = self._raw
+        if self._lingering or raw.is_closing():
+            return
+        if self.cycle is None or not self.cycle.more_body or not raw.can_write_eof():
+            raw.close()
+            return
+        self._lingering = True
+        for h in (self._deadline, self._write_deadline):
+            if h is not None:
+                h.cancel()
+        self._write_deadline = None
+        self._phase = None
+        # after what is buffered: the answer, then end of stream; the client's own end
+        # of stream closes the transport (uvicorn's eof_received returns None)
+        raw.write_eof()
+        self._deadline = self.loop.call_later(LINGER_S, raw.close)
+
     # -- the head's and the body's deadlines ---------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:  # the rest of a body no one will read
+            return
         if self._refused:  # its request read, the refusal already written
             self.transport.close()
             return
