@@ -256,6 +256,7 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
     """The RESULTS.md section (empty without a report)."""
     if rep is None:
         return []
+    m = rep["rss_mib"]
     return [HEADING, "",
             "From `xcosd bench http-streams` (bench/out/http_streams.json): "
             f"{rep['streams']} streams opened at once through one edge's OpenAI-compatible "
@@ -272,6 +273,12 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
             "HTTP pass's peak over the in-process pass's (the allocator keeps what the first "
             "pass freed and the second reuses it, so what is left is what HTTP held).", "",
             format_report(rep), "",
+            f"The edge's memory at the peak, {rep['rss_kib_per_stream']:.0f} KiB a stream, is "
+            f"the generations' own: {m['inproc_peak'] - m['before']:.0f} MiB over the "
+            f"{rep['streams']} in process, {m['http_peak'] - m['before']:.0f} MiB through "
+            f"HTTP. Every stream is opened at once: the times to first text are those of "
+            f"{rep['streams']} first rounds sharing the machine's cores with the cloud and "
+            "the client.", "",
             f"Goals: no stream failed ({rep['errors']} did), none differed from `generate` "
             f"({rep['mismatched']} did), HTTP held at most "
             f"{GOALS['http_rss_kib_per_stream']:g} KiB of the edge's memory a stream beyond "
