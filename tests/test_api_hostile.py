@@ -28,8 +28,10 @@ import pytest
 
 from xcosd.api import RequestLimits
 from xcosd.http import ConnectionLimits
+from xcosd.models.base import ModelWrapper
 
 from .helpers.waits import HANG_S, until
+from .session_pairs import pair
 from .test_api import Served, metric, served
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,6 +206,35 @@ async def test_a_client_that_stops_reading_its_stream_is_dropped_and_frees_its_s
         # and others are served as before
         ok = await s.client.completions.create(model=s.model, prompt="c", max_tokens=3)
         assert ok.usage.completion_tokens == 3
+
+
+class _BrokenDraft(ModelWrapper):
+    """A draft with a bug: its every session fails to start."""
+
+    def start(self, prompt_ids: Any) -> Any:
+        raise ZeroDivisionError("a bug in the draft")
+
+
+async def test_an_internal_error_is_a_500_error_object_logged_with_its_request_id(
+        caplog: pytest.LogCaptureFixture) -> None:
+    target, draft = pair()
+    async with served((target, _BrokenDraft(draft))) as s:
+        for stream in (False, True):
+            r = await s.raw("POST", "/v1/completions", json={
+                "model": s.model, "prompt": "c", "max_tokens": 3, "stream": stream})
+            rid = r.headers["x-request-id"]
+            if stream:  # the stream had begun: its error is an event
+                assert r.status_code == 200
+                err = json.loads(r.text.split("data: ")[1])["error"]
+            else:
+                assert r.status_code == 500
+                err = r.json()["error"]
+            assert err["type"] == "internal_error" and err["code"] == "internal"
+            assert rid in err["message"] and "ZeroDivisionError" in err["message"]
+            logged = [rec for rec in caplog.records if rid in rec.getMessage()]
+            assert logged and logged[0].exc_info is not None
+            assert logged[0].exc_info[0] is ZeroDivisionError
+        await _no_leftovers(s)
 
 
 def _rss_mib() -> float:

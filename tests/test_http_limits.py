@@ -170,3 +170,25 @@ async def test_a_head_that_is_not_http_gets_a_400_error_object(head: bytes) -> N
         assert status == 400 and err["code"] == "invalid_http"
         assert err["type"] == "invalid_request_error"
         w.close()
+
+
+def test_edge_serve_options_make_the_servers_limits() -> None:
+    from xcosd.cli import build_parser
+    from xcosd.commands.http_limits import connection_limits
+
+    p = build_parser()
+    base = ["edge", "serve", "--http", "127.0.0.1:0"]
+    d = connection_limits(p.parse_args([*base, "--max-in-flight", "10"]))
+    assert (d.max_connections, d.max_per_address) == (4 * 10 + 16, 10)
+    assert (d.head_timeout_s, d.body_timeout_s, d.write_timeout_s) == (10.0, 30.0, 10.0)
+    assert d.write_buffer_bytes == 64 << 10
+    a = connection_limits(p.parse_args([
+        *base, "--max-connections", "50", "--max-connections-per-address", "80",
+        "--head-timeout", "2", "--body-timeout", "3", "--write-buffer-kib", "16",
+        "--write-timeout", "4"]))
+    # an address never holds more than the whole server
+    assert (a.max_connections, a.max_per_address) == (50, 50)
+    assert (a.head_timeout_s, a.body_timeout_s, a.write_timeout_s) == (2.0, 3.0, 4.0)
+    assert a.write_buffer_bytes == 16 << 10
+    with pytest.raises(SystemExit):
+        p.parse_args([*base, "--head-timeout", "0"])
