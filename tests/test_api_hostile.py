@@ -182,6 +182,7 @@ async def test_a_body_over_the_limit_gets_its_413_before_the_connection_closes(
         await _no_leftovers(s)
 
 
+@pytest.mark.slow  # the stream must outgrow the socket buffers: about 5 s of generation
 async def test_a_client_that_stops_reading_its_stream_is_dropped_and_frees_its_session() -> None:
     limits = ConnectionLimits(write_buffer_bytes=8 << 10, write_timeout_s=0.3)
     async with served(http_limits=limits, limits=RequestLimits(max_tokens=1 << 15)) as s:
