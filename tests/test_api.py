@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import xcosd
 from xcosd.api import OpenAIApp, RequestLimits
-from xcosd.http import HttpServer
+from xcosd.http import ConnectionLimits, HttpServer
 from xcosd.methods import Space
 from xcosd.models import default_pair
 from xcosd.models.base import ModelWrapper
@@ -62,6 +62,7 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def served(models: tuple[Any, Any] | None = None, *, edge_kw: dict[str, Any] | None = None,
+                 http_limits: ConnectionLimits | None = None,
                  **app_kw: Any) -> AsyncIterator[Served]:
     target, draft = models if models is not None else pair()
     async with contextlib.AsyncExitStack() as stack:
@@ -70,7 +71,7 @@ async def served(models: tuple[Any, Any] | None = None, *, edge_kw: dict[str, An
         edge = await stack.enter_async_context(xcosd.EdgeNode(
             draft=draft, connect=cloud.endpoint, **(edge_kw or {})))
         api = OpenAIApp(edge, **app_kw)
-        http = await stack.enter_async_context(HttpServer(api))
+        http = await stack.enter_async_context(HttpServer(api, limits=http_limits))
         client = openai.AsyncOpenAI(base_url=http.url + "/v1", api_key="unused",
                                     max_retries=0, timeout=60)
         stack.push_async_callback(client.close)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -45,7 +44,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -58,6 +57,8 @@ from ..nodes.edge import EdgeNode
 from ..nodes.stats import GenerationResult
 from . import responses as R
 from .errors import APIError, invalid
+from .guard import REQUEST_ID, RequestGuard, internal_error, internal_error_response
+from .json_body import decode_json
 from .metrics import EdgeMetrics
 from .requests import ChatRequest, CompletionRequest, RequestLimits, parse_chat, parse_completion
 from .stop import StopTrim
@@ -89,8 +90,8 @@ def api_error_for(exc: BaseException) -> APIError:
         headers = {"Retry-After": "1"} if status in (429, 503) else None
         msg = ("the cloud is unreachable: " if status == 503 else "") + exc.message
         return APIError(status, msg, None, code, headers)
-    log.exception("generation failed", exc_info=exc)
-    return APIError(500, f"internal error: {type(exc).__name__}", None, "internal")
+    log.error("request %s: generation failed", REQUEST_ID.get(), exc_info=exc)
+    return internal_error(type(exc).__name__)
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -229,11 +230,13 @@ class OpenAIApp:
                 Route("/health", self._health, methods=["GET", "HEAD"]),
                 Route("/metrics", self._metrics, methods=["GET", "HEAD"]),
             ],
-            exception_handlers={HTTPException: self._http_error})
+            exception_handlers={HTTPException: self._http_error,
+                                Exception: internal_error_response})
         self.app.router.redirect_slashes = False  # a path is the route or a 404
+        self._guarded = RequestGuard(self.app)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
+        await self._guarded(scope, receive, send)
 
     @property
     def model(self) -> str:
@@ -316,14 +319,15 @@ class OpenAIApp:
         if size is not None and size.isdigit() and int(size) > self.max_body_bytes:
             raise self._too_large()
         buf = bytearray()
-        async for chunk in request.stream():
-            buf += chunk
-            if len(buf) > self.max_body_bytes:
-                raise self._too_large()
         try:
-            return json.loads(buf)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise invalid(f"the body is not valid JSON: {e}", None, "invalid_json") from None
+            async for chunk in request.stream():
+                buf += chunk
+                if len(buf) > self.max_body_bytes:
+                    raise self._too_large()
+        except ClientDisconnect:  # gone (or dropped at the body's deadline): no one to answer
+            raise APIError(499, "the client went away before its body arrived", None,
+                           "client_closed") from None
+        return decode_json(bytes(buf))
 
     def _too_large(self) -> APIError:
         return APIError(413, f"the request body exceeds {self.max_body_bytes} bytes", None,

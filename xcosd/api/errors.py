@@ -7,7 +7,8 @@ Every refusal is one :class:`APIError`: an HTTP status and the error object
 and shows ``message``). ``type`` follows OpenAI's families
 (``invalid_request_error``, ``not_found_error`` ...); ``code`` is a short machine
 name where one helps (``unsupported_parameter``, ``model_not_found``,
-``context_length_exceeded``).
+``context_length_exceeded``). The object's shape is written once, in
+:mod:`xcosd.http.errors`, which the HTTP server's own refusals use too.
 """
 
 from __future__ import annotations
@@ -15,20 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-#: the error ``type`` each status gets, as OpenAI's API names them
-TYPE_FOR_STATUS = {
-    400: "invalid_request_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "internal_error",
-    502: "api_error",
-    503: "service_unavailable_error",
-    504: "timeout_error",
-}
+from ..http.errors import TYPE_FOR_STATUS, error_object
 
 
 @dataclass
@@ -50,8 +38,7 @@ class APIError(Exception):
         return TYPE_FOR_STATUS.get(self.status, "api_error")
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return error_object(self.status, self.message, self.param, self.code)
 
 
 def invalid(message: str, param: str | None = None, code: str | None = "invalid_value",

@@ -369,7 +369,7 @@ def _messages(body: Mapping[str, Any], limits: RequestLimits) -> tuple[ChatMessa
         role = m.get("role")
         if role == "tool" or "tool_calls" in m or "function_call" in m:
             raise unsupported(f"{at}.role" if role == "tool" else at, "no tool calling")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise invalid(f"'{at}.role' must be one of {', '.join(ROLES)}; got {role!r}",
                           f"{at}.role")
         extra = sorted(set(m) - {"role", "content", "name"})

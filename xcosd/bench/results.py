@@ -24,7 +24,16 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from xcosd.bench import accel, balancers, cloud_cpu, http_api, plots, scale, streaming
+from xcosd.bench import (
+    accel,
+    balancers,
+    cloud_cpu,
+    http_api,
+    http_streams,
+    plots,
+    scale,
+    streaming,
+)
 from xcosd.bench.load import SCALING_HEADER, batching_mode, generation_settings, scaling_rows
 from xcosd.bench.methods import format_report, merge_reports
 from xcosd.bench.report import OUT_DIR, machine, table
@@ -805,6 +814,10 @@ SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
                          lambda: http_api.section_lines(_load(http_api.OUT.name)),
                          (OVERLAP_HEADING, KV_HEADING, "## Framework overhead", "## Codecs",
                           "## Sizes used", MUTATION_HEADING)),
+            "http-streams": (http_streams.HEADING,
+                             lambda: http_streams.section_lines(_load(http_streams.OUT.name)),
+                             (OVERLAP_HEADING, KV_HEADING, "## Framework overhead", "## Codecs",
+                              "## Sizes used", MUTATION_HEADING)),
             "accel": (accel.HEADING, lambda: accel.section_lines(_load(accel.OUT.name)),
                       (GPU_HEADING, "## Codecs", "## Sizes used", MUTATION_HEADING)),
             "overlap": (OVERLAP_HEADING, lambda: section_overlap(_load("overlap.json")),
@@ -855,6 +868,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_real_pair(_load("real_pair.json"))
     doc += streaming.section_lines(_load(streaming.OUT.name))
     doc += http_api.section_lines(_load(http_api.OUT.name))
+    doc += http_streams.section_lines(_load(http_streams.OUT.name))
     doc += section_overlap(_load("overlap.json"))
     doc += section_kv(_load("kv_batch.json"))
     doc += section_transport(_load("transport.json"))

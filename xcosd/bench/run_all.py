@@ -69,6 +69,9 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
                             f"{out}/streaming.json"]))
     # the OpenAI-compatible API against the edge's own stream, 1 and 16 streams
     s.append(("http-api", [PY, "-m", "xcosd.bench.http_api", "--json", f"{out}/http_api.json"]))
+    # 1,000 streams at once through one edge's API, each checked against generate
+    s.append(("http-streams", [*XCOSD, "bench", "http-streams", "--json",
+                               f"{out}/http_streams.json"]))
     # warp + verify per batch: the accelerator path in torch on the CPU against numpy
     s.append(("accel", [PY, "-m", "xcosd.bench.accel", "--json", f"{out}/accel.json"]))
     # drafting while a verdict is in flight, on and off (sleeping synthetic models)

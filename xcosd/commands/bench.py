@@ -6,6 +6,8 @@ measures every resampling method and codec on real model rows. Both print a
 report, and write JSON (``--json``) and PNG plots (``--plots DIR``). ``soak`` runs
 devices against one cloud for a while with faults injected throughout (device
 kills, cloud restarts, lost and duplicated messages) and checks every output.
+``http-streams`` opens many streams at once through one edge's OpenAI-compatible
+API and checks every one against the edge's own ``generate``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def add_parser(sub: Any) -> None:
     _add_methods(bsub)
     _add_scale(bsub)
     _add_soak(bsub)
+    _add_http_streams(bsub)
 
 
 def _add_outputs(p: Any, what: str) -> None:
@@ -620,3 +623,35 @@ def _write_json(path: str, obj: Any) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(obj, indent=1))
     print(f"wrote {p}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------ http-streams
+
+
+def _add_http_streams(bsub: Any) -> None:
+    p = bsub.add_parser("http-streams",
+                        help="many concurrent streams through one edge's HTTP API",
+                        description="Opens --streams streams at once through one edge's "
+                                    "OpenAI-compatible API (a client process of its own, the "
+                                    "cloud in another) and checks each stream's text against "
+                                    "EdgeNode.generate for its seed; reports failures, "
+                                    "mismatches, each stream's time to first text and "
+                                    "tokens/s, and the edge's memory (xcosd/bench/"
+                                    "http_streams.py). Exits 1 if a goal is missed.")
+    p.add_argument("--streams", type=positive_int, default=1000, help="streams at once")
+    p.add_argument("--tokens", type=positive_int, default=32, help="tokens per stream")
+    p.add_argument("--pair", default="ngram", choices=("ngram", "remote"),
+                   help="ngram: the embedded pair (its cloud computes on this machine); "
+                        "remote: a synthetic target sleeping 20 ms a call")
+    p.add_argument("--seed", type=positive_int, default=1000, help="the first stream's seed")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="write the report there (default: bench/out/http_streams.json)")
+    p.set_defaults(func=run_http_streams)
+
+
+def run_http_streams(args: argparse.Namespace) -> int:
+    from ..bench import http_streams
+
+    argv = ["--streams", str(args.streams), "--tokens", str(args.tokens), "--pair", args.pair,
+            "--seed", str(args.seed), "--json", args.json or str(http_streams.OUT)]
+    return http_streams.main(argv)

@@ -23,6 +23,7 @@ import json
 import sys
 from typing import Any
 
+from .http_limits import add_http_limit_args, connection_limits
 from .options import (
     UsageError,
     add_curve_client_args,
@@ -79,6 +80,7 @@ def add_parser(sub: Any) -> None:
                         "requests that arrived beside it, so they share the cloud's first "
                         "call; never longer than the cloud's least recent call time "
                         "(default: EdgeNode's open_hold_s, 25 ms; 0: never wait)")
+    add_http_limit_args(p)
     p.add_argument("--concurrent", action="store_true", help="run all prompts at once")
     p.add_argument("--no-stream", action="store_true", help="print each text when done")
     p.add_argument("--json", action="store_true",
@@ -168,7 +170,7 @@ async def _serve_http(args: argparse.Namespace) -> int:
                                                       args.max_tokens_limit))
         api = OpenAIApp(edge, model=args.model_name, limits=limits,
                         max_in_flight=args.max_in_flight)
-        async with HttpServer(api, host, port, max_connections=4 * args.max_in_flight + 16,
+        async with HttpServer(api, host, port, limits=connection_limits(args),
                               name="xcosd-edge-http") as http:
             print(f"serving {api.model!r} on {http.url}/v1 (cloud {args.connect})",
                   file=sys.stderr, flush=True)

@@ -16,13 +16,13 @@ What this class adds to a bare ``uvicorn.Server``:
 * **Port 0.** The socket is bound before the server starts, so ``port=0`` gets a
   free port and :attr:`url` is known as soon as :meth:`start` returns. Its
   connections have TCP_NODELAY, as uvicorn's own would.
-* **Bounds against a slow or hostile client.** At most ``max_connections``
-  connections are served at once (uvicorn answers 503 past it); a request's head
-  must arrive whole within ``read_timeout_s`` of the connection opening (or of the
-  previous response), else the connection is closed (uvicorn itself has no such
-  deadline: a client that trickles a header a byte at a time would hold a
-  connection forever); a head is at most ``max_head_bytes`` (h11 answers 400
-  past it); an idle keep-alive connection is closed after ``keep_alive_s``.
+* **Bounds against a slow or hostile client** (:class:`~xcosd.http.limits.ConnectionLimits`,
+  enforced by :class:`~xcosd.http.protocol.BoundedH11`): a cap on connections per
+  client address and in all, refused as they connect; deadlines on a request's
+  whole head and whole body; a bound on what a response buffers for a client that
+  does not read it, and on how long it may wait so; a cap on a head's size; an idle
+  keep-alive connection closed after ``keep_alive_s``. Every refusal the server
+  writes itself is an error object in OpenAI's shape (:mod:`xcosd.http.errors`).
 """
 
 from __future__ import annotations
@@ -34,40 +34,9 @@ from collections.abc import Generator
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
-
-class _BoundedH11(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on every request head."""
-
-    head_timeout_s: float = 10.0
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_head_deadline()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm_head_deadline()
-
-    def _arm_head_deadline(self) -> None:
-        armed = self.cycle
-        loop = asyncio.get_running_loop()
-
-        def expire() -> None:
-            # no new request head was parsed since the deadline was armed
-            if self.cycle is armed and not self.transport.is_closing():
-                self.transport.close()
-
-        handle = loop.call_later(self.head_timeout_s, expire)
-        self._head_handle = handle
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        h = getattr(self, "_head_handle", None)
-        if h is not None:
-            h.cancel()
-        super().connection_lost(exc)
+from .limits import AddressSlots, ConnectionLimits
+from .protocol import BoundedH11
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -83,29 +52,30 @@ class HttpServer:
 
     ``await start()`` returns once the socket listens; ``await close()`` stops
     taking connections, lets running responses end for up to ``grace_s`` and then
-    cancels them (a streamed generation's cancellation frees its cloud session)."""
+    cancels them (a streamed generation's cancellation frees its cloud session).
+    ``limits``: what one client may hold (:class:`~xcosd.http.limits.ConnectionLimits`)."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
-                 max_connections: int = 256, read_timeout_s: float = 10.0,
-                 keep_alive_s: float = 5.0, max_head_bytes: int = 64 << 10,
-                 grace_s: float = 5.0, name: str = "xcosd-http") -> None:
-        if read_timeout_s <= 0 or keep_alive_s <= 0:
-            raise ValueError("read_timeout_s and keep_alive_s must be > 0")
-        if max_connections < 1:
-            raise ValueError("max_connections must be >= 1")
+                 limits: ConnectionLimits | None = None, grace_s: float = 5.0,
+                 name: str = "xcosd-http") -> None:
         self.app = app
         self.host = host
         self._want_port = port
         self.name = name
-        protocol = type("_Protocol", (_BoundedH11,), {"head_timeout_s": float(read_timeout_s)})
+        self.limits = limits or ConnectionLimits()
+        #: connections held per client address and in all, and those refused
+        self.slots = AddressSlots(self.limits)
+        protocol = type("_Protocol", (BoundedH11,), {"limits": self.limits,
+                                                     "slots": self.slots})
         self._config = uvicorn.Config(
             app, http=protocol, lifespan="off", log_config=None, access_log=False,
-            # uvicorn counts the connection asking among those it compares with the
-            # limit: + 1 serves max_connections at once
-            limit_concurrency=max_connections + 1,
-            timeout_keep_alive=max(1, round(keep_alive_s)),
+            # the protocol refuses a connection over its caps as it is made; uvicorn's
+            # own limit would answer 503 only once a head had arrived
+            limit_concurrency=None,
+            timeout_keep_alive=max(1, round(self.limits.keep_alive_s)),
             timeout_graceful_shutdown=max(1, round(grace_s)),
-            h11_max_incomplete_event_size=max_head_bytes, server_header=False, ws="none")
+            h11_max_incomplete_event_size=self.limits.max_head_bytes, server_header=False,
+            ws="none")
         self._server = _EmbeddedServer(self._config)
         self._sock: socket.socket | None = None
         self._task: asyncio.Task[None] | None = None

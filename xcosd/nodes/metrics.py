@@ -33,8 +33,8 @@ kept-alive connection), so a client trickling a header a line at a time is
 dropped all the same; a head still incomplete once ``max_request_bytes`` of it are
 buffered is refused (400; the cap is on what h11 buffers, so a whole head that
 arrives in one read may be longer); and at most ``max_connections`` are served at
-once (503 past it). A client that stalls is dropped; it never holds the server or
-the node, which share the event loop.
+once (one more is refused with 503 as it connects). A client that stalls is
+dropped; it never holds the server or the node, which share the event loop.
 
 Replicas (``xcosd serve --replicas N``): each replica is its own ``xcosd serve
 --join`` process with its own :class:`CloudNode`, and serves its own port
@@ -73,7 +73,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ..errors import ErrorCode
-from ..http import HttpServer
+from ..http import ConnectionLimits, HttpServer
 from ..http.exposition import metrics_response
 from ..protocol.errors import CODES
 from ..protocol.messages import MESSAGE_TYPES
@@ -287,9 +287,10 @@ class MetricsServer:
             Route("/health", self._health_route, methods=["GET", "HEAD"]),
         ], exception_handlers={HTTPException: _plain_error})
         self.app.router.redirect_slashes = False  # /health/ is not /health: 404
-        self._http = HttpServer(self.app, host, port, max_connections=max_connections,
-                                read_timeout_s=read_timeout_s, max_head_bytes=max_request_bytes,
-                                grace_s=1.0, name="xcosd-metrics")
+        self._http = HttpServer(self.app, host, port, limits=ConnectionLimits(
+            max_connections=max_connections, max_per_address=max_connections,
+            head_timeout_s=read_timeout_s, max_head_bytes=max_request_bytes),
+            grace_s=1.0, name="xcosd-metrics")
         self.host = host
 
     @property
