@@ -129,11 +129,11 @@ def test_rows_equal_llama_cpps_own_eval_whatever_the_batch_and_rollbacks(lpair) 
     shared, interleaved cache both change a row's last bits by the batch.)"""
     for m in lpair:
         ids = m.tokenize(TEXT)[:40]
-        start = [m.vocab.roles["bos"]] if m._add_bos else []
+        start = [m.vocab.roles["bos"]] if m.add_bos else []
         own = _own_rows(m.path, start + ids)
         off = len(start) - 1  # own[off + k] is the row after ids[:k]
 
-        def want(k: int, n: int = 1) -> np.ndarray:
+        def want(k: int, n: int = 1, own: np.ndarray = own, off: int = off) -> np.ndarray:
             return own[off + k: off + k + n]
 
         a, b, c = m.start(ids[:8]), m.start(ids[:3]), m.start(ids[:20])

@@ -192,7 +192,8 @@ class LlamaCppModel:
         self.name = name or p.stem
         self.vocab = self._read_vocab(self.name)
         bos = self.vocab.roles.get("bos")
-        self._add_bos = bos is not None and bool(L.llama_vocab_get_add_bos(self._vocab_p))
+        #: whether every context starts with the BOS (the file's own setting)
+        self.add_bos = bos is not None and bool(L.llama_vocab_get_add_bos(self._vocab_p))
         self._start = bos if bos is not None else self.vocab.roles.get("eos")
         template = chat_template
         if template is None:
@@ -289,14 +290,14 @@ class LlamaCppModel:
         except TemplateError as e:
             raise ModelError(f"{self.name}: chat template: {e}") from e
         ids = self._encode(text)
-        if self._add_bos and ids and ids[0] == self._start:
+        if self.add_bos and ids and ids[0] == self._start:
             ids = ids[1:]
         return ids
 
     def start(self, prompt_ids: Sequence[int]) -> Session:
         ids = [int(i) for i in prompt_ids]
         self._check(ids)
-        prefix = [self._start] if self._start is not None and (self._add_bos or not ids) else []
+        prefix = [self._start] if self._start is not None and (self.add_bos or not ids) else []
         return Session(ids=ids, cached=0, cache=_Seq(prefix=prefix, owner=self))
 
     def append(self, session: Session, ids: Sequence[int]) -> None:
