@@ -10,8 +10,8 @@ and drifts): compare the ratios, each the median over passes of the ratio within
 pass.
 
 1. **A draft step**, per model, ms per generated token at T = 1 after each prompt:
-   ``llama.cpp own`` (llama-cpp-python's ``Llama.generate``: one token decoded, then
-   drawn by llama.cpp's own sampler), ``xcosd llama.cpp`` (:class:`LlamaCppModel`:
+   ``llama.cpp own`` (llama.cpp's C loop, nothing between the calls: one token
+   decoded, then drawn by llama.cpp's dist sampler), ``xcosd llama.cpp`` (:class:`LlamaCppModel`:
    ``score`` one row, :func:`~xcosd.sampling.sample_index`, ``append``: a draft step
    of the edge) and ``xcosd torch`` (:class:`TransformersModel`, the same loop).
 2. **ar on a llama.cpp target**: xcosd's ``ar`` over ZeroMQ (the cloud drawing every
@@ -99,21 +99,32 @@ def _start(m: LlamaCppModel) -> list[int]:
 
 def _own_loop(llm: Any, prompt_ids: list[int], tokens: int, seed: int,
               whole: bool = False) -> float:
-    """Seconds per token of llama.cpp's own generation of ``tokens`` tokens after
-    ``prompt_ids``: one token decoded and drawn at a time. ``whole``: the prompt's
-    evaluation counted too (a whole generation, as ``ar`` through xcosd is timed)."""
-    llm.reset()
-    llm.set_seed(seed)
-    t0 = time.perf_counter()
-    llm.eval(prompt_ids)
-    if not whole:
+    """Seconds per token of llama.cpp's own generation loop after ``prompt_ids``, in
+    its C API with nothing between the calls: ``llama_decode`` of one token, then
+    ``llama_sampler_sample`` with the dist sampler alone (T = 1 over the whole row,
+    what xcosd's draw does). ``whole``: the prompt's evaluation counted too (a whole
+    generation, as ``ar`` through xcosd is timed)."""
+    import llama_cpp as L
+
+    ctx = llm._ctx.ctx
+    L.llama_memory_clear(L.llama_get_memory(ctx), True)
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed))
+    try:
         t0 = time.perf_counter()
-    n = 0
-    for _ in llm.generate(prompt_ids, temp=1.0, top_k=0, top_p=1.0, min_p=0.0, reset=False):
-        n += 1
-        if n >= tokens:
-            break
-    return (time.perf_counter() - t0) / n
+        arr = (L.llama_token * len(prompt_ids))(*prompt_ids)
+        if L.llama_decode(ctx, L.llama_batch_get_one(arr, len(prompt_ids))) != 0:
+            raise RuntimeError("llama_decode failed on the prompt")
+        if not whole:
+            t0 = time.perf_counter()
+        one = (L.llama_token * 1)()
+        for _ in range(tokens):
+            one[0] = L.llama_sampler_sample(chain, ctx, -1)
+            if L.llama_decode(ctx, L.llama_batch_get_one(one, 1)) != 0:
+                raise RuntimeError("llama_decode failed")
+        return (time.perf_counter() - t0) / tokens
+    finally:
+        L.llama_sampler_free(chain)
 
 
 def _layer_loop(m: Any, prompt_ids: list[int], tokens: int, seed: int) -> float:
@@ -339,8 +350,9 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
                else "") + f", {rep['prompts']} prompts x {rep['tokens_per_prompt']} tokens, T=1, "
             f"{rep['passes']} passes in rotated order (ratios are medians of within-pass "
             "ratios). The draft step: ms per token after the prompt; `llama.cpp own` is "
-            "llama-cpp-python's `Llama.generate` (decode one token, llama.cpp's sampler), the "
-            "xcosd columns score one row, draw it and append it.", "",
+            "llama.cpp's own loop in its C API (`llama_decode` of one token, then "
+            "`llama_sampler_sample` with the dist sampler: T=1), the xcosd columns score one "
+            "row as probabilities, draw it and append it.", "",
             format_steps(rep, markdown=True), "",
             "End to end over ZeroMQ, each backend on both sides, the cloud in its own "
             "process. Modeled: the measured edge compute, a GPU-like cloud at "
