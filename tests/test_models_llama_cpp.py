@@ -336,3 +336,39 @@ def test_the_pair_disagrees_at_the_law_prompt(lpair) -> None:
         np.add.at(qt, vmap.draft_to_target[ok], q[ok])
         assert 0.2 < np.minimum(p, qt).sum() < 0.7
         assert p.max() < 0.8 and (p > 0.01).sum() >= 3
+
+
+@pytest.mark.slow
+def test_the_command_line_pair_on_llama_cpp_decodes_the_targets_own_greedy(lpair) -> None:
+    """``xcosd serve --target gemma3-270m@llama.cpp`` and ``xcosd edge --draft
+    smollm2-135m@llama.cpp`` as a user runs them (one thread each): at T = 0 the text
+    is the target's own greedy decode."""
+    import socket
+    import subprocess
+
+    target = lpair[1]
+    prompt, n = "The three primary colours are", 12
+    s = target.start(target.tokenize(prompt))
+    greedy: list[int] = []
+    for _ in range(n):
+        greedy.append(int(np.argmax(target.score([(s, [])])[0][-1])))
+        target.append(s, greedy[-1:])
+    target.end(s)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    cloud = subprocess.Popen([sys.executable, "-m", "xcosd", "serve", "--target",
+                              "gemma3-270m@llama.cpp", "--threads", "1", "--bind", endpoint],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        edge = subprocess.run(
+            [sys.executable, "-m", "xcosd", "edge", "--draft", "smollm2-135m@llama.cpp",
+             "--draft-threads", "1", "--connect", endpoint, "--greedy", "--ignore-eos",
+             "--max-new-tokens", str(n), "--connect-timeout", "120", prompt],
+            capture_output=True, text=True, timeout=300)
+    finally:
+        cloud.terminate()
+        _, err = cloud.communicate(timeout=60)
+    assert edge.returncode == 0, edge.stderr + err.decode(errors="replace")
+    # the edge prints the prompt, then what was generated
+    assert edge.stdout.strip() == (prompt + target.vocab.decode(greedy).decode()).strip()

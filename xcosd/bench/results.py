@@ -28,6 +28,7 @@ from xcosd.bench import (
     accel,
     balancers,
     cloud_cpu,
+    edge_runtime,
     http_api,
     http_streams,
     plots,
@@ -814,6 +815,10 @@ SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
                          lambda: http_api.section_lines(_load(http_api.OUT.name)),
                          (OVERLAP_HEADING, KV_HEADING, "## Framework overhead", "## Codecs",
                           "## Sizes used", MUTATION_HEADING)),
+            "edge-runtime": (edge_runtime.HEADING,
+                             lambda: edge_runtime.section_lines(_load(edge_runtime.OUT_NAME)),
+                             (KV_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
+                              MUTATION_HEADING)),
             "http-streams": (http_streams.HEADING,
                              lambda: http_streams.section_lines(_load(http_streams.OUT.name)),
                              (OVERLAP_HEADING, KV_HEADING, "## Framework overhead", "## Codecs",
@@ -866,6 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_methods(methods)
     doc += section_model_layer(_load("model_layer.json"))
     doc += section_real_pair(_load("real_pair.json"))
+    doc += edge_runtime.section_lines(_load(edge_runtime.OUT_NAME))
     doc += streaming.section_lines(_load(streaming.OUT.name))
     doc += http_api.section_lines(_load(http_api.OUT.name))
     doc += http_streams.section_lines(_load(http_streams.OUT.name))

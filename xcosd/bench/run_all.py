@@ -100,6 +100,9 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
         # the pair end to end against transformers' generate and its assisted generation
         s.append(("real-pair", [PY, "-m", "xcosd.bench.real_pair", "--prompts", "3",
                                 "--tokens", "32", "--json", f"{out}/real_pair.json"]))
+        # the pair on llama.cpp against torch: the draft step, ar, end to end modeled
+        s.append(("edge-runtime", [PY, "-m", "xcosd.bench.edge_runtime", "--prompts", "3",
+                                   "--tokens", "32", "--json", f"{out}/edge_runtime.json"]))
     s.append(("results", [PY, "-m", "xcosd.bench.results"]))
     return s
 
