@@ -372,3 +372,39 @@ def test_the_command_line_pair_on_llama_cpp_decodes_the_targets_own_greedy(lpair
     assert edge.returncode == 0, edge.stderr + err.decode(errors="replace")
     # the edge prints the prompt, then what was generated
     assert edge.stdout.strip() == (prompt + target.vocab.decode(greedy).decode()).strip()
+
+
+def test_a_rollback_or_end_during_a_decode_does_not_wait_for_it(lpair) -> None:
+    """The cloud decodes in its worker thread while the event loop ends or rolls back
+    other sessions: those calls return at once and take effect before the next decode,
+    and the rows stay exact."""
+    import threading
+
+    draft = lpair[0]
+    ids = draft.tokenize(TEXT)[:20]
+    a, b = draft.start(ids[:12]), draft.start(ids[:6])
+    ref = draft.score([(a, []), (b, [])])
+    draft.score([(a, ids[12:16])])
+    held, release = threading.Event(), threading.Event()
+
+    def decode_in_progress() -> None:  # holds the context as a decode does
+        with draft._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=decode_in_progress)
+    t.start()
+    held.wait(10)
+    try:
+        draft.rollback(a, 12)  # would block on the context without the deferral
+        draft.end(b)
+        assert len(draft._deferred) == 2 and a.cached == 12
+    finally:
+        release.set()
+        t.join()
+    np.testing.assert_array_equal(draft.score([(a, [])])[0], ref[0])
+    assert not draft._deferred and draft.sequences - len(draft._free) == len(draft._lru)
+    c = draft.start(ids[:6])  # b's sequence is free again, and c's rows are b's
+    np.testing.assert_array_equal(draft.score([(c, [])])[0], ref[1])
+    draft.end(a)
+    draft.end(c)

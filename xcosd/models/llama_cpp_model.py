@@ -40,7 +40,7 @@ import ctypes
 import logging
 import os
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,6 +206,9 @@ class LlamaCppModel:
         # one decode at a time on the context: a model used by two threads (an edge
         # drafting while it renders) must not interleave their batches
         self._lock = threading.RLock()
+        #: (session, its sequence then, positions kept or None to end it): asked for
+        #: while a decode held the lock, applied before the next one
+        self._deferred: deque[tuple[_Seq, int | None, int | None]] = deque()
         #: decodes run, tokens fed to them, and sessions evicted to make room (for the
         #: benches and tests)
         self.decodes = 0
@@ -313,15 +316,13 @@ class LlamaCppModel:
         del session.ids[length:]
         keep = len(s.prefix) + len(session.ids)
         if s.length > keep:
-            with self._lock:
-                self._cut(s, keep)
+            self._run_or_defer(s, keep)
         session.cached = max(0, s.length - len(s.prefix))
 
     def end(self, session: Session) -> None:
         s = session.cache
         if isinstance(s, _Seq) and s.owner is self:
-            with self._lock:
-                self._release(s)
+            self._run_or_defer(s, None)
         session.ids = []
         session.cached = 0
         session.cache = None
@@ -350,6 +351,7 @@ class LlamaCppModel:
         with self._lock:
             if self._ctx is None:
                 raise ModelError(f"{self.name}: the model is closed")
+            self._apply_deferred()
             members = [s for _, s, _, _, _ in plan]
             for i, (session, s, new, _, n_out) in enumerate(plan):
                 self._make_resident(s, members)
@@ -379,6 +381,34 @@ class LlamaCppModel:
         if not isinstance(s, _Seq) or s.owner is not self:
             raise ModelError("session does not belong to this llama.cpp model (or has ended)")
         return s
+
+    def _run_or_defer(self, s: _Seq, keep: int | None) -> None:
+        """Cut the session to ``keep`` positions (``None``: end it) now, or, while a
+        decode holds the context (the cloud's worker thread scoring a batch), at the
+        start of the next call that takes it: a rollback or an end on the event loop
+        never waits for a decode. The positions count as gone at once; their cells go
+        before anything else is decoded."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._apply_deferred()
+                if keep is None:
+                    self._release(s)
+                else:
+                    self._cut(s, keep)
+            finally:
+                self._lock.release()
+            return
+        self._deferred.append((s, s.seq, keep))
+        s.length = 0 if keep is None else min(s.length, keep)
+
+    def _apply_deferred(self) -> None:
+        """The cuts and ends asked for while a decode ran (the lock held)."""
+        while self._deferred:
+            s, seq, keep = self._deferred.popleft()
+            if seq is None or s.seq != seq:
+                continue  # released or evicted since: its cells are gone already
+            if keep is None or not self._L.llama_memory_seq_rm(self._mem, seq, keep, -1):
+                self._release(s)
 
     def _cut(self, s: _Seq, keep: int) -> None:
         """Drop the session's positions from ``keep`` on (the context's cells too)."""
