@@ -54,7 +54,8 @@ RECORD_KEYS = ("pair", "method", "codec", "warper", "acceptance_rate", "mean_acc
                "modeled_tokens_per_s")
 
 PAIRS = {"embedded": "default_pair: ngram o200k/3 -> ngram llama3/4",
-         "real": "smollm2-135m -> gemma3-270m"}
+         "real": "smollm2-135m -> gemma3-270m",
+         "real-llama.cpp": "smollm2-135m -> gemma3-270m, both on llama.cpp"}
 
 
 @dataclass
@@ -119,9 +120,10 @@ def load_pair(name: str) -> tuple[LanguageModel, LanguageModel]:
 
     if name == "embedded":
         return default_pair()
-    draft = load_model("smollm2-135m")
+    suffix = "@llama.cpp" if name == "real-llama.cpp" else ""
+    draft = load_model("smollm2-135m" + suffix)
     draft.vocab = distinct_roles(draft.vocab)
-    return draft, load_model("gemma3-270m")
+    return draft, load_model("gemma3-270m" + suffix)
 
 
 def distinct_roles(vocab: Vocabulary) -> Vocabulary:

@@ -316,7 +316,8 @@ def _add_methods(bsub: Any) -> None:
                                     "tokens/s, per (pair, method, codec, warper).")
     p.add_argument("--pairs", default="embedded",
                    help="comma list: embedded (the n-gram default pair), real "
-                        "(SmolLM2-135M -> Gemma-3-270M, when installed)")
+                        "(SmolLM2-135M -> Gemma-3-270M, when installed), real-llama.cpp "
+                        "(the same pair on llama.cpp)")
     p.add_argument("--methods", type=method_list, default=None,
                    help="comma list (default: all)")
     p.add_argument("--codecs", default=",".join(mb.CODECS),
