@@ -59,10 +59,12 @@ log = logging.getLogger(__name__)
 LLAMA_CPP_VERSION = "0.3.16"
 INSTALL_HINT = "install it with: make setup-llama  (it builds llama-cpp-python from source)"
 
-#: default context size in cells, shared by all sessions (unified KV buffer)
-DEFAULT_CONTEXT = 8192
-#: default number of sessions that keep a cache at once (llama.cpp allows 64)
-DEFAULT_SEQUENCES = 16
+#: default positions per session (the context holds ``context x sequences`` cells,
+#: allocated up front: about 300 MB at these defaults for either real model)
+DEFAULT_CONTEXT = 2048
+#: default number of sessions that keep a cache at once (llama.cpp allows 64); more
+#: are served, the least recently used evaluated again when next scored
+DEFAULT_SEQUENCES = 8
 
 
 #: the CPU features the project's build (Makefile, LLAMA_CMAKE_ARGS) compiles in
@@ -329,7 +331,8 @@ class LlamaCppModel:
 
     def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:
         """For each ``(session, new_ids)``, ``len(new_ids) + 1`` rows, all sessions in
-        one ``llama_decode`` (more only when the tokens exceed ``batch``)."""
+        one ``llama_decode`` (more only past ``sequences`` sessions or ``batch``
+        tokens)."""
         if not batch:
             return []
         plan: list[tuple[Session, _Seq, list[int], list[int], int]] = []
@@ -352,15 +355,21 @@ class LlamaCppModel:
             if self._ctx is None:
                 raise ModelError(f"{self.name}: the model is closed")
             self._apply_deferred()
-            members = [s for _, s, _, _, _ in plan]
-            for i, (session, s, new, _, n_out) in enumerate(plan):
-                self._make_resident(s, members)
-                full = s.prefix + session.ids
-                if s.length >= len(full):
-                    # all cached: the row after the context needs its last token fed again
-                    self._cut(s, len(full) - 1)
-                plan[i] = (session, s, new, full[s.length:] + new, n_out)
-            rows = self._decode([(s, feed, n_out) for _, s, _, feed, n_out in plan], members)
+            rows: list[np.ndarray] = []
+            # at most `sequences` sessions a decode: a bigger batch (the cloud's) is
+            # decoded in groups, a later group evicting an earlier one if it must
+            for lo in range(0, len(plan), self.sequences):
+                members = [s for _, s, _, _, _ in plan[lo: lo + self.sequences]]
+                for i in range(lo, lo + len(members)):
+                    session, s, new, _, n_out = plan[i]
+                    self._make_resident(s, members)
+                    full = s.prefix + session.ids
+                    if s.length >= len(full):
+                        # all cached: the row after the context needs its last token again
+                        self._cut(s, len(full) - 1)
+                    plan[i] = (session, s, new, full[s.length:] + new, n_out)
+                rows += self._decode([(s, feed, n_out) for _, s, _, feed, n_out
+                                      in plan[lo: lo + len(members)]], members)
         out = []
         for (session, s, new, _feed, _n), r in zip(plan, rows, strict=True):
             session.ids.extend(new)
@@ -441,9 +450,8 @@ class LlamaCppModel:
         if s.seq is not None:
             self._lru.move_to_end(s.seq)
             return
-        if not self._free and not self._evict(members):
-            raise ModelError(f"{self.name}: more sessions in one call than the context's "
-                             f"{self.sequences} sequences")
+        if not self._free and not self._evict(members):  # cannot be: a group fits
+            raise ModelError(f"{self.name}: no sequence free for a session")
         s.seq = self._free.pop()
         s.length = 0
         self._lru[s.seq] = s
