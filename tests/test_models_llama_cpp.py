@@ -409,3 +409,43 @@ def test_a_rollback_or_end_during_a_decode_does_not_wait_for_it(lpair) -> None:
     np.testing.assert_array_equal(draft.score([(c, [])])[0], ref[1])
     draft.end(a)
     draft.end(c)
+
+
+@pytest.mark.slow
+def test_a_draft_tree_is_scored_in_one_decode_by_sequence_ids(lpair) -> None:
+    """With ``tree_branches``, a tree's nodes go in one ``llama_decode``, each tagged
+    with the scratch sequences of the leaves under it, and the session's context is
+    left as it was. A chain's rows equal, bit for bit, the path scored on its own by a
+    model without trees (its cells sit where the path's would); a branching tree's
+    nodes share one buffer with their masked siblings, which moves the last bits of
+    the attention's sums, so its rows match the paths' to rounding (a node that saw
+    a sibling would be off by far more, and its most likely token would move).
+    Without enough branches (or none) the model scores path by path, bit for bit."""
+    from xcosd.models.llama_cpp_model import LlamaCppModel
+
+    parents = [-1, -1, -1, 0, 0, 3]  # ragged: three roots, one of them deeper
+    paths = [[0, 3, 5], [0, 4], [1], [2]]
+    for ref in lpair:
+        tree = LlamaCppModel(ref.path, name=ref.name, threads=1, context=256, sequences=2,
+                             tree_branches=4)
+        ids = tree.tokenize(TEXT)
+        ctx, nodes = ids[:10], [ids[10], ids[11], ids[12], ids[11], ids[13], ids[12]]
+        s, r = tree.start(ctx), ref.start(ctx)
+        decodes = tree.decodes
+        chain = tree.score_tree(s, [-1, 0, 1], ids[10:13])
+        assert tree.decodes == decodes + 1 and s.ids == ctx
+        np.testing.assert_array_equal(chain, ref.score([(r, ids[10:13])])[0])
+        ref.rollback(r, len(ctx))
+        rows = tree.score_tree(s, parents, nodes)
+        assert tree.decodes == decodes + 2 and s.ids == ctx
+        want = ref._tree_by_paths(r, paths, nodes)
+        np.testing.assert_array_equal(want, ref.score_tree(r, parents, nodes))  # no branches
+        np.testing.assert_allclose(rows, want, rtol=0, atol=0.01)
+        assert (rows.argmax(axis=1) == want.argmax(axis=1)).all()
+        tree.append(s, [nodes[0], nodes[3]])  # the path accepted
+        assert tree.score([(s, [])])[0].shape == (1, tree.vocab.size)  # the session goes on
+        with pytest.raises(ModelError, match="parent"):
+            tree.score_tree(s, [-1, 5], [ids[1], ids[2]])
+        tree.end(s)
+        ref.end(r)
+        tree.close()

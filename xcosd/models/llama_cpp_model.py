@@ -16,6 +16,10 @@ are open than the context has sequences (``sequences``), or its cells run out, t
 least recently used session not in the call gives its sequence up and is evaluated
 again from its ids the next time it is scored: slower, never different.
 
+Trees. With ``tree_branches``, :meth:`LlamaCppModel.score_tree` scores a draft tree's
+nodes in one decode by sequence ids (one buffer for all sequences then, which gives
+up the bit-exact batch invariance below for the branching rows; see docs/MODELS.md).
+
 Rows. Each row is llama.cpp's logits for the position, before any sampler, as a
 float32 softmax over the full vocabulary: the row llama.cpp's own sampler starts
 from, handed to xcosd's warpers and draws as every model's rows are.
@@ -141,13 +145,16 @@ class LlamaCppModel:
     """A GGUF model on llama.cpp with one sequence per session and batched scoring.
 
     Build with :meth:`from_gguf`. ``threads`` (default: every core) is llama.cpp's
-    thread count; ``context`` the cells shared by all sessions; ``sequences`` how
-    many sessions keep a cache at once; ``batch`` the most tokens one decode takes.
+    thread count; ``context`` the positions one session may hold; ``sequences`` how
+    many sessions keep a cache at once; ``batch`` the most tokens one decode takes;
+    ``tree_branches`` (0: none) how many leaves a draft tree scored in one decode may
+    have (:meth:`score_tree`).
     """
 
     def __init__(self, path: str | Path, *, name: str | None = None, threads: int | None = None,
                  context: int = DEFAULT_CONTEXT, sequences: int = DEFAULT_SEQUENCES,
-                 batch: int = 512, chat_template: str | None = None) -> None:
+                 batch: int = 512, chat_template: str | None = None,
+                 tree_branches: int = 0) -> None:
         L = _bindings()
         self._L = L
         p = Path(path)
@@ -155,8 +162,9 @@ class LlamaCppModel:
             raise ModelError(f"no GGUF file at {p}")
         if threads is not None and int(threads) < 1:
             raise ModelError(f"threads must be >= 1, got {threads}")
-        if not 1 <= int(sequences) <= 64:
-            raise ModelError(f"sequences must be 1..64 (llama.cpp's limit), got {sequences}")
+        if not 1 <= int(sequences) + int(tree_branches) <= 64 or int(tree_branches) < 0:
+            raise ModelError(f"sequences + tree_branches must be 1..64 (llama.cpp's limit), "
+                             f"got {sequences} + {tree_branches}")
         self.path = p
         self.threads = int(threads) if threads is not None else (os.cpu_count() or 1)
         mp = L.llama_model_default_params()
@@ -170,13 +178,14 @@ class LlamaCppModel:
         cp = L.llama_context_default_params()
         cp.n_ctx = int(context) * int(sequences)
         cp.n_batch = cp.n_ubatch = int(batch)
-        cp.n_seq_max = int(sequences)
+        cp.n_seq_max = int(sequences) + int(tree_branches)
         cp.n_threads = cp.n_threads_batch = self.threads
         # a buffer of its own per session: its cells stay in position order, so a
         # row does not depend on what other sessions did (see the module docstring);
-        # the full history of sliding-window layers, so a rollback into the window's
-        # past is exact (as in the transformers backend)
-        cp.kv_unified = False
+        # one buffer for all when trees are decoded at once (a node's cells shared by
+        # the branches under it); the full history of sliding-window layers, so a
+        # rollback into the window's past is exact (as in the transformers backend)
+        cp.kv_unified = int(tree_branches) > 0
         cp.swa_full = True
         cp.no_perf = True
         self._ctx = L.llama_init_from_model(self._model, cp)
@@ -188,6 +197,7 @@ class LlamaCppModel:
         self._mem = L.llama_get_memory(self._ctx)
         self.context = int(L.llama_n_ctx(self._ctx)) // int(sequences)
         self.sequences = int(sequences)
+        self.tree_branches = int(tree_branches)
         self.batch = int(batch)
         self._vocab_p = L.llama_model_get_vocab(self._model)
         self._n_vocab = int(L.llama_vocab_n_tokens(self._vocab_p))
@@ -377,6 +387,85 @@ class LlamaCppModel:
             out.append(r)
         return out
 
+    def score_tree(self, session: Session, parents: Sequence[int], ids: Sequence[int]
+                   ) -> np.ndarray:
+        """The rows of a draft tree after the session's context: row 0 after the
+        context, row ``i + 1`` after the path to node ``i`` (``parents[i]``: the node
+        before it, -1 for the context; ``ids``: this model's ids). The context is left
+        as it was: the caller appends the path it accepts.
+
+        With ``tree_branches`` at least the tree's leaves, one ``llama_decode``, as
+        llama.cpp's own speculative example does: each leaf gets a scratch sequence
+        that shares the session's cells (``llama_memory_seq_cp``: no copy in a unified
+        buffer), each node is tagged with the sequences of the leaves under it, at
+        the position of its depth, so it attends to the context and its own path
+        only; the scratch sequences are dropped after. Otherwise one decode per leaf
+        path, each rolled back after."""
+        n = len(parents)
+        if len(ids) != n:
+            raise ModelError(f"{self.name}: a tree of {n} nodes given {len(ids)} ids")
+        for i, p in enumerate(parents):
+            if not -1 <= int(p) < i:
+                raise ModelError(f"{self.name}: tree node {i}'s parent {p} is not an "
+                                 "earlier node or -1")
+        new = [int(i) for i in ids]
+        self._check(new)
+        s = self._seq(session)
+        paths = _leaf_paths(parents)
+        if not paths:
+            return self.score([(session, [])])[0]
+        if len(paths) > self.tree_branches:
+            return self._tree_by_paths(session, paths, new)
+        if not s.prefix and not session.ids:
+            raise ModelError(f"{self.name}: cannot score a tree after an empty context "
+                             "without BOS/EOS")
+        depth = [0] * n
+        for i, p in enumerate(parents):
+            depth[i] = 0 if p < 0 else depth[p] + 1
+        scratch = [self.sequences + k for k in range(len(paths))]
+        under: list[list[int]] = [[] for _ in range(n)]
+        for k, path in enumerate(paths):
+            for node in path:
+                under[node].append(scratch[k])
+        with self._lock:
+            if self._ctx is None:
+                raise ModelError(f"{self.name}: the model is closed")
+            self._apply_deferred()
+            self._make_resident(s, [s])
+            assert s.seq is not None
+            full = s.prefix + session.ids
+            if s.length >= len(full):
+                self._cut(s, len(full) - 1)
+            tail = full[s.length:]
+            for q in scratch:
+                self._L.llama_memory_seq_rm(self._mem, q, -1, -1)
+                self._L.llama_memory_seq_cp(self._mem, s.seq, q, -1, -1)
+            every = (s.seq, *scratch)
+            tokens = [(tok, s.length + j, every, j == len(tail) - 1) for j, tok in enumerate(tail)]
+            top = s.length + len(tail)
+            tokens += [(new[i], top + depth[i], tuple(under[i]), True) for i in range(n)]
+            try:
+                rows = self._run(tokens, [s], items=[s])
+                if s.seq is not None:
+                    s.length = top
+            finally:
+                for q in scratch:  # the nodes' cells go with them; the tail stays
+                    self._L.llama_memory_seq_rm(self._mem, q, -1, -1)
+        session.cached = s.length - len(s.prefix)
+        return rows
+
+    def _tree_by_paths(self, session: Session, paths: list[list[int]], ids: list[int]
+                       ) -> np.ndarray:
+        """:meth:`score_tree` one leaf path at a time (no scratch sequences to share)."""
+        base = len(session.ids)
+        out = np.empty((len(ids) + 1, self._n_vocab), dtype=np.float32)
+        for path in paths:
+            rows = self.score([(session, [ids[i] for i in path])])[0]
+            out[0] = rows[0]
+            out[[i + 1 for i in path]] = rows[1:]
+            self.rollback(session, base)
+        return out
+
     # -- internals ---------------------------------------------------------------
 
     def _check(self, ids: Sequence[int]) -> None:
@@ -481,22 +570,39 @@ class LlamaCppModel:
 
     def _decode_once(self, items: list[tuple[_Seq, list[int], int]],
                      members: Sequence[_Seq]) -> list[np.ndarray]:
+        tokens: list[tuple[int, int, Sequence[int], bool]] = []
+        for s, feed, n_out in items:
+            assert s.seq is not None
+            first_out = len(feed) - n_out
+            tokens += [(tok, s.length + j, (s.seq,), j >= first_out)
+                       for j, tok in enumerate(feed)]
+        rows = self._run(tokens, members, items=[s for s, _, _ in items])
+        out: list[np.ndarray] = []
+        k = 0
+        for s, feed, n_out in items:
+            out.append(rows[k: k + n_out])
+            k += n_out
+            s.length += len(feed)
+        return out
+
+    def _run(self, tokens: Sequence[tuple[int, int, Sequence[int], bool]],
+             members: Sequence[_Seq], items: Sequence[_Seq]) -> np.ndarray:
+        """One ``llama_decode`` of ``(token, position, sequence ids, row wanted)``; the
+        probability rows wanted, in order. No room in the cells: the least recently
+        used session outside ``members`` is evicted and the decode tried again; any
+        other failure releases ``items`` (a failed decode may leave part of itself)."""
         L = self._L
-        total = sum(len(feed) for _, feed, _ in items)
-        b = L.llama_batch_init(total, 0, 1)
+        width = max(len(seqs) for _, _, seqs, _ in tokens)
+        b = L.llama_batch_init(len(tokens), 0, width)
         try:
-            k = 0
-            for s, feed, n_out in items:
-                assert s.seq is not None
-                first_out = len(feed) - n_out
-                for j, tok in enumerate(feed):
-                    b.token[k] = tok
-                    b.pos[k] = s.length + j
-                    b.n_seq_id[k] = 1
-                    b.seq_id[k][0] = s.seq
-                    b.logits[k] = 1 if j >= first_out else 0
-                    k += 1
-            b.n_tokens = total
+            for k, (tok, pos, seqs, want) in enumerate(tokens):
+                b.token[k] = tok
+                b.pos[k] = pos
+                b.n_seq_id[k] = len(seqs)
+                for j, q in enumerate(seqs):
+                    b.seq_id[k][j] = q
+                b.logits[k] = 1 if want else 0
+            b.n_tokens = len(tokens)
             while True:
                 rc = int(L.llama_decode(self._ctx, b))
                 if rc == 0:
@@ -504,26 +610,33 @@ class LlamaCppModel:
                 # 1: no room in the cells (the context restored as it was): make room
                 if rc == 1 and self._evict(members):
                     continue
-                for s, _, _ in items:  # a failed decode may leave part of it behind
+                for s in items:
                     self._release(s)
-                raise ModelError(f"{self.name}: llama_decode failed ({rc}) on {total} tokens"
-                                 + (": the context is full" if rc == 1 else ""))
+                raise ModelError(f"{self.name}: llama_decode failed ({rc}) on {len(tokens)} "
+                                 "tokens" + (": the context is full" if rc == 1 else ""))
             self.decodes += 1
-            self.tokens_fed += total
-            out: list[np.ndarray] = []
-            k = 0
-            for s, feed, n_out in items:
-                rows = np.empty((n_out, self._n_vocab), dtype=np.float32)
-                for r in range(n_out):
-                    ptr = L.llama_get_logits_ith(self._ctx, k + len(feed) - n_out + r)
-                    rows[r] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
-                _softmax_rows(rows)
-                out.append(rows)
-                s.length += len(feed)
-                k += len(feed)
-            return out
+            self.tokens_fed += len(tokens)
+            wanted = [k for k, t in enumerate(tokens) if t[3]]
+            rows = np.empty((len(wanted), self._n_vocab), dtype=np.float32)
+            for r, k in enumerate(wanted):
+                ptr = L.llama_get_logits_ith(self._ctx, k)
+                rows[r] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+            _softmax_rows(rows)
+            return rows
         finally:
             L.llama_batch_free(b)
+
+
+def _leaf_paths(parents: Sequence[int]) -> list[list[int]]:
+    """The nodes from the context to each leaf of a tree, leaves in index order."""
+    inner = {int(p) for p in parents if p >= 0}
+    out = []
+    for leaf in (i for i in range(len(parents)) if i not in inner):
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(int(parents[path[-1]]))
+        out.append(path[::-1])
+    return out
 
 
 def _softmax_rows(x: np.ndarray) -> None:
