@@ -53,7 +53,7 @@ BACKEND_KEYWORDS: dict[str, frozenset[str]] = {
     "ngram": frozenset({"corpus", "cache", "alpha", "use_cache"}),
     "synthetic": frozenset({"a", "b", "skew", "busy", "name"}),
     "transformers": frozenset({"name", "threads", "cache", "attn_implementation"}),
-    "llama.cpp": frozenset({"name", "threads", "context", "sequences", "batch",
+    "llama.cpp": frozenset({"name", "threads", "context", "sequences", "batch", "tree_branches",
                             "chat_template"}),
 }
 
