@@ -310,6 +310,8 @@ class EdgeNode:
         self.reach = Reach(time.monotonic(), connect_timeout_s)
         #: waits for the cloud that ended at ``cloud_wait_s`` (each failed its request)
         self.waits_expired = 0
+        #: why the node last gave up looking for its cloud (``reach`` unreachable)
+        self.failure: XcosdError | None = None
         self.busy_retry_s = busy_retry_s
         self.busy_timeout_s = busy_timeout_s
         self.resend_after_s = resend_after_s
@@ -589,7 +591,8 @@ class EdgeNode:
                 return
             delay = reach.pause(time.monotonic())
             if delay is None:
-                raise TransportError(f"cannot reach the cloud at {self.endpoint}: {reach.error}",
+                raise TransportError(f"cannot reach the cloud at {self.endpoint}: {reach.error} "
+                                     f"(tried for {self.connect_timeout_s:g} s)",
                                      code="connect") from error
             log.info("no cloud reachable; retrying in %.2fs", delay)
             await asyncio.sleep(delay)
@@ -630,7 +633,8 @@ class EdgeNode:
                     log.exception("connecting to the cloud failed", exc_info=e)
                 if self.reach.phase is ReachPhase.CONNECTING:
                     self.reach.give_up(time.monotonic(), str(err))
-                log.warning("%s", err)
+                self.failure = err
+                log.info("%s", err)  # raised to whoever waits for the cloud
                 self._notify()
                 if stretch is not None and not stretch.done():
                     stretch.set_exception(err)
