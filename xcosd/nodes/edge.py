@@ -657,7 +657,9 @@ class EdgeNode:
                 self._begin_stretch()
                 self._notify()
             stretch = self._stretch
-            assert stretch is not None, "the node was not started"
+            if stretch is None:
+                raise TransportError("the edge node is not started (await edge.start(), or "
+                                     "use it in `async with`)", code="closed")
             left = None if bound_s is None else bound_s - (time.monotonic() - started)
             try:
                 if left is not None and left <= 0:
