@@ -151,9 +151,10 @@ async def test_an_edge_server_started_before_its_cloud_waits_for_it(
         # requests sent while the edge server looks for its cloud: held, not refused
         c = client(url)
         stack.push_async_callback(c.close)
-        held = [asyncio.ensure_future(whole(c, model, 7)),
-                asyncio.ensure_future(streamed(c, model, 8))]
-        await until_scraped(url, "xcosd_edge_num_requests_running", 2)
+        held = []
+        for send in (whole, streamed):  # one at a time: each is a request alone
+            held.append(asyncio.ensure_future(send(c, model, 7 + len(held))))
+            await until_scraped(url, "xcosd_edge_num_requests_running", len(held))
         if modeled:
             await until_scraped(url, "xcosd_edge_cloud_connect_failures_total", 4)
         else:
@@ -275,11 +276,13 @@ async def test_an_edge_server_given_a_connect_timeout_gives_up_past_it() -> None
                      "\n".join(proc.lines))
 
 
+@pytest.mark.slow
 async def test_the_one_shot_edge_keeps_its_deadlines() -> None:
     """``xcosd edge PROMPT`` (no server): a cloud that is not there ends it after
     ``--connect-timeout``; one that goes silent mid-generation (SIGSTOP) is taken
     for lost after ``--timeout`` and given up after ``--connect-timeout`` more,
-    each with its reason and status 2."""
+    each with its reason and status 2. (3 s for the second: its first handshake,
+    which uploads the vocabulary map, must fit in it on a loaded machine too.)"""
     dead = f"tcp://127.0.0.1:{free_port()}"
     async with xcosd_process("edge", "--connect", dead, "--connect-timeout", "1", PROMPT,
                              rc=2) as proc:
@@ -291,7 +294,7 @@ async def test_the_one_shot_edge_keeps_its_deadlines() -> None:
                              rc=None) as cloud:
         await until(lambda: any(ln.startswith("serving") for ln in cloud.lines), "the cloud")
         async with xcosd_process("edge", "--connect", endpoint, "--timeout", "0.5",
-                                 "--connect-timeout", "1", "--max-new-tokens", "5000",
+                                 "--connect-timeout", "3", "--max-new-tokens", "5000",
                                  "--ignore-eos", PROMPT, rc=2) as edge:
             await until(lambda: len(edge.out) > len(PROMPT), "the first text")
             os.kill(cloud.proc.pid, signal.SIGSTOP)
@@ -299,5 +302,5 @@ async def test_the_one_shot_edge_keeps_its_deadlines() -> None:
                 assert await edge.exited() == 2
             finally:
                 os.kill(cloud.proc.pid, signal.SIGCONT)
-        assert any(re.match(r"xcosd: error: cannot reach the cloud .*\(tried for 1 s\)", ln)
+        assert any(re.match(r"xcosd: error: cannot reach the cloud .*\(tried for 3 s\)", ln)
                    for ln in edge.lines), edge.lines

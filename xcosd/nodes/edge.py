@@ -488,8 +488,12 @@ class EdgeNode:
         self._connected = False
         if self._recv_task is not None:
             self._recv_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._recv_task
+            # its end, whatever it raised; a cancellation of the caller's still raises
+            # (suppressing CancelledError here swallowed the connecting task's own)
+            task = self._recv_task
+            await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # retrieved: it ended, whatever it raised
             self._recv_task = None
         if self._conn is not None:
             with contextlib.suppress(Exception):
@@ -569,6 +573,7 @@ class EdgeNode:
             several = len(found) > 1
             error: BaseException | None = None
             for address in self._addresses.pass_():
+                self._stop_if_asked()
                 attempt = reach.attempt_s(time.monotonic(), most_s)
                 if several:
                     attempt = min(attempt, ATTEMPT_TIMEOUT_S)
@@ -595,7 +600,18 @@ class EdgeNode:
                                      f"(tried for {self.connect_timeout_s:g} s)",
                                      code="connect") from error
             log.info("no cloud reachable; retrying in %.2fs", delay)
+            self._stop_if_asked()
             await asyncio.sleep(delay)
+
+    def _stop_if_asked(self) -> None:
+        """End the connecting task here if it was asked to stop, even where the
+        cancellation was swallowed on its way (an await under
+        ``contextlib.suppress(CancelledError)`` in code it passes through): a
+        retry loop that took it for a failed attempt would go on for ever when
+        there is no deadline, and ``close()`` with it."""
+        task = asyncio.current_task()
+        if self._closed or (task is not None and task.cancelling()):
+            raise asyncio.CancelledError
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -828,9 +844,14 @@ class EdgeNode:
         every ``resend_after_s`` (after a reconnect too) until the deadline. At most
         :data:`MAX_RENDERS_IN_FLIGHT` of a node's requests are at the cloud at once
         (the rest wait here, within their deadline); a ``busy`` answer is asked again
-        after a pause, for at most ``busy_timeout_s``, as a generation's is."""
+        after a pause, for at most ``busy_timeout_s``, as a generation's is. Without
+        a ``timeout_s`` of the caller's, a cloud not connected yet is waited for
+        first, as a generation waits for it (``cloud_wait_s``): the default deadline
+        is for the answer of a cloud that is there."""
         if self._closed:
             raise TransportError("the edge node is closed", code="closed")
+        if timeout_s is None and not self._connected:
+            await self._recover(self._epoch)
         n = next(self._render_ids)
         msg = dataclasses.replace(request, n=n)
         loop = asyncio.get_running_loop()
