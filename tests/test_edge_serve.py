@@ -126,8 +126,8 @@ async def test_an_edge_server_started_before_its_cloud_waits_for_it(
     attempts end unanswered (at the defaults, one per ``--timeout``, 15 s) with
     backoff pauses between, past any deadline it used to have. With ``--timeout
     0.5`` the edge goes through the same steps in about 2 s, and the cloud is
-    started only once it has seen four attempts fail (its
-    ``xcosd_edge_cloud_connect_failures_total``); the cloud's ``--heartbeat 0.1``
+    started only once four attempts have failed while the requests wait (its
+    ``xcosd_edge_cloud_connect_failures_total``). The cloud's ``--heartbeat 0.1``
     keeps that short timeout from taking a live connection for a lost one."""
     draft, target = models
     model = target.vocab.name  # the id the server takes from the cloud's welcome
@@ -155,8 +155,9 @@ async def test_an_edge_server_started_before_its_cloud_waits_for_it(
         for send in (whole, streamed):  # one at a time: each is a request alone
             held.append(asyncio.ensure_future(send(c, model, 7 + len(held))))
             await until_scraped(url, "xcosd_edge_num_requests_running", len(held))
-        if modeled:
-            await until_scraped(url, "xcosd_edge_cloud_connect_failures_total", 4)
+        if modeled:  # four more attempts fail while they wait: over 2 s (4 x --timeout)
+            failed = await scrape(url, "xcosd_edge_cloud_connect_failures_total")
+            await until_scraped(url, "xcosd_edge_cloud_connect_failures_total", failed + 4)
         else:
             await asyncio.sleep(5)  # the case as it happens: the cloud starts 5 s later
         code, body = await health(url)
@@ -247,8 +248,14 @@ async def test_a_cloud_killed_and_restarted_under_an_edge_server(
         await cloud.exited()
         body = await until_health(url, 503)
         assert body["status"] == "connecting" and body["connected"] is False
-        waiting = [asyncio.ensure_future(whole(c, model, s)) for s in (21, 22)]
-        await until_scraped(url, "xcosd_edge_num_requests_running", 5)
+        waiting = []
+        for seed in (21, 22):  # one at a time: each is a request alone, tokenised at once
+            waiting.append(asyncio.ensure_future(whole(c, model, seed)))
+            await until_scraped(url, "xcosd_edge_num_requests_running", 3 + len(waiting))
+        # four attempts fail while they wait: over 2 s, past the deadline of an answer
+        # from a cloud that is there (4 x --timeout), which must not bound this wait
+        failed = await scrape(url, "xcosd_edge_cloud_connect_failures_total")
+        await until_scraped(url, "xcosd_edge_cloud_connect_failures_total", failed + 4)
         await stack.enter_async_context(xcosd_process("serve", "--bind", endpoint,
                                                       "--heartbeat", "0.1"))
         cut_results = await asyncio.wait_for(asyncio.gather(*running), HANG_S)
