@@ -128,3 +128,47 @@ async def test_the_api_answers_while_its_edge_looks_for_the_cloud() -> None:
     finally:
         await edge.close()
     assert edge.reach.phase is ReachPhase.CLOSED
+
+
+async def test_generations_in_flight_end_with_an_error_object_when_their_cloud_stays_away(
+        ) -> None:
+    """The cloud goes and does not come back within ``cloud_wait_s``: a stream
+    already answering ends with an error event, a whole request with 503, each an
+    OpenAI error object, and the edge counts them as errors and its wait as
+    expired; /health says why."""
+    import asyncio
+
+    import openai
+
+    from .session_pairs import pair
+    from .test_api import HeldAfterFirstCall, metric, served
+
+    target, draft = pair()
+    gated = HeldAfterFirstCall(target)
+    async with served((gated, draft), edge_kw={"timeout_s": 0.3, "heartbeat_s": 0.05,
+                                               "cloud_wait_s": 0.3}) as s:
+        stream = await s.client.completions.create(model=s.model, prompt="c", max_tokens=4000,
+                                                   stream=True)
+        it = stream.__aiter__()
+        await it.__anext__()  # round 0's text streamed; round 1 waits inside the target
+        whole = asyncio.ensure_future(s.client.completions.create(
+            model=s.model, prompt=[0, 1], max_tokens=4000))
+        await until(lambda: s.api.in_flight == 2, "both requests in flight")
+        closing = asyncio.ensure_future(s.cloud.close())  # gone, for good
+        gated.gate.set()
+        with pytest.raises(openai.APIError, match="not connected"):
+            async for _chunk in it:
+                pass
+        with pytest.raises(openai.APIStatusError) as e:
+            await whole
+        assert e.value.status_code == 503 and e.value.response.headers["retry-after"] == "1"
+        assert e.value.body["code"] == "unreachable"  # type: ignore[index]
+        await closing
+        await until(lambda: s.api.in_flight == 0, "both requests ended")
+        scrape = (await s.raw("GET", "/metrics")).text
+        assert metric(scrape, "xcosd_edge_generations_total", finish_reason="error") == 2
+        assert metric(scrape, "xcosd_edge_cloud_waits_expired_total") == 2
+        assert metric(scrape, "xcosd_edge_cloud_losses_total") == 1
+        h = await s.raw("GET", "/health")
+        assert h.status_code == 503 and h.json()["status"] == "connecting"
+        assert h.json()["error"]  # why: the loss, then the last attempt's reason
