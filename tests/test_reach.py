@@ -122,7 +122,8 @@ async def test_the_api_answers_while_its_edge_looks_for_the_cloud() -> None:
                 models = (await c.get("/v1/models")).json()
                 assert [m["id"] for m in models["data"]] == [target.vocab.name]
                 r = await c.post("/v1/completions", json={"model": target.vocab.name,
-                                                          "prompt": "a", "max_tokens": 4})
+                                                          "prompt": "a", "max_tokens": 4,
+                                                          "ignore_eos": True})
                 assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
             assert edge.reach.connects == 1
     finally:
