@@ -148,12 +148,13 @@ async def test_generations_in_flight_end_with_an_error_object_when_their_cloud_s
     gated = HeldAfterFirstCall(target)
     async with served((gated, draft), edge_kw={"timeout_s": 0.3, "heartbeat_s": 0.05,
                                                "cloud_wait_s": 0.3}) as s:
+        run_on = {"ignore_eos": True}  # neither may end before its cloud goes
         stream = await s.client.completions.create(model=s.model, prompt="c", max_tokens=4000,
-                                                   stream=True)
+                                                   stream=True, extra_body=run_on)
         it = stream.__aiter__()
         await it.__anext__()  # round 0's text streamed; round 1 waits inside the target
         whole = asyncio.ensure_future(s.client.completions.create(
-            model=s.model, prompt=[0, 1], max_tokens=4000))
+            model=s.model, prompt=[0, 1], max_tokens=4000, extra_body=run_on))
         await until(lambda: s.api.in_flight == 2, "both requests in flight")
         closing = asyncio.ensure_future(s.cloud.close())  # gone, for good
         gated.gate.set()
