@@ -6,10 +6,12 @@ answers while it looks, and learns the model's id from the first handshake."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 import xcosd
@@ -21,6 +23,8 @@ from xcosd.transport.addresses import Backoff
 
 from .helpers.processes import free_port
 from .helpers.waits import until
+from .session_pairs import pair
+from .test_api import HeldAfterFirstCall, metric, served
 
 
 def test_a_stretch_without_a_deadline_never_gives_up() -> None:
@@ -137,13 +141,6 @@ async def test_generations_in_flight_end_with_an_error_object_when_their_cloud_s
     already answering ends with an error event, a whole request with 503, each an
     OpenAI error object, and the edge counts them as errors and its wait as
     expired; /health says why."""
-    import asyncio
-
-    import openai
-
-    from .session_pairs import pair
-    from .test_api import HeldAfterFirstCall, metric, served
-
     target, draft = pair()
     gated = HeldAfterFirstCall(target)
     async with served((gated, draft), edge_kw={"timeout_s": 0.3, "heartbeat_s": 0.05,
