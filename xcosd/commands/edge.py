@@ -105,7 +105,7 @@ def add_parser(sub: Any) -> None:
                         "API answers 503 meanwhile)")
     p.add_argument("--cloud-wait", type=nonneg_float, default=CLOUD_WAIT_S,
                    help="with --http: the longest a request waits for a cloud that is not "
-                        f"connected (starting, lost) before it gets 503 (default {CLOUD_WAIT_S:g})")
+                        "connected (starting, lost) before it gets 503")
     add_loop_args(p)
     add_link_args(p)
     add_verbose(p)
