@@ -453,12 +453,13 @@ async def test_each_replica_of_serve_replicas_serves_its_own_metrics() -> None:
     summing the two sees both edges' work, label values bounded in each."""
     from xcosd.models import SyntheticModel, load_model
 
-    from .test_replicas import _free_port, serve_process
+    from .helpers.processes import free_port
+    from .test_replicas import serve_process
 
     spec = "synthetic:256"
     target = load_model(spec)
     draft = SyntheticModel(target.vocab, skew=0.9, name="draft")
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     async with serve_process("--replicas", "2", "--target", spec, "--bind", endpoint,
                              "--metrics-port", "0") as lines:
 

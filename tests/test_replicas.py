@@ -18,7 +18,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -43,6 +42,7 @@ from xcosd.transport.replica import (
     ReplicaListener,
 )
 
+from .helpers.processes import free_port, xcosd_process
 from .helpers.waits import HANG_S, until
 from .session_pairs import greedy_decode, pair
 
@@ -423,45 +423,13 @@ def synthetic_greedy(model: Any, prompt: str, n: int) -> list[int]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
 async def serve_process(*argv: str) -> AsyncIterator[list[str]]:
     """``xcosd serve ARGV`` as a user runs it; yields the lines it prints (stderr),
     kept up to date. Stopped with SIGINT (a Ctrl-C) on exit, which must end it with
     status 0."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "xcosd", "serve", *argv,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    lines: list[str] = []
-
-    async def read() -> None:
-        assert proc.stderr is not None
-        async for raw in proc.stderr:
-            lines.append(raw.decode(errors="replace").rstrip())
-
-    reader = asyncio.create_task(read())
-    try:
-        yield lines
-    except BaseException as e:  # a failed wait shows what the command printed
-        e.add_note("xcosd serve printed:\n" + "\n".join(lines[-30:]))
-        raise
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            await asyncio.wait_for(proc.wait(), HANG_S)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(reader, HANG_S)
-    assert proc.returncode == 0, "\n".join(lines[-20:])
+    async with xcosd_process("serve", *argv) as running:
+        yield running.lines
 
 
 async def test_serve_replicas_survives_a_killed_replica_process() -> None:
@@ -472,7 +440,7 @@ async def test_serve_replicas_survives_a_killed_replica_process() -> None:
     spec = "synthetic:256"
     target = load_model(spec)
     draft = SyntheticModel(target.vocab, skew=0.9, name="draft")
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     async with serve_process("--replicas", "2", "--target", spec, "--bind", endpoint) as lines:
 
         def pids() -> list[int]:
@@ -649,7 +617,7 @@ async def test_serve_replicas_with_a_curve_back_end_serves_exactly(tmp_path: Any
     draft = SyntheticModel(target.vocab, skew=0.9, name="draft")
     pattern = os.path.join(tempfile.gettempdir(), "xcosd-replica-keys-*")
     before = set(glob.glob(pattern))
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     async with serve_process("--replicas", "1", "--target", spec, "--bind", endpoint,
                              "--backend-curve-secret", str(sec)) as lines:
         await until(lambda: "replicas live: 1 (joined 1, lost 0)" in lines, "the replica")

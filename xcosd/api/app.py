@@ -8,7 +8,8 @@ Starlette, any ASGI host); ``xcosd edge --http`` serves it with
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (each streamed as
 Server-Sent Events with ``"stream": true``, else one JSON object), ``GET
-/v1/models``, ``GET /health`` (200 while the cloud is connected, 503 otherwise),
+/v1/models``, ``GET /health`` (200 while the cloud is connected, 503 otherwise,
+its ``status`` saying why: ``connecting`` while the edge looks for its cloud),
 ``GET /metrics`` (Prometheus: :mod:`xcosd.api.metrics`).
 
 What it guarantees:
@@ -23,7 +24,9 @@ What it guarantees:
   (:mod:`xcosd.api.stop`).
 * **Bounded.** At most ``max_in_flight`` generations at once: one more gets 429
   with ``Retry-After``; a body over ``max_body_bytes`` is refused (413) before it is
-  read whole.
+  read whole. While the cloud is away (not yet connected, or lost), a request
+  waits for it at most the edge's ``cloud_wait_s``, then gets 503 with
+  ``Retry-After``.
 * **A client that goes away costs nothing.** Each generation runs as a task that
   is cancelled the moment the client disconnects (streamed or not), which closes
   its session on the cloud at once.
@@ -220,7 +223,7 @@ class OpenAIApp:
                                else 6 * self.limits.max_prompt_chars + (64 << 10))
         self.in_flight = 0
         self.started = int(time.time())
-        self.metrics = EdgeMetrics(edge.arrivals)
+        self.metrics = EdgeMetrics(edge.arrivals, edge)
         self.app = Starlette(
             routes=[
                 Route("/v1/completions", self._completions, methods=["POST"]),
@@ -254,11 +257,36 @@ class OpenAIApp:
         return error_response(APIError(exc.status_code, msg, None,
                                        "not_found" if exc.status_code == 404 else None))
 
+    async def _named(self, request: Request) -> bool:
+        """Whether the model's id is known: given, or the cloud's target as its
+        welcome said. Before the edge's first handshake, it waits for that (as a
+        generation waits for the cloud: at most ``cloud_wait_s``, then 503); False
+        if the client left meanwhile."""
+        if self._model is not None or self.edge.target_name is not None:
+            return True
+        try:
+            await unless_disconnected(request.receive, self.edge.wait_connected())
+        except XcosdError as e:
+            raise api_error_for(e) from None
+        return self.edge.target_name is not None  # else the client left first
+
     async def _models(self, request: Request) -> Response:
+        try:
+            if not await self._named(request):
+                return Response(status_code=499)
+        except APIError as e:
+            self.metrics.request("models", e.status)
+            return error_response(e)
         self.metrics.request("models", 200)
         return JSONResponse(R.models_list(self.model, self.started))
 
     async def _model_info(self, request: Request) -> Response:
+        try:
+            if not await self._named(request):
+                return Response(status_code=499)
+        except APIError as e:
+            self.metrics.request("models", e.status)
+            return error_response(e)
         name = request.path_params["model"]
         if not self._serves(name):
             self.metrics.request("models", 404)
@@ -268,8 +296,9 @@ class OpenAIApp:
 
     async def _health(self, request: Request) -> Response:
         ok = self.edge.connected
-        body = {"status": "ok" if ok else "unavailable", "cloud": self.edge.endpoint,
-                "connected": ok, "in_flight": self.in_flight, "max_in_flight": self.max_in_flight}
+        reach = self.edge.reach.health(time.monotonic())
+        body = {"status": "ok" if ok else reach["state"], "cloud": self.edge.endpoint,
+                **reach, "in_flight": self.in_flight, "max_in_flight": self.max_in_flight}
         self.metrics.request("health", 200 if ok else 503)
         return JSONResponse(body, status_code=200 if ok else 503)
 
@@ -345,7 +374,8 @@ class OpenAIApp:
         body = await self._body(request)
         req: CompletionRequest | ChatRequest = (
             parse_chat(body, self.limits) if chat else parse_completion(body, self.limits))
-        if not self._serves(req.model):
+        named = self._model is not None or self.edge.target_name is not None
+        if named and not self._serves(req.model):
             raise self._unknown_model(req.model)
         cfg = self._config(req)
         if self.in_flight >= self.max_in_flight:
@@ -357,6 +387,11 @@ class OpenAIApp:
         handed_over = False
         gen: _Generation | None = None
         try:
+            if not named:  # the served id is the cloud's target's: wait to learn it
+                if not await self._named(request):
+                    return Response(status_code=499)
+                if not self._serves(req.model):
+                    raise self._unknown_model(req.model)
             if isinstance(req, CompletionRequest) and isinstance(req.prompt, str):
                 # a text prompt opens as text (the cloud tokenises it as it would
                 # for tokenize): the generation starts now, its length in tokens

@@ -13,12 +13,17 @@ sends becomes a label, so no client can grow the number of series.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..nodes.arrivals import Arrivals
+from ..nodes.reach import ReachPhase
 from ..nodes.stats import GenerationStats
+
+if TYPE_CHECKING:
+    from ..nodes.edge import EdgeNode
 
 #: the ``endpoint`` label's values
 ENDPOINTS = ("completions", "chat", "models", "health", "metrics", "other")
@@ -57,14 +62,51 @@ class _ArrivalsCollector:
                                 "open_hold_s", value=a.bound_s)
 
 
+class _ReachCollector:
+    """Whether the edge holds its cloud, and how its connecting went
+    (xcosd/nodes/reach.py), read from the node at each scrape."""
+
+    def __init__(self, edge: EdgeNode) -> None:
+        self.edge = edge
+
+    def collect(self) -> Iterator[Metric]:
+        import time
+
+        reach = self.edge.reach
+        p = "xcosd_edge_cloud_"
+        yield GaugeMetricFamily(p + "connected", "1 while the edge holds its cloud "
+                                "(handshake done), else 0", value=int(self.edge.connected))
+        state = GaugeMetricFamily(p + "state", "the edge's hold on its cloud: 1 for the "
+                                  "state it is in", labels=["state"])
+        for phase in ReachPhase:
+            state.add_metric([phase.value], int(reach.phase is phase))
+        yield state
+        yield GaugeMetricFamily(p + "unavailable_seconds", "how long the cloud has been "
+                                "missing (0 while connected)",
+                                value=reach.waited_s(time.monotonic()))
+        yield CounterMetricFamily(p + "reconnects", "connections made after the first",
+                                  value=reach.reconnects)
+        yield CounterMetricFamily(p + "losses", "connections lost once held (the transport "
+                                  "failed, the cloud was silent, restarted or left)",
+                                  value=reach.losses)
+        yield CounterMetricFamily(p + "connect_failures", "connection attempts that failed",
+                                  value=reach.failed_attempts)
+        yield CounterMetricFamily(p + "waits_expired", "requests that waited for a missing "
+                                  "cloud for the longest they may (cloud_wait_s), and failed",
+                                  value=self.edge.waits_expired)
+
+
 class EdgeMetrics:
     """Counters of the generations an edge's HTTP API served (``arrivals``: the
-    edge's, whose holds it reports too)."""
+    edge's, whose holds it reports too; ``edge``: the node, whose hold on its cloud
+    it reports)."""
 
-    def __init__(self, arrivals: Arrivals | None = None) -> None:
+    def __init__(self, arrivals: Arrivals | None = None, edge: EdgeNode | None = None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         if arrivals is not None:
             r.register(_ArrivalsCollector(arrivals))
+        if edge is not None:
+            r.register(_ReachCollector(edge))
         p = "xcosd_edge_"
         self.requests = Counter(p + "http_requests", "HTTP requests answered",
                                 ["endpoint", "status"], registry=r)

@@ -12,7 +12,12 @@ with one per line) run concurrently with ``--concurrent``.
 ``--http HOST:PORT`` (``serve`` before the options reads better and is allowed)
 serves ``xcosd.api``'s OpenAI-compatible API instead: every HTTP request is a
 generation on the node's one cloud connection, with the command's generation
-options as each request's defaults, until SIGINT or SIGTERM.
+options as each request's defaults, until SIGINT or SIGTERM. A server outlives its
+cloud's absences: it listens as soon as its draft model is loaded, connects in the
+background (for as long as it takes, unless ``--connect-timeout`` is given),
+answers ``/health`` with 503 ``connecting`` meanwhile and holds each request up to
+``--cloud-wait`` seconds before a 503; the same after a lost connection, until it
+connects again.
 """
 
 from __future__ import annotations
@@ -48,6 +53,12 @@ from .options import (
     probe,
 )
 from .serve import run_main
+
+#: the one-shot command's ``--connect-timeout`` when none is given (a server's is none)
+CONNECT_TIMEOUT_S = 30.0
+#: ``--cloud-wait``: long enough for a cloud restart on the embedded pair (its model
+#: loads from the cache in about a second), short enough that a client is told
+CLOUD_WAIT_S = 10.0
 
 
 def add_parser(sub: Any) -> None:
@@ -88,9 +99,16 @@ def add_parser(sub: Any) -> None:
                         "stats) instead of the text")
     add_curve_client_args(p, "device key file (NAME.key_secret): turns CURVE on")
     p.add_argument("--timeout", type=positive_float, default=15.0,
-                   help="seconds of silence before the cloud counts as lost")
-    p.add_argument("--connect-timeout", type=positive_float, default=30.0,
-                   help="seconds to wait for the cloud to accept the connection")
+                   help="seconds of silence before the cloud counts as lost (the edge then "
+                        "connects again)")
+    p.add_argument("--connect-timeout", type=positive_float, default=None,
+                   help="seconds to look for the cloud before giving up with an error: for its "
+                        "address to accept a connection, then for its handshake, and after a "
+                        "lost connection for a new one (default 30; with --http no limit: the "
+                        "API answers 503 meanwhile)")
+    p.add_argument("--cloud-wait", type=nonneg_float, default=CLOUD_WAIT_S,
+                   help="with --http: the longest a request waits for a cloud that is not "
+                        "connected (starting, lost) before it gets 503")
     add_loop_args(p)
     add_link_args(p)
     add_verbose(p)
@@ -137,8 +155,13 @@ async def _node(args: argparse.Namespace) -> Any:
     from ..nodes import EdgeNode
 
     cfg = generation_config(args)
-    # a wrong or dead address fails now, with its reason, not after loading the model
-    await asyncio.to_thread(probe, args.connect, args.connect_timeout)
+    serving = args.http is not None
+    connect_timeout = (args.connect_timeout if args.connect_timeout is not None or serving
+                       else CONNECT_TIMEOUT_S)
+    if not serving:
+        # a wrong or dead address fails now, with its reason, not after loading the
+        # model (a server waits for its cloud instead, answering 503 meanwhile)
+        await asyncio.to_thread(probe, args.connect, connect_timeout)
     curve = None
     if args.curve_secret:
         from ..transport import CurveClient
@@ -148,7 +171,8 @@ async def _node(args: argparse.Namespace) -> Any:
     draft = await asyncio.to_thread(load_model, args.draft, **device_kw(args, "draft-"))
     return EdgeNode(draft=draft, connect=args.connect, transport=args.transport,
                     config=cfg, link=link_from_args(args), curve=curve,
-                    timeout_s=args.timeout, connect_timeout_s=args.connect_timeout,
+                    timeout_s=args.timeout, connect_timeout_s=connect_timeout,
+                    cloud_wait_s=args.cloud_wait if serving else None,
                     **({} if args.open_hold_ms is None
                        else {"open_hold_s": args.open_hold_ms / 1e3}))
 
@@ -164,7 +188,9 @@ async def _serve_http(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with await _node(args) as edge:
+    edge = await _node(args)
+    try:
+        await edge.start(wait=False)  # the cloud is looked for in the background
         limits = RequestLimits(max_tokens=args.max_tokens_limit,
                                default_max_tokens=min(args.max_new_tokens or 256,
                                                       args.max_tokens_limit))
@@ -172,10 +198,45 @@ async def _serve_http(args: argparse.Namespace) -> int:
                         max_in_flight=args.max_in_flight)
         async with HttpServer(api, host, port, limits=connection_limits(args),
                               name="xcosd-edge-http") as http:
-            print(f"serving {api.model!r} on {http.url}/v1 (cloud {args.connect})",
+            name = repr(args.model_name) if args.model_name else "the cloud's target"
+            print(f"serving {name} on {http.url}/v1 (cloud {args.connect})",
                   file=sys.stderr, flush=True)
-            await stop.wait()
+            watch = asyncio.ensure_future(report_reach(edge))
+            stopped = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({watch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in (watch, stopped):
+                    t.cancel()
+            if watch.done() and not watch.cancelled() and watch.exception() is not None:
+                raise watch.exception()  # type: ignore[misc]  # it gave up on the cloud
+    finally:
+        await edge.close()
     return 0
+
+
+async def report_reach(edge: Any) -> None:
+    """Print each change of ``edge``'s hold on its cloud (one line on stderr);
+    raise why, once it gives up (past ``--connect-timeout``, or an answer retrying
+    cannot change: another protocol version, another vocabulary)."""
+    from ..errors import TransportError
+    from ..nodes.reach import ReachPhase
+
+    while True:
+        reach = edge.reach
+        if reach.phase is ReachPhase.CONNECTED:
+            print(f"connected to the cloud at {edge.address} (target {edge.target_name!r}, "
+                  f"reconnects {reach.reconnects})", file=sys.stderr, flush=True)
+        elif reach.phase is ReachPhase.CONNECTING:
+            lost = f"lost the cloud ({reach.error}); " if reach.losses else ""
+            print(f"{lost}looking for the cloud at {edge.endpoint}; /health answers 503 until "
+                  "it is connected", file=sys.stderr, flush=True)
+        elif reach.phase is ReachPhase.UNREACHABLE:
+            raise edge.failure or TransportError(
+                f"cannot reach the cloud at {edge.endpoint}: {reach.error}", code="connect")
+        else:
+            return
+        await edge.reach_changed()
 
 
 async def _edge(args: argparse.Namespace) -> int:

@@ -13,10 +13,15 @@ verdict arrives.
 Faults: the edge pings every ``heartbeat_s``; when the cloud is silent for
 ``timeout_s``, the transport fails, the cloud answers that it does not know the
 connection (it restarted) or that it is leaving (``draining``), the edge reconnects
-(with jittered backoff, for up to ``connect_timeout_s``, to the next of its
-addresses: ``connect`` may name several, or a host name with several, see
-``xcosd/transport/addresses.py``) and resumes every running generation from its
-committed tokens: the cloud rebuilds the context from prompt + committed target ids, so no
+by itself, in one task of its own (with jittered backoff, for up to
+``connect_timeout_s``, or for as long as it takes when that is ``None``, to the
+next of its addresses: ``connect`` may name several, or a host name with several,
+see ``xcosd/transport/addresses.py``; the states it goes through are
+``xcosd/nodes/reach.py``'s). Generations and render requests wait for it, each at
+most ``cloud_wait_s`` (``None``: until the reconnecting gives up), so a server in
+front of the node holds its requests a bounded time while the cloud is away,
+starting, restarting or drained; the connection back resumes every running
+generation from its committed tokens: the cloud rebuilds the context from prompt + committed target ids, so no
 token is lost or repeated (a round whose verdict was already seen is completed, not
 drawn again; see ``xcosd/protocol/edge.py``). An answer that does not come within
 ``resend_after_s`` is asked for again with the same sequence number (the cloud
@@ -31,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import copy
 import dataclasses
 import itertools
 import logging
@@ -75,13 +81,14 @@ from ..protocol.messages import (
 )
 from ..sampling import SamplingParams
 from ..transport import LinkConnection, LinkSpec, Meter, connect, sequence_latency
-from ..transport.addresses import Addresses, Backoff, resolve, split_endpoints
+from ..transport.addresses import Addresses, resolve, split_endpoints
 from ..transport.base import Connection
 from ..vocab import VocabMap, Vocabulary
 from ..wire.frames import Limits, decode_message, message_bytes
 from .arrivals import HOLD_S, Arrival, Arrivals
 from .drafter import Drafter
 from .inbox import Inbox
+from .reach import Reach, ReachPhase
 from .stats import GenerationResult, GenerationStats
 
 log = logging.getLogger(__name__)
@@ -249,6 +256,14 @@ class EdgeNode:
     ``open_hold_s``: how long a generation's first open may wait for the requests a
     server marked as arrived with it (``arrivals``, :class:`~xcosd.nodes.arrivals.Arrivals`),
     so that requests sent together share the cloud's first call (0: never wait).
+
+    ``connect_timeout_s``: how long the node looks for its cloud, at start and after
+    a loss, before it gives up (``None``: for as long as it takes). ``cloud_wait_s``:
+    the longest a generation or render request waits for a cloud that is not
+    connected, new or in flight, before it fails with a ``TransportError`` (code
+    ``unreachable``; ``None``: until the node gives up). ``reach`` says where the
+    node stands (:class:`~xcosd.nodes.reach.Reach`: ``connecting``, ``connected``,
+    ``unreachable``, ``closed``).
     """
 
     def __init__(self, draft: LanguageModel, connect: str = "tcp://127.0.0.1:5555", *,
@@ -260,7 +275,8 @@ class EdgeNode:
                  model_link: LinkSpec | None = None, curve: Any = None,
                  target_vocab: Vocabulary | None = None, vocab_map: VocabMap | None = None,
                  heartbeat_s: float | None = None,
-                 timeout_s: float = 15.0, connect_timeout_s: float = 30.0,
+                 timeout_s: float = 15.0, connect_timeout_s: float | None = 30.0,
+                 cloud_wait_s: float | None = None,
                  busy_retry_s: float = 0.05, busy_timeout_s: float = 30.0,
                  resend_after_s: float = 2.0, answer_timeout_s: float | None = None,
                  name: str = "xcosd-edge",
@@ -280,8 +296,6 @@ class EdgeNode:
         self._addresses: Addresses | None = None
         #: the address of the connection held now (or last held)
         self.address: str | None = None
-        #: connections made after the first (each one resumed what was running)
-        self.reconnects = 0
         self.transport = transport
         self.link = link
         self.model_link = model_link if model_link is not None else link
@@ -289,6 +303,15 @@ class EdgeNode:
         self.heartbeat_s = heartbeat_s
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
+        if cloud_wait_s is not None and cloud_wait_s < 0:
+            raise ValueError(f"cloud_wait_s must be >= 0 or None, got {cloud_wait_s}")
+        self.cloud_wait_s = cloud_wait_s
+        #: whether the node holds its cloud, and its connecting's counts
+        self.reach = Reach(time.monotonic(), connect_timeout_s)
+        #: waits for the cloud that ended at ``cloud_wait_s`` (each failed its request)
+        self.waits_expired = 0
+        #: why the node last gave up looking for its cloud (``reach`` unreachable)
+        self.failure: XcosdError | None = None
         self.busy_retry_s = busy_retry_s
         self.busy_timeout_s = busy_timeout_s
         self.resend_after_s = resend_after_s
@@ -315,9 +338,17 @@ class EdgeNode:
         self._conn: Connection | None = None
         self._epoch = 0
         self._connected = False
-        self._lock = asyncio.Lock()
         self._recv_task: asyncio.Task[None] | None = None
         self._hb_task: asyncio.Task[None] | None = None
+        #: the one task that connects (at start, and again after every loss)
+        self._connector: asyncio.Task[None] | None = None
+        #: set when the connector has something to do
+        self._wake = asyncio.Event()
+        #: the current stretch of connecting: done once it connected, or with the
+        #: reason it gave up
+        self._stretch: asyncio.Future[None] | None = None
+        #: set (and replaced) at every change of ``reach.phase``
+        self._changed = asyncio.Event()
         self._control: asyncio.Queue[Message] = asyncio.Queue()
         self._inboxes: dict[int, Inbox] = {}
         #: each live generation's draft model session, by session id
@@ -359,12 +390,35 @@ class EdgeNode:
                         tb: TracebackType | None) -> None:
         await self.close()
 
-    async def start(self) -> EdgeNode:
+    async def start(self, *, wait: bool = True) -> EdgeNode:
+        """Start connecting to the cloud. ``wait``: return once connected, or raise
+        why the cloud could not be reached within ``connect_timeout_s`` (the node is
+        then as before the call). ``wait=False``: return at once, connecting in the
+        background (a server that answers while its cloud is away: generations
+        wait for it, at most ``cloud_wait_s``; ``connected``, ``reach`` and
+        :meth:`reach_changed` say how it goes)."""
         self.meter = Meter()
-        await self._connect_with_retry()
         loop = asyncio.get_running_loop()
+        self.reach.begin(time.monotonic())
+        self._begin_stretch()
+        self._connector = loop.create_task(self._keep_connected(), name="xcosd-edge-connect")
         self._hb_task = loop.create_task(self._heartbeat_loop(), name="xcosd-edge-heartbeat")
+        if wait:
+            try:
+                await self._until_connected(None)
+            except BaseException:
+                await self._stop_tasks()
+                await self._teardown()
+                raise
         return self
+
+    async def _stop_tasks(self) -> None:
+        for t in (self._hb_task, self._connector):
+            if t is not None:
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        self._hb_task = self._connector = None
 
     async def close(self) -> None:
         """Close the connection, stop the tasks and the draft thread."""
@@ -372,12 +426,12 @@ class EdgeNode:
             return
         self._closed = True
         self._lose(self._epoch)
-        for t in (self._hb_task,):
-            if t is not None:
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-        self._hb_task = None
+        if self.reach.phase is not ReachPhase.CLOSED:
+            self.reach.close(time.monotonic())
+            self._notify()
+        if self._stretch is not None and not self._stretch.done():
+            self._stretch.set_exception(TransportError("the edge node is closed", code="closed"))
+        await self._stop_tasks()
         await self._teardown()
         for job in list(self._jobs):
             with contextlib.suppress(Exception):
@@ -400,6 +454,23 @@ class EdgeNode:
         return self._connected and not self._closed
 
     @property
+    def reconnects(self) -> int:
+        """Connections made after the first (each one resumed what was running)."""
+        return self.reach.reconnects
+
+    async def reach_changed(self) -> None:
+        """Return at the next change of ``reach.phase`` (connected, lost, given up,
+        closed): how a server reports its cloud's comings and goings."""
+        await self._changed.wait()
+
+    async def wait_connected(self) -> None:
+        """Return once the node holds its cloud; raise a ``TransportError`` (code
+        ``unreachable``) after ``cloud_wait_s``, or the reason the node gave up
+        looking for it. A node that had given up looks again (a fresh
+        ``connect_timeout_s``)."""
+        await self._until_connected(self.cloud_wait_s)
+
+    @property
     def target_name(self) -> str | None:
         """The cloud's target model name, as its welcome said (``None`` before)."""
         w = self._handshake.welcome
@@ -417,8 +488,12 @@ class EdgeNode:
         self._connected = False
         if self._recv_task is not None:
             self._recv_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._recv_task
+            # its end, whatever it raised; a cancellation of the caller's still raises
+            # (suppressing CancelledError here swallowed the connecting task's own)
+            task = self._recv_task
+            await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # retrieved: it ended, whatever it raised
             self._recv_task = None
         if self._conn is not None:
             with contextlib.suppress(Exception):
@@ -478,15 +553,17 @@ class EdgeNode:
             self.heartbeat_s = hs.welcome.limits.heartbeat_s or 1.0
         self._connected = True
         self.address = address
+        self.reach.connected_now(time.monotonic())
         log.info("edge connected to %s (cloud %s)", address, self.server_id)
 
     async def _connect_with_retry(self) -> None:
         """Connect to one of the addresses, each pass over them in turn
         (xcosd/transport/addresses.py), with a jittered pause after a pass in which
-        none answered, until ``connect_timeout_s`` has passed."""
-        deadline = time.monotonic() + self.connect_timeout_s
-        backoff = Backoff(0.05, 1.0)
-        first = self.address is None
+        none answered, until ``reach`` gives up (past ``connect_timeout_s``, if
+        set): then raise why."""
+        reach = self.reach
+        most_s = (self.timeout_s if self.connect_timeout_s is None
+                  else min(self.timeout_s, self.connect_timeout_s))
         while True:
             found = await resolve(self.endpoint, ipv6=self.transport != "zmq")
             if self._addresses is None:
@@ -496,8 +573,8 @@ class EdgeNode:
             several = len(found) > 1
             error: BaseException | None = None
             for address in self._addresses.pass_():
-                left = deadline - time.monotonic()
-                attempt = min(self.timeout_s, self.connect_timeout_s, max(0.05, left))
+                self._stop_if_asked()
+                attempt = reach.attempt_s(time.monotonic(), most_s)
                 if several:
                     attempt = min(attempt, ATTEMPT_TIMEOUT_S)
                 self._addresses.tried(address)
@@ -506,45 +583,141 @@ class EdgeNode:
                 except (TransportError, TimeoutError, OSError) as e:
                     await self._teardown()
                     error = e
-                    log.info("cloud at %s not reachable (%s)", address, e or "no answer")
-                    if time.monotonic() >= deadline:
+                    # asyncio's TimeoutError has no text: say what timed out
+                    reach.attempt_failed(str(e) or f"no answer within {attempt:g} s")
+                    log.info("cloud at %s not reachable (%s)", address, reach.error)
+                    if reach.left_s(time.monotonic()) == 0:
                         break
                     continue
-                except XcosdError:
+                except XcosdError as e:
                     await self._teardown()
+                    reach.give_up(time.monotonic(), str(e))
                     raise
-                if not first:
-                    self.reconnects += 1
                 return
-            delay = backoff.next()
-            if time.monotonic() + delay > deadline:
-                # asyncio's TimeoutError has no text: say what timed out
-                reason = str(error) or f"no answer within {self.connect_timeout_s:g} s"
-                raise TransportError(f"cannot reach the cloud at {self.endpoint}: {reason}",
+            delay = reach.pause(time.monotonic())
+            if delay is None:
+                raise TransportError(f"cannot reach the cloud at {self.endpoint}: {reach.error} "
+                                     f"(tried for {self.connect_timeout_s:g} s)",
                                      code="connect") from error
             log.info("no cloud reachable; retrying in %.2fs", delay)
+            self._stop_if_asked()
             await asyncio.sleep(delay)
 
-    async def _recover(self, seen_epoch: int) -> None:
-        """Reconnect once per loss, however many sessions noticed it."""
-        async with self._lock:
-            if self._epoch != seen_epoch and self._connected:
-                return
+    def _stop_if_asked(self) -> None:
+        """End the connecting task here if it was asked to stop, even where the
+        cancellation was swallowed on its way (an await under
+        ``contextlib.suppress(CancelledError)`` in code it passes through): a
+        retry loop that took it for a failed attempt would go on for ever when
+        there is no deadline, and ``close()`` with it."""
+        task = asyncio.current_task()
+        if self._closed or (task is not None and task.cancelling()):
+            raise asyncio.CancelledError
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _begin_stretch(self) -> None:
+        """A stretch of connecting begins: its waiters wait on a new future."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # a stretch nobody waited for may end in an error: retrieved here, so it is
+        # not reported as an exception never retrieved
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._stretch = fut
+        self._wake.set()
+
+    async def _keep_connected(self) -> None:
+        """The node's one connecting task: connects whenever ``reach`` says it is
+        looking for the cloud (at start, after a loss, after a retry), and ends that
+        stretch's future either way."""
+        while not self._closed:
+            await self._wake.wait()
+            self._wake.clear()
+            stretch = self._stretch
+            if self._connected or self.reach.phase is not ReachPhase.CONNECTING:
+                continue
+            try:
+                await self._teardown()
+                await self._connect_with_retry()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                err = e if isinstance(e, XcosdError) else TransportError(
+                    f"cannot reach the cloud at {self.endpoint}: {type(e).__name__}: {e}",
+                    code="connect")
+                if not isinstance(e, XcosdError):
+                    log.exception("connecting to the cloud failed", exc_info=e)
+                if self.reach.phase is ReachPhase.CONNECTING:
+                    self.reach.give_up(time.monotonic(), str(err))
+                self.failure = err
+                log.info("%s", err)  # raised to whoever waits for the cloud
+                self._notify()
+                if stretch is not None and not stretch.done():
+                    stretch.set_exception(err)
+                continue
+            if self.reach.connects > 1:
+                self.resumes += 1
+            self._notify()
+            if stretch is not None and not stretch.done():
+                stretch.set_result(None)
+
+    async def _until_connected(self, bound_s: float | None) -> None:
+        """Wait for the connecting task to connect: at most ``bound_s`` (``None``:
+        until it gives up, whose reason is raised)."""
+        started = time.monotonic()
+        while not self._connected:
             if self._closed:
                 raise TransportError("the edge node is closed", code="closed")
-            log.warning("connection to the cloud lost; reconnecting")
-            await self._teardown()
-            await self._connect_with_retry()
-            self.resumes += 1
+            if self.reach.phase is ReachPhase.UNREACHABLE:  # a new stretch, asked for now
+                self.reach.retry(time.monotonic())
+                self._begin_stretch()
+                self._notify()
+            stretch = self._stretch
+            if stretch is None:
+                raise TransportError("the edge node is not started (await edge.start(), or "
+                                     "use it in `async with`)", code="closed")
+            left = None if bound_s is None else bound_s - (time.monotonic() - started)
+            try:
+                if left is not None and left <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(left):
+                    if stretch.done() and stretch.exception() is None:
+                        await self._changed.wait()  # connected and lost since: the next
+                    else:
+                        await asyncio.shield(stretch)
+            except TimeoutError:
+                self.waits_expired += 1
+                raise TransportError(
+                    f"the cloud at {self.endpoint} is not connected (waited {bound_s:g} s; "
+                    f"{self.reach.error or 'connecting'})", code="unreachable") from None
+            except XcosdError as e:
+                raise copy.copy(e).with_traceback(None) from None  # one raise per waiter
 
-    def _lose(self, epoch: int) -> None:
+    async def _recover(self, seen_epoch: int) -> None:
+        """Wait for the connection that replaces the one of ``seen_epoch`` (the
+        connecting task makes it, once per loss however many sessions noticed it),
+        at most ``cloud_wait_s``. Called on the connection held, it drops that
+        one first (a reconnect, to the next address)."""
+        if self._closed:
+            raise TransportError("the edge node is closed", code="closed")
+        if self._connected and self._epoch == seen_epoch:
+            self._lose(seen_epoch, "a reconnect was asked for")
+        await self._until_connected(self.cloud_wait_s)
+
+    def _lose(self, epoch: int, why: str = "the connection was lost") -> None:
         if epoch != self._epoch:
             return
+        held = self._connected
         self._connected = False
         lost = _Lost(epoch)
         self._control.put_nowait(lost)  # type: ignore[arg-type]
         for q in self._inboxes.values():
             q.put_nowait(lost)
+        if held and not self._closed:
+            log.warning("connection to the cloud lost (%s); reconnecting", why)
+            self.reach.lost(time.monotonic(), why)
+            self._begin_stretch()
+            self._notify()
 
     async def _receive_loop(self, conn: Connection, epoch: int) -> None:
         while True:
@@ -552,7 +725,7 @@ class EdgeNode:
                 frames = await conn.recv()
             except TransportError as e:
                 log.info("receive failed: %s", e)
-                self._lose(epoch)
+                self._lose(epoch, str(e))
                 return
             self._last_rx = time.monotonic()
             try:
@@ -576,7 +749,8 @@ class EdgeNode:
                 if q is not None:
                     q.put_nowait((msg, self._wire(frames)))
             elif isinstance(msg, Error) and msg.code in LOST_CODES and self._connected:
-                self._lose(epoch)  # the cloud restarted and does not know us
+                # the cloud restarted and does not know us, or it is leaving
+                self._lose(epoch, f"the cloud answered {msg.code}")
             else:
                 self._control.put_nowait(msg)
 
@@ -588,11 +762,8 @@ class EdgeNode:
             if not self._connected or self._conn is None:
                 continue
             if time.monotonic() - self._last_rx > self.timeout_s:
-                log.warning("the cloud has been silent for %.1fs", self.timeout_s)
-                self._lose(self._epoch)
-                if not self._inboxes:  # nobody waiting: reconnect now
-                    with contextlib.suppress(XcosdError):
-                        await self._recover(self._epoch)
+                # the connecting task reconnects, whether or not a generation waits
+                self._lose(self._epoch, f"the cloud was silent for {self.timeout_s:g} s")
                 continue
             now = time.monotonic()
             if now - self._last_rx < ivl and now - self._last_tx < ivl:
@@ -673,9 +844,14 @@ class EdgeNode:
         every ``resend_after_s`` (after a reconnect too) until the deadline. At most
         :data:`MAX_RENDERS_IN_FLIGHT` of a node's requests are at the cloud at once
         (the rest wait here, within their deadline); a ``busy`` answer is asked again
-        after a pause, for at most ``busy_timeout_s``, as a generation's is."""
+        after a pause, for at most ``busy_timeout_s``, as a generation's is. Without
+        a ``timeout_s`` of the caller's, a cloud not connected yet is waited for
+        first, as a generation waits for it (``cloud_wait_s``): the default deadline
+        is for the answer of a cloud that is there."""
         if self._closed:
             raise TransportError("the edge node is closed", code="closed")
+        if timeout_s is None and not self._connected:
+            await self._recover(self._epoch)
         n = next(self._render_ids)
         msg = dataclasses.replace(request, n=n)
         loop = asyncio.get_running_loop()
@@ -714,8 +890,8 @@ class EdgeNode:
                 try:
                     await conn.send(frames)
                     self._last_tx = time.monotonic()
-                except TransportError:
-                    self._lose(epoch)
+                except TransportError as e:
+                    self._lose(epoch, str(e))
                     continue
             with contextlib.suppress(TimeoutError):
                 return await asyncio.wait_for(asyncio.shield(fut), self.resend_after_s)
@@ -909,7 +1085,7 @@ class EdgeNode:
         try:
             await conn.send(frames)
         except TransportError as e:
-            self._lose(epoch)
+            self._lose(epoch, str(e))
             raise _ConnectionLost(epoch) from e
         self._last_tx = time.monotonic()
         n = size + self._overhead(frames)
@@ -948,7 +1124,7 @@ class EdgeNode:
         if isinstance(msg, Error) and msg.code in LOST_CODES:
             # the cloud does not know this connection any more (it restarted)
             epoch = self._epoch
-            self._lose(epoch)
+            self._lose(epoch, f"the cloud answered {msg.code}")
             raise _ConnectionLost(epoch)
         return msg
 
