@@ -1,0 +1,74 @@
+"""Scoring a draft tree: the target's rows after the context and after every node's
+path, from one call wherever the model allows.
+
+A tree round needs ``n + 1`` rows for an ``n``-node tree (``xcosd/methods/tree.py``):
+row 0 after the session's context, row ``i + 1`` after the path from the context to
+node ``i``. A model with a tree scorer of its own (``score_tree``: one forward over
+every node with a tree attention mask) is asked for them at once; any other
+:class:`~xcosd.models.base.LanguageModel` scores each leaf's path with its ordinary
+``score`` and cuts the context back after each, so every model can verify a tree and
+only a model that can do better needs to say how.
+
+Either way the session's context is left as it was: the caller appends the accepted
+path once the walk has chosen it, so nothing of a rejected branch stays in a cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from .base import LanguageModel, Session
+
+
+@runtime_checkable
+class TreeScorer(Protocol):
+    """A model that scores a whole tree in one call (see the module docstring)."""
+
+    def score_tree(self, session: Session, parents: Sequence[int],
+                   ids: Sequence[int]) -> np.ndarray: ...
+
+
+def leaf_paths(parents: Sequence[int]) -> list[list[int]]:
+    """The node indices from the context to each leaf, leaves in index order."""
+    has_child = [False] * len(parents)
+    for p in parents:
+        if p >= 0:
+            has_child[p] = True
+    out: list[list[int]] = []
+    for leaf in (i for i in range(len(parents)) if not has_child[i]):
+        path = []
+        node = leaf
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        out.append(path[::-1])
+    return out
+
+
+def score_tree(model: LanguageModel, session: Session, parents: Sequence[int],
+               ids: Sequence[int]) -> np.ndarray:
+    """``(n + 1, vocab.size)`` float32 rows for the tree ``parents`` / ``ids`` (this
+    model's token ids) after ``session``'s context, which is left unchanged."""
+    if len(parents) != len(ids):
+        raise ValueError(f"a tree of {len(parents)} nodes given {len(ids)} ids")
+    if isinstance(model, TreeScorer):
+        return model.score_tree(session, parents, ids)
+    base = len(session.ids)
+    out = np.empty((len(parents) + 1, model.vocab.size), dtype=np.float32)
+    paths = leaf_paths(parents)
+    if not paths:
+        out[0] = model.score([(session, [])])[0][-1]
+        return out
+    for path in paths:
+        rows = model.score([(session, [int(ids[n]) for n in path])])[0]
+        out[0] = rows[0]
+        for k, node in enumerate(path):
+            out[node + 1] = rows[k + 1]
+        model.rollback(session, base)
+    return out
+
+
+__all__ = ["TreeScorer", "leaf_paths", "score_tree"]
