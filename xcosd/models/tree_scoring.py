@@ -56,6 +56,15 @@ def score_tree(model: LanguageModel, session: Session, parents: Sequence[int],
         raise ValueError(f"a tree of {len(parents)} nodes given {len(ids)} ids")
     if isinstance(model, TreeScorer):
         return model.score_tree(session, parents, ids)
+    return score_tree_by_paths(model, session, parents, ids)
+
+
+def score_tree_by_paths(model: LanguageModel, session: Session, parents: Sequence[int],
+                        ids: Sequence[int]) -> np.ndarray:
+    """:func:`score_tree` by the model's ordinary ``score``, one leaf's path a call
+    (what a model without a tree scorer of its own gets)."""
+    if len(parents) != len(ids):
+        raise ValueError(f"a tree of {len(parents)} nodes given {len(ids)} ids")
     base = len(session.ids)
     out = np.empty((len(parents) + 1, model.vocab.size), dtype=np.float32)
     paths = leaf_paths(parents)
@@ -71,4 +80,4 @@ def score_tree(model: LanguageModel, session: Session, parents: Sequence[int],
     return out
 
 
-__all__ = ["TreeScorer", "leaf_paths", "score_tree"]
+__all__ = ["TreeScorer", "leaf_paths", "score_tree", "score_tree_by_paths"]
