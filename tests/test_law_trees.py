@@ -10,6 +10,10 @@ V_O carrying ~40 % of the target's mass), so a residual taken from the wrong row
 wrong node's row or a sibling tested against the wrong residual changes the law;
 the real o200k / cl100k vocabularies run at lower N.
 
+Siblings are drawn without replacement (the default) or i.i.d.; the method tests
+run the first on every shape and both on the ragged one and on the trap pair, the
+cover alternates them.
+
 Shapes: wide and shallow (5 candidates, each with one child), narrow and deep (two
 chains of three), ragged (branching at some nodes, not others, single-child nodes
 below branching ones). Every check compares the empirical law of the sequences with
@@ -103,7 +107,7 @@ class TreeLink:
             return warp(restrict_to_common(row, self.vmap.common_draft_index), params)
 
     def generate(self, variant: str, codec: str, params: SamplingParams, shape: TreeShape,
-                 n: int, seed: int, row_codec: str = "f32",
+                 n: int, seed: int, row_codec: str = "f32", distinct: bool = True,
                  ) -> tuple[np.ndarray, dict[str, int]]:
         name, opts = VARIANTS.get(variant, (variant, {}))
         m = get_method(name, codec=codec, **opts)
@@ -131,7 +135,7 @@ class TreeLink:
                     return rows
 
                 res = simulate_tree_round(m, shape, trows, drows, self.space, rng,
-                                          row_codec=row_codec)
+                                          row_codec=row_codec, distinct=distinct)
                 firsts = {shape.children[shape.parents[k] + 1][0] for k in res.path}
                 seen["later_sibling_accepted"] += any(k not in firsts for k in res.path)
                 leaf = not shape.children[(res.path[-1] if res.path else -1) + 1]
@@ -174,10 +178,12 @@ def exact_law(link: TreeLink, variant: str, codec: str, params: SamplingParams) 
 
 
 def assert_tree_law(link: TreeLink, variant: str, codec: str, params: SamplingParams,
-                    shape: TreeShape, n: int, seed: int, row_codec: str = "f32") -> None:
-    seqs, seen = link.generate(variant, codec, params, shape, n, seed, row_codec)
+                    shape: TreeShape, n: int, seed: int, row_codec: str = "f32",
+                    distinct: bool = True) -> None:
+    seqs, seen = link.generate(variant, codec, params, shape, n, seed, row_codec, distinct)
     report = check_law(seqs, exact_law(link, variant, codec, params))
-    label = f"{variant}/{codec}/{params.label()}/{shape.label}/rows {row_codec}"
+    label = (f"{variant}/{codec}/{params.label()}/{shape.label}/rows {row_codec}/"
+             f"{'distinct' if distinct else 'iid'}")
     assert report.ok, f"{label}: {report}"
     if not params.greedy:
         assert seen["later_sibling_accepted"] > 0 and seen["all_rejected"] > 0, (label, seen)
@@ -191,14 +197,21 @@ def assert_tree_law(link: TreeLink, variant: str, codec: str, params: SamplingPa
 def test_tree_law_every_method(small: TreeLink, variant: str, shape: str) -> None:
     """N = 2,000 (TV about 0.06 at one step): the residual a rejected sibling
     leaves, the method's resolution of the residual at the node where the walk
-    stops and the bonus after a full path, on each shape."""
+    stops and the bonus after a full path, on each shape; siblings drawn without
+    replacement (the default) and, on the ragged shape, i.i.d."""
     assert_tree_law(small, variant, "f32", T1, SHAPES[shape], N_METHOD, seed=1000)
+    if shape == "ragged":
+        assert_tree_law(small, variant, "f32", T1, SHAPES[shape], N_METHOD, seed=1100,
+                        distinct=False)
 
 
+@pytest.mark.parametrize("distinct", [True, False], ids=["distinct", "iid"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_tree_law_trap(trap: TreeLink, variant: str) -> None:
-    """The pair the lossy controls fail on (below), passed by every method."""
-    assert_tree_law(trap, variant, "f32", T1, SHAPES["wide"], N_METHOD, seed=1500)
+def test_tree_law_trap(trap: TreeLink, variant: str, distinct: bool) -> None:
+    """The pair the lossy controls fail on (below), passed by every method with
+    either sibling scheme."""
+    assert_tree_law(trap, variant, "f32", T1, SHAPES["wide"], N_METHOD, seed=1500,
+                    distinct=distinct)
 
 
 # -- warpers x shapes x codecs x row codecs, every method in rotation -------------
@@ -211,14 +224,17 @@ COVER = [(v, w, s, c, rc)
          for v in [list(VARIANTS)[i % len(VARIANTS)]]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("variant", "warper", "shape", "codec", "row_codec"), COVER)
 def test_tree_law_cover(small: TreeLink, variant: str, warper: str, shape: str, codec: str,
                         row_codec: str) -> None:
     """Every warper x shape x exact target codec x row codec at N = 1,000 (TV about
-    0.09 at one step), the methods in rotation; greedy's law is a point mass, so a
-    wrong row shows as a token the target never emits."""
+    0.09 at one step), the methods in rotation (36 runs, a minute of CPU: slow);
+    greedy's law is a point mass, so a wrong row shows as a token the target never
+    emits."""
     assert_tree_law(small, variant, codec, WARPERS[warper], SHAPES[shape], N_COVER,
-                    seed=2000, row_codec=row_codec)
+                    seed=2000, row_codec=row_codec,
+                    distinct=(list(WARPERS).index(warper) + list(SHAPES).index(shape)) % 2 == 0)
 
 
 # -- lossy controls --------------------------------------------------------------
@@ -227,30 +243,29 @@ def test_tree_law_cover(small: TreeLink, variant: str, warper: str, shape: str, 
 @contextmanager
 def without_replacement() -> Iterator[None]:
     """Siblings drawn without replacement (each from the row with the siblings
-    already drawn removed), their ``q(x)`` still the row's: verified as if drawn
-    i.i.d."""
-    orig = tree_mod.draft_token
-    # by the row's identity, the row held so that its id is not reused: every node's
-    # row is an array of its own
+    already drawn removed) while the tree says they were drawn i.i.d.: their ``q(x)``
+    the node's row's, and the server's residuals formed with that row."""
+    orig = tree_mod.draw_child
+    # by the row's identity, the row held so that its id is not reused: with i.i.d.
+    # siblings every child of a node is drawn from the very same row object
     drawn: dict[int, tuple[np.ndarray, set[int]]] = {}
 
-    def draw(method: Any, q: np.ndarray, space: Space, rng: np.random.Generator,
-             support: Any = None) -> tuple[int, np.ndarray]:
-        taken = drawn.setdefault(id(q), (q, set()))[1]
-        w = q.astype(np.float64)
+    def draw(row: np.ndarray, rng: np.random.Generator) -> int:
+        taken = drawn.setdefault(id(row), (row, set()))[1]
+        w = row.astype(np.float64)
         w[list(taken)] = 0.0
         if not w.sum() > 0:  # every token drawn: start over
             taken.clear()
-            w = q.astype(np.float64)
+            w = row.astype(np.float64)
         j = sample_index(w, rng)
         taken.add(j)
-        return int(space.common_ids[j]), q
+        return j
 
-    tree_mod.draft_token = draw  # type: ignore[assignment]
+    tree_mod.draw_child = draw
     try:
         yield
     finally:
-        tree_mod.draft_token = orig
+        tree_mod.draw_child = orig
 
 
 @contextmanager
@@ -275,9 +290,14 @@ CONTROLS: dict[str, Callable[[], Any]] = {
 @pytest.mark.parametrize("control", list(CONTROLS))
 def test_tree_lossy_controls_fail(trap: TreeLink, control: str, variant: str) -> None:
     """Each control fails the check every method passes on the trap pair
-    (:func:`test_tree_law_trap`), at the same N and seed on the same shape."""
+    (:func:`test_tree_law_trap`), at the same N and seed on the same shape: siblings
+    drawn without replacement by a tree that says they were drawn i.i.d., and every
+    sibling (drawn without replacement, as the default) tested against the target
+    row."""
+    distinct = control != "without-replacement"
     with CONTROLS[control]():
-        seqs, _ = trap.generate(variant, "f32", T1, SHAPES["wide"], N_METHOD, seed=1500)
+        seqs, _ = trap.generate(variant, "f32", T1, SHAPES["wide"], N_METHOD, seed=1500,
+                                distinct=distinct)
     report = check_law(seqs, exact_law(trap, variant, "f32", T1))
     assert not report.ok, f"{control}/{variant} passed: {report}"
 

@@ -12,6 +12,7 @@ from xcosd.errors import ProtocolError
 from xcosd.methods import Space, get_method
 from xcosd.methods.tree import (
     DraftTree,
+    Siblings,
     TreeShape,
     check_tree_method,
     draft_tree,
@@ -73,8 +74,17 @@ def test_a_tree_sends_its_branching_rows_and_the_server_checks_them() -> None:
     m = get_method("xcosd")
     tree, q = _drafted()
     assert sorted(tree.rows) == [-1]
-    assert tree.nbytes() == 6 * (4 + 4 + 2) + 2 + 4 * 4
-    assert np.array_equal(server_rows(m, tree, SPACE)[-1], q)
+    assert tree.nbytes() == 6 * (4 + 4 + 2) + 2 + 4 * 4 + 1
+    rows = server_rows(m, tree, SPACE)[-1]
+    assert np.array_equal(rows[0], q) and len(rows) == 3
+    # siblings drawn without replacement: three different tokens, each row q without
+    # the earlier ones, renormalised
+    assert len(set(tree.ids[:3].tolist())) == 3
+    for k in (1, 2):
+        taken = SPACE.to_common[tree.ids[:k]]
+        want = q.astype(np.float64)
+        want[taken] = 0.0
+        np.testing.assert_allclose(rows[k], want / want.sum(), rtol=1e-6)
     lying = DraftTree(tree.parents, tree.ids, tree.q_values * np.float32(0.5), tree.rows,
                       tree.row_codec)
     with pytest.raises(ProtocolError, match="q\\(x\\)"):
@@ -85,9 +95,21 @@ def test_a_tree_sends_its_branching_rows_and_the_server_checks_them() -> None:
     # a committed top-k row: the children come from the committed row, and the
     # server decodes exactly that row
     tree, _ = _drafted(row_codec="topk:2")
-    row = server_rows(m, tree, SPACE)[-1]
+    row = server_rows(m, tree, SPACE)[-1][0]
     assert np.count_nonzero(row) == 2 and row.sum() == pytest.approx(1.0)
     assert all(row[SPACE.to_common[t]] > 0 for t in tree.ids[:3])
+
+
+def test_siblings_without_replacement_start_over_when_nothing_is_left() -> None:
+    q = np.array([0.5, 0.5, 0.0, 0.0], dtype=np.float32)
+    sib = Siblings(q, distinct=True)
+    sib.take(0)
+    np.testing.assert_array_equal(sib.current, [0.0, 1.0, 0.0, 0.0])
+    sib.take(1)
+    assert sib.current is q  # both drawn: the third sibling comes from q again
+    iid = Siblings(q, distinct=False)
+    iid.take(0)
+    assert iid.current is q
 
 
 def test_residual_after_a_rejected_sibling() -> None:

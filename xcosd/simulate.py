@@ -132,6 +132,7 @@ def simulate_tree_round(
     rng: np.random.Generator,
     *,
     row_codec: str | None = None,
+    distinct: bool = True,
     **options: Any,
 ) -> RoundResult:
     """One round with a draft tree of ``shape`` (``xcosd/methods/tree.py``).
@@ -142,11 +143,12 @@ def simulate_tree_round(
     warped target rows over V_T (after the context, then after each node's path;
     :func:`xcosd.models.tree_scoring.score_tree` scores them). The tokens are the
     accepted path's, then the bonus or the resolved rejection's; ``accepted`` is the
-    path's length, ``drafted`` the tree's size. Downlink: the verdict names the
+    path's length, ``drafted`` the tree's size; ``distinct``: siblings drawn without
+    replacement (else i.i.d.). Downlink: the verdict names the
     path's nodes (a u16 each) beside the chain's count and payload."""
     m = method if isinstance(method, Method) else get_method(method, **options)
     space = common if isinstance(common, Space) else Space.from_mask(common)
-    drafted = draft_tree(m, shape, draft_rows, space, rng, row_codec)
+    drafted = draft_tree(m, shape, draft_rows, space, rng, row_codec, distinct=distinct)
     tree = drafted.draft
     ids = tree.ids.tolist()
     p = np.asarray(target_rows(ids), dtype=np.float32)

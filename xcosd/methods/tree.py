@@ -3,16 +3,18 @@ sampling, with the rejection at the node where the walk stops resolved by the
 session's own method (``docs/METHODS.md``, "Draft trees").
 
 A chain spends a whole round trip when its first draft is rejected; a tree gives
-every position several chances. The device draws each node's children i.i.d. (with
-replacement) from that node's TLI row ``q``. The server walks the tree from the
-root: at a node whose target row is ``r`` it tests the children in order, child
-``c`` accepted when ``u * q(c) < r(c)``; a rejected child replaces ``r`` by the
-residual it leaves, ``normalise(max(r - q, 0))``, and the next sibling is tested
-against that. The first accepted child continues the walk; a fully accepted path
+every position several chances. The device draws each node's children from that
+node's TLI row ``q``: i.i.d., or without replacement (the default; child ``i`` from
+``q`` with the earlier siblings removed, :class:`Siblings`). The server walks the
+tree from the root: at a node whose target row is ``r`` it tests the children in
+order, child ``c`` drawn from ``q_i`` accepted when ``u * q_i(c) < r(c)``; a rejected
+child replaces ``r`` by the residual it leaves, ``normalise(max(r - q_i, 0))``, and
+the next sibling is tested against that. The first accepted child continues the walk; a fully accepted path
 ends with a bonus token from the leaf's own target row. When every child of a node
 is rejected, what is left to draw from is ``max(r - q, 0) / Z`` with ``r`` the row
 the last child was tested against: exactly a chain's rejection with ``r`` in place
-of ``p_j``, which the method resolves as it always does (HR's V_C row and
+of ``p_j`` and the last child's row as the draft's, which the method resolves as it
+always does (HR's V_C row and
 ``theta_o``, SR-DV's candidates, straightforward's row, sd-uplink's token).
 
 What crosses the wire: the residual needs the draft's row at every node with two
@@ -39,7 +41,7 @@ import numpy as np
 
 from ..codecs import Codec, get_codec
 from ..errors import InvalidDistribution, ProtocolError
-from ..sampling import Rows
+from ..sampling import Rows, sample_index
 from .base import (
     ID_BYTES,
     VALUE_BYTES,
@@ -51,7 +53,6 @@ from .base import (
     fixed_total,
 )
 from .commit import committed_full, decoded_full
-from .round import draft_token
 
 #: bytes per node for its parent's index as counted before framing (u16)
 PARENT_BYTES = 2
@@ -205,6 +206,8 @@ class DraftTree:
     q_values: np.ndarray
     rows: dict[int, bytes]
     row_codec: str
+    #: siblings drawn without replacement (:class:`Siblings`), else i.i.d.
+    distinct: bool = True
 
     @property
     def size(self) -> int:
@@ -216,9 +219,9 @@ class DraftTree:
 
     def nbytes(self) -> int:
         """Payload bytes: per node its id, ``q(x)`` and parent; per sent row its
-        node index and encoded bytes."""
+        node index and encoded bytes; one byte for the sibling scheme."""
         per_row = sum(PARENT_BYTES + len(b) for b in self.rows.values())
-        return self.size * (ID_BYTES + VALUE_BYTES + PARENT_BYTES) + per_row
+        return self.size * (ID_BYTES + VALUE_BYTES + PARENT_BYTES) + per_row + 1
 
 
 def rows_needed(method: Method, shape: TreeShape) -> list[int]:
@@ -253,14 +256,54 @@ def check_tree_method(method: Method) -> None:
                          f"not {method.codec.name}")
 
 
+class Siblings:
+    """The rows a node's children are drawn from, in order, and tested with.
+
+    Drawn i.i.d. every child comes from the node's row ``q``. Drawn without
+    replacement (``distinct``), child ``i`` comes from ``q`` with the V_C positions
+    of the earlier siblings set to 0 and renormalised (by :func:`fixed_total`, so both
+    sides get the same bits), and ``q`` again once nothing is left. Either way the row
+    of child ``i`` is a function of the earlier siblings alone, which is all the walk
+    needs: the device and the server run this same sequence, the device to draw,
+    the server to test and to form the residual. Without replacement a draft that is
+    sure of one token proposes it once, not at every sibling (where it is rejected
+    again, its residual being 0 there), so later siblings are other candidates."""
+
+    def __init__(self, q: np.ndarray, distinct: bool) -> None:
+        self.q = q
+        self.distinct = distinct
+        self.taken: list[int] = []
+        self.current = q
+
+    def take(self, pos: int) -> None:
+        """Child drawn at V_C position ``pos``; :attr:`current` becomes the next
+        sibling's row."""
+        if not self.distinct:
+            return
+        self.taken.append(int(pos))
+        w = np.asarray(self.q, dtype=np.float64).copy()
+        w[self.taken] = 0.0
+        total = fixed_total(w)
+        if not total > 0:  # every token of q drawn: start over
+            self.taken = []
+            self.current = self.q
+        else:
+            self.current = (w / total).astype(np.float32)
+
+
+def draw_child(row: np.ndarray, rng: np.random.Generator) -> int:
+    """One child's V_C position, drawn from ``row``."""
+    return sample_index(row, rng)
+
+
 # ------------------------------------------------------------------ the device
 
 
 @dataclass(eq=False)
 class DraftedTree:
     """The device's record of a drafted tree: the uplink and, per node with
-    children, the row its children were drawn from (V_C order), which resolves a
-    rejection there."""
+    children, the row its last child was drawn from (V_C order), which resolves a
+    rejection of every child there."""
 
     draft: DraftTree
     rows: dict[int, np.ndarray] = field(default_factory=dict)
@@ -272,11 +315,13 @@ RowsAt = Callable[[list[int], list[int]], list[np.ndarray]]
 
 
 def draft_tree(method: Method, shape: TreeShape, rows_at: RowsAt, space: Space,
-               rng: np.random.Generator, row_codec: Codec | str | None = None) -> DraftedTree:
+               rng: np.random.Generator, row_codec: Codec | str | None = None, *,
+               distinct: bool = True) -> DraftedTree:
     """Draw a tree of ``shape``: depth by depth, ``rows_at(nodes, ids)`` gives the
     TLI rows after those nodes (``ids``: the tokens drawn so far, by node), then
-    each node's children are drawn i.i.d. from its row (committed through the row
-    codec first where the server needs the row)."""
+    each node's children are drawn from its row (committed through the row codec
+    first where the server needs the row), without replacement when ``distinct``
+    (:class:`Siblings`)."""
     check_tree_method(method)
     codec = row_codec_for(method, row_codec)
     needed = set(rows_needed(method, shape))
@@ -290,13 +335,16 @@ def draft_tree(method: Method, shape: TreeShape, rows_at: RowsAt, space: Space,
             if node in needed:
                 sent[node] = codec.encode(q)
                 q = committed_full(codec, q)
-            kept[node] = q
+            sib = Siblings(q, distinct)
             for child in shape.children[node + 1]:
-                tid, _ = draft_token(method, q, space, rng)
-                ids[child] = tid
-                q_values[child] = q.item(int(space.to_common[tid]))
+                row = sib.current
+                pos = draw_child(row, rng)
+                ids[child] = space.common_ids[pos]
+                q_values[child] = row.item(pos)
+                kept[node] = row
+                sib.take(pos)
     draft = DraftTree(parents=np.asarray(shape.parents, dtype=np.int64), ids=ids,
-                      q_values=q_values, rows=sent, row_codec=codec.name)
+                      q_values=q_values, rows=sent, row_codec=codec.name, distinct=distinct)
     return DraftedTree(draft, kept)
 
 
@@ -336,9 +384,10 @@ def residual(r_star: np.ndarray, q_common: np.ndarray, space: Space) -> np.ndarr
     return (r / total).astype(np.float32)
 
 
-def server_rows(method: Method, draft: DraftTree, space: Space) -> dict[int, np.ndarray]:
-    """The committed rows the device drew from, decoded from the uplink; checked to
-    be the nodes the server needs, and each child's ``q(x)`` to be its row's value."""
+def server_rows(method: Method, draft: DraftTree, space: Space) -> dict[int, list[np.ndarray]]:
+    """Per node whose row was sent, the row each of its children was drawn from
+    (:class:`Siblings` over the committed row decoded from the uplink); checked to be
+    the nodes the server needs, and each child's ``q(x)`` to be its row's value."""
     shape = draft.shape
     need = rows_needed(method, shape)
     if sorted(draft.rows) != need:
@@ -348,14 +397,18 @@ def server_rows(method: Method, draft: DraftTree, space: Space) -> dict[int, np.
     if method.codec_applies_to == "q" and codec.name != method.codec.name:
         raise ProtocolError(f"{method.name}'s rows cross with {method.codec.name}",
                             code="bad_message")
-    rows = {n: decoded_full(codec, b, space.n_common) for n, b in draft.rows.items()}
-    for node, row in rows.items():
+    out: dict[int, list[np.ndarray]] = {}
+    for node, data in draft.rows.items():
+        sib = Siblings(decoded_full(codec, data, space.n_common), draft.distinct)
+        rows = out[node] = []
         for c in shape.children[node + 1]:
             pos = int(space.to_common[int(draft.ids[c])])
-            if pos < 0 or row.item(pos) != float(draft.q_values[c]):
-                raise ProtocolError(f"node {c}'s q(x) is not its parent's row's value",
+            if pos < 0 or sib.current.item(pos) != float(draft.q_values[c]):
+                raise ProtocolError(f"node {c}'s q(x) is not its row's value",
                                     code="bad_message")
-    return rows
+            rows.append(sib.current)
+            sib.take(pos)
+    return out
 
 
 def verify_tree(method: Method, p: Rows, draft: DraftTree, space: Space,
@@ -390,19 +443,33 @@ def verify_tree(method: Method, p: Rows, draft: DraftTree, space: Space,
                 accepted = c
                 break
             if k + 1 < len(kids):
-                nxt = residual(r, qs[node], space)
+                nxt = residual(r, qs[node][k], space)
                 r = r if nxt is None else nxt
         if accepted is None:
             last = kids[-1]
             state = RejectState(p_raw=r, p_star=r, rejected=int(draft.ids[last]),
-                                q_common=qs.get(node))
+                                q_common=qs[node][-1] if node in qs else None)
             return TreeVerified(path, node, method.on_reject(state, space, rng), state, tested)
         path.append(accepted)
         node = accepted
 
 
 __all__ = [
-    "DEFAULT_ROW_CODEC", "MAX_NODES", "PARENT_BYTES", "DraftTree", "DraftedTree", "RowsAt", "TreeShape",
-    "TreeVerified", "check_tree_method", "device_state", "draft_tree", "residual",
-    "rows_needed", "server_rows", "verify_tree",
+    "DEFAULT_ROW_CODEC",
+    "MAX_NODES",
+    "PARENT_BYTES",
+    "DraftTree",
+    "DraftedTree",
+    "RowsAt",
+    "Siblings",
+    "TreeShape",
+    "TreeVerified",
+    "check_tree_method",
+    "device_state",
+    "draft_tree",
+    "draw_child",
+    "residual",
+    "rows_needed",
+    "server_rows",
+    "verify_tree",
 ]

@@ -1,0 +1,326 @@
+"""``xcosd bench trees``: draft trees next to chains on real models, in one run.
+
+Each (pair, warper, shape) generates the same seeded prompts with tree rounds
+(:func:`xcosd.simulate.simulate_tree_round`: the device's draws from its model's TLI
+rows, the committed branching rows, the cloud's walk over the target's rows from
+:func:`~xcosd.models.tree_scoring.score_tree`, the method's own rejection exchange
+with its follow-ups); a chain is the tree ``chain:D``, so both run the same code. Per
+shape: tokens per round trip (a round's verdict and every follow-up each count one),
+target calls per token, payload bytes up and down per round, the edge's measured
+draft compute per round and the cloud's per call, and modeled tokens/s (each
+message ``RTT/2 + 8 * bytes / rate`` plus the measured compute) at every rate and
+RTT, with ``ar`` (one target call and one round trip a token) beside them. A second
+model replaces the cloud's measured time with a GPU-like fixed cost per call.
+
+This is the methods' round in process (the session protocol carries chains only):
+the bytes are payload bytes before framing, and the round trips are the ones the
+protocol would make for the same messages.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidDistribution
+from ..methods import Space, get_method
+from ..methods.tli import restrict_kept_support, restrict_to_common
+from ..methods.tree import TreeShape
+from ..models.base import LanguageModel
+from ..models.tree_scoring import score_tree
+from ..sampling import SamplingParams, sample_index, warp, warp_kept
+from ..simulate import simulate_tree_round
+from ..vocab import VocabMap
+from .grid import RATES_MBPS, WARPERS
+from .report import OUT_DIR, machine, table
+
+HEADING = "## Draft trees"
+OUT = OUT_DIR / "trees.json"
+#: the RTTs the modeled tokens/s are given at (ms)
+RTTS_MS = (5.0, 20.0, 50.0, 100.0)
+PROMPTS = (
+    "The cloud server verifies a block of drafted tokens in one pass, and",
+    "def merge_sorted(a, b):\n    ",
+    "In the morning the market opened with",
+    "Speculative decoding works because",
+    "The history of the city begins",
+    "To install the package, run",
+    "She looked at the map and said",
+    "A list of the largest rivers:",
+)
+SHAPES = ("chain:1", "chain:2", "chain:4", "4", "8", "4x1", "4x2", "8x1", "spine:4x2x2")
+
+
+@dataclass
+class TreesConfig:
+    pairs: list[str] = field(default_factory=lambda: ["embedded"])
+    shapes: list[str] = field(default_factory=lambda: list(SHAPES))
+    warpers: list[str] = field(default_factory=lambda: ["T=1"])
+    method: str = "xcosd-e"
+    #: the branching rows' codec (the draft proposes from the row it commits)
+    row_codec: str = "topk:32"
+    prompts: int = 8
+    tokens: int = 64
+    real_prompts: int = 3
+    real_tokens: int = 32
+    rates_mbps: list[float] = field(default_factory=lambda: list(RATES_MBPS))
+    rtts_ms: list[float] = field(default_factory=lambda: list(RTTS_MS))
+    #: the GPU-like cloud: this many ms a target call, at ``gpu_rtt_ms``
+    gpu_call_ms: float = 4.0
+    gpu_rtt_ms: float = 50.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for s in self.shapes:
+            TreeShape.parse(s)
+        for w in self.warpers:
+            if w not in WARPERS:
+                raise ValueError(f"unknown warper {w!r}; known: {', '.join(WARPERS)}")
+        get_method(self.method)
+
+
+@dataclass
+class _Tally:
+    tokens: int = 0
+    rounds: int = 0
+    trips: int = 0
+    messages: int = 0
+    up: int = 0
+    down: int = 0
+    draft_s: float = 0.0
+    cloud_s: float = 0.0
+    accepted: int = 0
+    drafted: int = 0
+
+
+class _Side:
+    """One prompt's generation: the target's and the draft's sessions, kept in step
+    with the emitted target tokens."""
+
+    def __init__(self, draft: LanguageModel, target: LanguageModel, vmap: VocabMap,
+                 params: SamplingParams, prompt: str, shape: TreeShape) -> None:
+        self.draft, self.target, self.vmap, self.params = draft, target, vmap, params
+        self.shape = shape
+        self.t_sess = target.start(target.tokenize(prompt))
+        self.d_sess = draft.start(draft.tokenize(prompt))
+        self.draft_s = 0.0
+        self.cloud_s = 0.0
+
+    def draft_ids(self, tid: int) -> list[int]:
+        d = int(self.vmap.target_to_draft[tid])
+        if d >= 0:
+            return [d]
+        data = self.vmap.target.piece(tid)
+        return self.vmap.draft.encode_bytes(data) if data else []
+
+    def tli(self, row: np.ndarray) -> np.ndarray:
+        try:
+            if self.params.identity:
+                return restrict_to_common(row, self.vmap.common_draft_index)
+            return restrict_kept_support(warp_kept(row, self.params), self.vmap.common_draft_ids,
+                                         self.vmap.draft_to_common)[0]
+        except InvalidDistribution:
+            return warp(restrict_to_common(row, self.vmap.common_draft_index), self.params)
+
+    def draft_rows(self, nodes: list[int], ids: list[int]) -> list[np.ndarray]:
+        shape = self.shape
+        t0 = time.perf_counter()
+        base = len(self.d_sess.ids)
+        out = []
+        for node in nodes:
+            path = [d for k in shape.path(node) for d in self.draft_ids(ids[k])]
+            row = self.draft.score([(self.d_sess, path)])[0][-1]
+            self.draft.rollback(self.d_sess, base)
+            out.append(self.tli(row))
+        self.draft_s += time.perf_counter() - t0
+        return out
+
+    def target_rows(self, ids: list[int]) -> np.ndarray:
+        t0 = time.perf_counter()
+        rows = warp(score_tree(self.target, self.t_sess, self.shape.parents, ids), self.params)
+        self.cloud_s += time.perf_counter() - t0
+        return rows
+
+    def emitted(self, tokens: list[int]) -> None:
+        self.target.append(self.t_sess, tokens)
+        self.draft.append(self.d_sess, [d for t in tokens for d in self.draft_ids(t)])
+
+    def end(self) -> None:
+        self.target.end(self.t_sess)
+        self.draft.end(self.d_sess)
+
+
+def run_shape(draft: LanguageModel, target: LanguageModel, vmap: VocabMap, shape: TreeShape,
+              params: SamplingParams, cfg: TreesConfig, prompts: int, tokens: int
+              ) -> dict[str, Any]:
+    """One shape over the prompts: the tally and what it gives per token and round."""
+    space = Space.from_vocab_map(vmap)
+    method = get_method(cfg.method)
+    t = _Tally()
+    for i, prompt in enumerate(PROMPTS[:prompts]):
+        rng = np.random.default_rng([cfg.seed, i])
+        side = _Side(draft, target, vmap, params, prompt, shape)
+        made = 0
+        while made < tokens:
+            res = simulate_tree_round(method, shape, side.target_rows, side.draft_rows, space,
+                                      rng, row_codec=cfg.row_codec)
+            side.emitted(res.tokens)
+            made += len(res.tokens)
+            t.rounds += 1
+            t.trips += res.round_trips
+            t.messages += len(res.messages)
+            t.up += res.uplink_bytes
+            t.down += res.downlink_bytes
+            t.accepted += res.accepted
+            t.drafted += res.drafted
+        t.tokens += made
+        t.draft_s += side.draft_s
+        t.cloud_s += side.cloud_s
+        side.end()
+    return _summary(shape.label, t, cfg)
+
+
+def run_ar(target: LanguageModel, params: SamplingParams, cfg: TreesConfig, prompts: int,
+           tokens: int) -> dict[str, Any]:
+    """``ar``: the target alone, one call and one round trip a token (its id down, 4
+    bytes; the device's ask up, 1 byte)."""
+    t = _Tally()
+    for i, prompt in enumerate(PROMPTS[:prompts]):
+        rng = np.random.default_rng([cfg.seed, i])
+        sess = target.start(target.tokenize(prompt))
+        for _ in range(tokens):
+            t0 = time.perf_counter()
+            row = warp(target.score([(sess, [])])[0][-1], params)
+            t.cloud_s += time.perf_counter() - t0
+            target.append(sess, [sample_index(row, rng)])
+            t.tokens += 1
+            t.rounds += 1
+            t.trips += 1
+            t.messages += 2
+            t.up += 1
+            t.down += 4
+        target.end(sess)
+    return _summary("ar", t, cfg)
+
+
+def _modeled(t: _Tally, rate_mbps: float, rtt_ms: float, cloud_s: float) -> float:
+    secs = (t.messages * rtt_ms / 2e3 + 8.0 * (t.up + t.down) / (rate_mbps * 1e6)
+            + t.draft_s + cloud_s)
+    return t.tokens / secs if secs > 0 else 0.0
+
+
+def _summary(label: str, t: _Tally, cfg: TreesConfig) -> dict[str, Any]:
+    tok, rounds = max(1, t.tokens), max(1, t.rounds)
+    modeled = {f"{rate:g}@{rtt:g}": _modeled(t, rate, rtt, t.cloud_s)
+               for rate in cfg.rates_mbps for rtt in cfg.rtts_ms}
+    gpu = _modeled(t, cfg.rates_mbps[0], cfg.gpu_rtt_ms, t.rounds * cfg.gpu_call_ms / 1e3)
+    return {"shape": label, "tally": asdict(t),
+            "tokens_per_trip": t.tokens / max(1, t.trips),
+            "trips_per_token": t.trips / tok,
+            "calls_per_token": t.rounds / tok,
+            "up_per_round": t.up / rounds, "down_per_round": t.down / rounds,
+            "down_per_token": t.down / tok,
+            "acceptance": t.accepted / max(1, t.drafted),
+            "draft_ms_per_round": 1e3 * t.draft_s / rounds,
+            "cloud_ms_per_call": 1e3 * t.cloud_s / rounds,
+            "modeled_tok_s": modeled, "gpu_tok_s": gpu}
+
+
+def run_trees(cfg: TreesConfig, *, progress: bool = True) -> dict[str, Any]:
+    from .methods import load_pair
+
+    records: list[dict[str, Any]] = []
+    for pair in cfg.pairs:
+        draft, target = load_pair(pair)
+        vmap = VocabMap(draft.vocab, target.vocab)
+        real = pair != "embedded"
+        n_p, n_t = (cfg.real_prompts, cfg.real_tokens) if real else (cfg.prompts, cfg.tokens)
+        for w in cfg.warpers:
+            params = WARPERS[w]
+            rows = [run_ar(target, params, cfg, n_p, n_t)]
+            for s in cfg.shapes:
+                rows.append(run_shape(draft, target, vmap, TreeShape.parse(s), params, cfg,
+                                      n_p, n_t))
+                if progress:
+                    r = rows[-1]
+                    print(f"  {pair} {w} {r['shape']}: {r['trips_per_token']:.3f} trips/token, "
+                          f"{r['calls_per_token']:.3f} calls/token", flush=True)
+            for r in rows:
+                records.append({"pair": pair, "warper": w, **r})
+    return {"config": asdict(cfg), "machine": machine(), "records": records}
+
+
+HEADER = ["pair", "warper", "shape", "tok/trip", "trips/tok", "calls/tok", "acc",
+          "up B/round", "down B/round", "down B/tok", "draft ms/round", "cloud ms/call"]
+
+
+def _row(r: dict[str, Any], keys: list[str]) -> list[Any]:
+    return [r["pair"], r["warper"], r["shape"], f"{r['tokens_per_trip']:.2f}",
+            f"{r['trips_per_token']:.3f}", f"{r['calls_per_token']:.3f}",
+            f"{r['acceptance']:.2f}", f"{r['up_per_round']:.0f}", f"{r['down_per_round']:.0f}",
+            f"{r['down_per_token']:.1f}", f"{r['draft_ms_per_round']:.2f}",
+            f"{r['cloud_ms_per_call']:.2f}"] + [f"{r['modeled_tok_s'][k]:.0f}" for k in keys]
+
+
+def format_report(rep: dict[str, Any], *, markdown: bool = False) -> str:
+    cfg = rep["config"]
+    keys = [f"{cfg['rates_mbps'][0]:g}@{rtt:g}" for rtt in cfg["rtts_ms"]]
+    head = HEADER + [f"tok/s {k} ms" for k in keys]
+    return table([_row(r, keys) for r in rep["records"]], head, markdown=markdown)
+
+
+def _best(rep: dict[str, Any], pair: str, warper: str, chain: bool) -> dict[str, Any] | None:
+    rows = [r for r in rep["records"] if r["pair"] == pair and r["warper"] == warper
+            and r["shape"] != "ar" and r["shape"].startswith("chain:") == chain]
+    return min(rows, key=lambda r: r["trips_per_token"]) if rows else None
+
+
+def section_lines(rep: Any) -> list[str]:
+    """The RESULTS section, every sentence computed from the JSON."""
+    if rep is None:
+        return [HEADING, "", "No `bench/out/trees.json` yet: run `xcosd bench trees`.", ""]
+    cfg = rep["config"]
+    out = [HEADING, "",
+           f"`{rep.get('command', 'xcosd bench trees')}`: seeded `{cfg['method']}`, branching "
+           f"rows as `{cfg['row_codec']}`; embedded pair {cfg['prompts']} prompts x "
+           f"{cfg['tokens']} tokens, real pair {cfg['real_prompts']} x {cfg['real_tokens']}. "
+           "Tree rounds run in process through the methods' round "
+           "(`xcosd/bench/trees.py`); a round trip is a verdict or a follow-up. Modeled "
+           f"tok/s at {cfg['rates_mbps'][0]:g} Mbit/s with the measured compute; the GPU-like "
+           f"column takes {cfg['gpu_call_ms']:g} ms a target call at RTT "
+           f"{cfg['gpu_rtt_ms']:g} ms.", ""]
+    keys = [f"{cfg['rates_mbps'][0]:g}@{rtt:g}" for rtt in cfg["rtts_ms"]]
+    head = HEADER + [f"tok/s RTT {k.split('@')[1]}" for k in keys] + ["GPU-like tok/s"]
+    rows = [[*_row(r, keys), f"{r['gpu_tok_s']:.0f}"] for r in rep["records"]]
+    out += table(rows, head, markdown=True).splitlines()
+    out.append("")
+    for pair in cfg["pairs"]:
+        for w in cfg["warpers"]:
+            tree, chain = _best(rep, pair, w, False), _best(rep, pair, w, True)
+            ar = next((r for r in rep["records"] if r["pair"] == pair and r["warper"] == w
+                       and r["shape"] == "ar"), None)
+            if tree is None or chain is None or ar is None:
+                continue
+            out.append(
+                f"- {pair}, {w}: fewest round trips per token with a tree "
+                f"`{tree['shape']}` {tree['trips_per_token']:.3f} against the best chain "
+                f"`{chain['shape']}` {chain['trips_per_token']:.3f}; GPU-like cloud: "
+                f"`{tree['shape']}` {tree['gpu_tok_s']:.0f} tok/s, "
+                f"{tree['gpu_tok_s'] / max(ar['gpu_tok_s'], 1e-9):.2f}x `ar`.")
+    out.append("")
+    return out
+
+
+def write_report(rep: dict[str, Any], path: Path = OUT) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rep, indent=1))
+    return path
+
+
+__all__ = ["HEADING", "OUT", "TreesConfig", "format_report", "run_trees", "section_lines",
+           "write_report"]
