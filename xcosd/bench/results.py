@@ -33,6 +33,7 @@ from xcosd.bench import (
     plots,
     scale,
     streaming,
+    trees,
 )
 from xcosd.bench.load import SCALING_HEADER, batching_mode, generation_settings, scaling_rows
 from xcosd.bench.methods import format_report, merge_reports
@@ -829,6 +830,9 @@ SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
             "rounds": (ROUNDS_HEADING, lambda: section_rounds(_load("rounds.json")),
                        (cloud_cpu.HEADING, SAMPLING_HEADING, "## Codecs", "## Sizes used",
                         MUTATION_HEADING)),
+            "trees": (trees.HEADING, lambda: trees.section_lines(_load(trees.OUT.name)),
+                      (REAL_PAIR_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
+                       MUTATION_HEADING)),
             "cloud_cpu": (cloud_cpu.HEADING,
                           lambda: cloud_cpu.section_cloud_cpu(_load(cloud_cpu.OUT.name)),
                           (SAMPLING_HEADING, accel.HEADING, GPU_HEADING, "## Codecs",
@@ -865,6 +869,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_soak(_load("soak.json"))
     doc += section_methods(methods)
     doc += section_model_layer(_load("model_layer.json"))
+    doc += trees.section_lines(_load(trees.OUT.name))
     doc += section_real_pair(_load("real_pair.json"))
     doc += streaming.section_lines(_load(streaming.OUT.name))
     doc += http_api.section_lines(_load(http_api.OUT.name))

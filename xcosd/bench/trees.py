@@ -33,6 +33,7 @@ from ..methods.tli import restrict_kept_support, restrict_to_common
 from ..methods.tree import TreeShape
 from ..models.base import LanguageModel
 from ..models.tree_scoring import score_tree
+from ..protocol.tree_shape import RANKS, best_shape, walk_ranks
 from ..sampling import SamplingParams, sample_index, warp, warp_kept
 from ..simulate import simulate_tree_round
 from ..vocab import VocabMap
@@ -96,6 +97,9 @@ class _Tally:
     cloud_s: float = 0.0
     accepted: int = 0
     drafted: int = 0
+    #: per sibling rank: children tested there, and accepted
+    rank_tested: list[int] = field(default_factory=lambda: [0] * RANKS)
+    rank_accepted: list[int] = field(default_factory=lambda: [0] * RANKS)
 
 
 class _Side:
@@ -178,11 +182,15 @@ def run_shape(draft: LanguageModel, target: LanguageModel, vmap: VocabMap, shape
             t.down += res.downlink_bytes
             t.accepted += res.accepted
             t.drafted += res.drafted
+            for i, ok in walk_ranks(shape, res.path):
+                k = min(i, RANKS - 1)
+                t.rank_tested[k] += 1
+                t.rank_accepted[k] += ok
         t.tokens += made
         t.draft_s += side.draft_s
         t.cloud_s += side.cloud_s
         side.end()
-    return _summary(shape.label, t, cfg)
+    return _summary(shape.label, t, cfg, shape.depth)
 
 
 def run_ar(target: LanguageModel, params: SamplingParams, cfg: TreesConfig, prompts: int,
@@ -205,7 +213,7 @@ def run_ar(target: LanguageModel, params: SamplingParams, cfg: TreesConfig, prom
             t.up += 1
             t.down += 4
         target.end(sess)
-    return _summary("ar", t, cfg)
+    return _summary("ar", t, cfg, 0)
 
 
 def _modeled(t: _Tally, rate_mbps: float, rtt_ms: float, cloud_s: float) -> float:
@@ -214,12 +222,12 @@ def _modeled(t: _Tally, rate_mbps: float, rtt_ms: float, cloud_s: float) -> floa
     return t.tokens / secs if secs > 0 else 0.0
 
 
-def _summary(label: str, t: _Tally, cfg: TreesConfig) -> dict[str, Any]:
+def _summary(label: str, t: _Tally, cfg: TreesConfig, depth: int) -> dict[str, Any]:
     tok, rounds = max(1, t.tokens), max(1, t.rounds)
     modeled = {f"{rate:g}@{rtt:g}": _modeled(t, rate, rtt, t.cloud_s)
                for rate in cfg.rates_mbps for rtt in cfg.rtts_ms}
     gpu = _modeled(t, cfg.rates_mbps[0], cfg.gpu_rtt_ms, t.rounds * cfg.gpu_call_ms / 1e3)
-    return {"shape": label, "tally": asdict(t),
+    return {"shape": label, "tally": asdict(t), "depth": depth,
             "tokens_per_trip": t.tokens / max(1, t.trips),
             "trips_per_token": t.trips / tok,
             "calls_per_token": t.rounds / tok,
@@ -235,6 +243,7 @@ def run_trees(cfg: TreesConfig, *, progress: bool = True) -> dict[str, Any]:
     from .methods import load_pair
 
     records: list[dict[str, Any]] = []
+    policies: list[dict[str, Any]] = []
     for pair in cfg.pairs:
         draft, target = load_pair(pair)
         vmap = VocabMap(draft.vocab, target.vocab)
@@ -243,16 +252,53 @@ def run_trees(cfg: TreesConfig, *, progress: bool = True) -> dict[str, Any]:
         for w in cfg.warpers:
             params = WARPERS[w]
             rows = [run_ar(target, params, cfg, n_p, n_t)]
-            for s in cfg.shapes:
-                rows.append(run_shape(draft, target, vmap, TreeShape.parse(s), params, cfg,
-                                      n_p, n_t))
-                if progress:
-                    r = rows[-1]
-                    print(f"  {pair} {w} {r['shape']}: {r['trips_per_token']:.3f} trips/token, "
-                          f"{r['calls_per_token']:.3f} calls/token", flush=True)
+            shapes = [TreeShape.parse(s) for s in cfg.shapes]
+            for shape in shapes:
+                rows.append(run_shape(draft, target, vmap, shape, params, cfg, n_p, n_t))
+                _say(progress, pair, w, rows[-1])
+            pick, rates, node_cost = policy_pick(rows, cfg)
+            if pick.parents not in {s.parents for s in shapes}:
+                rows.append(run_shape(draft, target, vmap, pick, params, cfg, n_p, n_t))
+                _say(progress, pair, w, rows[-1])
             for r in rows:
-                records.append({"pair": pair, "warper": w, **r})
-    return {"config": asdict(cfg), "machine": machine(), "records": records}
+                records.append({"pair": pair, "warper": w, **r,
+                                "policy": r["shape"] == pick.label})
+            policies.append({"pair": pair, "warper": w, "rates": rates,
+                             "node_cost": node_cost, "pick": pick.label})
+    return {"config": asdict(cfg), "machine": machine(), "records": records,
+            "policies": policies}
+
+
+def _say(progress: bool, pair: str, w: str, r: dict[str, Any]) -> None:
+    if progress:
+        print(f"  {pair} {w} {r['shape']}: {r['trips_per_token']:.3f} trips/token, "
+              f"{r['calls_per_token']:.3f} calls/token", flush=True)
+
+
+def policy_pick(rows: list[dict[str, Any]], cfg: TreesConfig
+                ) -> tuple[TreeShape, list[float], float]:
+    """The shape :func:`~xcosd.protocol.tree_shape.best_shape` picks from what the
+    run measured: the per-rank acceptance pooled over every tree run, and a node's
+    cost (the draft's and the cloud's measured time per node) over a round's fixed
+    part (the RTT of ``gpu_rtt_ms`` plus the cloud's call), the GPU-like setting."""
+    tested, accepted = [0] * RANKS, [0] * RANKS
+    per_node: list[float] = []
+    for r in rows:
+        if r["shape"] == "ar":
+            continue
+        t = r["tally"]
+        for k in range(RANKS):
+            tested[k] += t["rank_tested"][k]
+            accepted[k] += t["rank_accepted"][k]
+        nodes = t["drafted"] / max(1, t["rounds"])
+        if nodes:
+            per_node.append((r["draft_ms_per_round"] + r["cloud_ms_per_call"]) / nodes)
+    rates = [a / n if n else 0.0 for a, n in zip(accepted, tested, strict=True)]
+    last = max((k for k in range(RANKS) if tested[k]), default=0)
+    rates = rates[: last + 1]
+    fixed = cfg.gpu_rtt_ms + cfg.gpu_call_ms
+    node_cost = float(np.median(per_node)) / fixed if per_node else 0.0
+    return best_shape(rates, 0.0, node_cost), rates, node_cost
 
 
 HEADER = ["pair", "warper", "shape", "tok/trip", "trips/tok", "calls/tok", "acc",
@@ -285,10 +331,14 @@ def section_lines(rep: Any) -> list[str]:
     if rep is None:
         return [HEADING, "", "No `bench/out/trees.json` yet: run `xcosd bench trees`.", ""]
     cfg = rep["config"]
+    sizes = []
+    if "embedded" in cfg["pairs"]:
+        sizes.append(f"embedded pair {cfg['prompts']} prompts x {cfg['tokens']} tokens")
+    if "real" in cfg["pairs"]:
+        sizes.append(f"real pair {cfg['real_prompts']} x {cfg['real_tokens']}")
     out = [HEADING, "",
            f"`{rep.get('command', 'xcosd bench trees')}`: seeded `{cfg['method']}`, branching "
-           f"rows as `{cfg['row_codec']}`; embedded pair {cfg['prompts']} prompts x "
-           f"{cfg['tokens']} tokens, real pair {cfg['real_prompts']} x {cfg['real_tokens']}. "
+           f"rows as `{cfg['row_codec']}`; {', '.join(sizes)}. "
            "Tree rounds run in process through the methods' round "
            "(`xcosd/bench/trees.py`); a round trip is a verdict or a follow-up. Modeled "
            f"tok/s at {cfg['rates_mbps'][0]:g} Mbit/s with the measured compute; the GPU-like "
@@ -306,12 +356,18 @@ def section_lines(rep: Any) -> list[str]:
                        and r["shape"] == "ar"), None)
             if tree is None or chain is None or ar is None:
                 continue
+            base = max(ar["gpu_tok_s"], 1e-9)
             out.append(
                 f"- {pair}, {w}: fewest round trips per token with a tree "
-                f"`{tree['shape']}` {tree['trips_per_token']:.3f} against the best chain "
-                f"`{chain['shape']}` {chain['trips_per_token']:.3f}; GPU-like cloud: "
-                f"`{tree['shape']}` {tree['gpu_tok_s']:.0f} tok/s, "
-                f"{tree['gpu_tok_s'] / max(ar['gpu_tok_s'], 1e-9):.2f}x `ar`.")
+                f"`{tree['shape']}` {tree['trips_per_token']:.3f}, with a chain "
+                f"`{chain['shape']}` {chain['trips_per_token']:.3f}; GPU-like cloud: the tree "
+                f"{tree['gpu_tok_s'] / base:.2f}x `ar`, the chain "
+                f"{chain['gpu_tok_s'] / base:.2f}x.")
+    for pol in rep.get("policies", []):
+        rates = ", ".join(f"{b:.2f}" for b in pol["rates"])
+        out.append(f"- {pol['pair']}, {pol['warper']}: per-rank acceptance measured "
+                   f"({rates}; rank 1 is a chain's), a node costing {pol['node_cost']:.3f} of "
+                   f"a GPU-like round: the policy picks `{pol['pick']}`.")
     out.append("")
     return out
 
