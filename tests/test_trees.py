@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xcosd.errors import ProtocolError
+from xcosd.errors import CodecError, ProtocolError
 from xcosd.methods import Space, get_method
 from xcosd.methods.tree import (
     DraftTree,
@@ -150,6 +150,37 @@ def test_walk_on_known_rows() -> None:
     res = simulate_tree_round("xcosd", shape, lambda ids: np.stack([point(4)] * 9),
                               lambda nodes, ids: [q] * len(nodes), SPACE, rng)
     assert res.tokens == [4] and res.path == []
+
+
+def test_a_hostile_tree_is_refused_with_a_typed_error() -> None:
+    tree, _ = _drafted()
+    m, rng = get_method("xcosd"), np.random.default_rng(0)
+    p = np.full((7, 6), 1 / 6, dtype=np.float32)
+
+    def variant(**kw: object) -> DraftTree:
+        fields = {"parents": tree.parents, "ids": tree.ids, "q_values": tree.q_values,
+                  "rows": tree.rows, "row_codec": tree.row_codec, **kw}
+        return DraftTree(**fields)  # type: ignore[arg-type]
+
+    bad = {
+        "bad_field": [variant(parents=np.array([-1, 2, -1, 0, 1, 2])),  # a later parent
+                      variant(parents=tree.parents[:5]),
+                      variant(q_values=np.where(np.arange(6) == 4, np.float32(np.nan),
+                                                tree.q_values)),
+                      variant(q_values=np.where(np.arange(6) == 4, np.float32(0),
+                                                tree.q_values))],
+        "bad_token": [variant(ids=np.where(np.arange(6) == 4, 1, tree.ids)),  # V_O
+                      variant(ids=np.where(np.arange(6) == 4, 99, tree.ids))],
+        "bad_message": [variant(rows={})],
+    }
+    for code, trees in bad.items():
+        for t in trees:
+            with pytest.raises(ProtocolError) as err:
+                verify_tree(m, p, t, SPACE, rng)
+            assert err.value.code == code
+    for codec in ("f16", "nope"):  # bytes no such row makes, a codec no one knows
+        with pytest.raises(CodecError):
+            verify_tree(m, p, variant(row_codec=codec), SPACE, rng)
 
 
 def test_verify_tree_needs_a_row_per_node() -> None:

@@ -384,6 +384,27 @@ def residual(r_star: np.ndarray, q_common: np.ndarray, space: Space) -> np.ndarr
     return (r / total).astype(np.float32)
 
 
+def check_tree(draft: DraftTree, space: Space) -> None:
+    """What a peer's tree must be before anything is scored: as many parents, ids and
+    values, parents before their children, at most :data:`MAX_NODES` nodes, every id in
+    V_C, every ``q(x)`` a positive finite float32. Raises a typed
+    :class:`~xcosd.errors.ProtocolError` (``bad_field`` / ``bad_token``)."""
+    n = int(np.asarray(draft.ids).shape[0])
+    if not (np.asarray(draft.parents).shape == (n,) == np.asarray(draft.q_values).shape):
+        raise ProtocolError("a tree's parents, ids and values differ in length", code="bad_field")
+    try:
+        draft.shape  # noqa: B018 (built and checked here, kept for the walk)
+    except ValueError as e:
+        raise ProtocolError(f"not a tree: {e}", code="bad_field") from e
+    ids = np.asarray(draft.ids, dtype=np.int64)
+    if n and (int(ids.min()) < 0 or int(ids.max()) >= space.target_size
+              or int(space.to_common[ids].min()) < 0):
+        raise ProtocolError("a drafted id is not in V_C", code="bad_token")
+    q = np.asarray(draft.q_values, dtype=np.float32)
+    if n and not (np.isfinite(q).all() and (q > 0).all() and (q <= 1).all()):
+        raise ProtocolError("a tree's q(x) must be in (0, 1]", code="bad_field")
+
+
 def server_rows(method: Method, draft: DraftTree, space: Space) -> dict[int, list[np.ndarray]]:
     """Per node whose row was sent, the row each of its children was drawn from
     (:class:`Siblings` over the committed row decoded from the uplink); checked to be
@@ -419,6 +440,7 @@ def verify_tree(method: Method, p: Rows, draft: DraftTree, space: Space,
     bonus from the last accepted node's row, the method's payload where every child
     was rejected."""
     check_tree_method(method)
+    check_tree(draft, space)
     shape = draft.shape
     if len(p) < shape.size + 1:
         raise InvalidDistribution(f"a {shape.size}-node tree needs {shape.size + 1} target "
@@ -464,6 +486,7 @@ __all__ = [
     "Siblings",
     "TreeShape",
     "TreeVerified",
+    "check_tree",
     "check_tree_method",
     "device_state",
     "draft_tree",
