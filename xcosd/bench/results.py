@@ -830,7 +830,7 @@ SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
             "rounds": (ROUNDS_HEADING, lambda: section_rounds(_load("rounds.json")),
                        (cloud_cpu.HEADING, SAMPLING_HEADING, "## Codecs", "## Sizes used",
                         MUTATION_HEADING)),
-            "trees": (trees.HEADING, lambda: trees.section_lines(_load(trees.OUT.name)),
+            "trees": (trees.HEADING, lambda: trees.section_lines(trees.load_reports(OUT)),
                       (REAL_PAIR_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
                        MUTATION_HEADING)),
             "cloud_cpu": (cloud_cpu.HEADING,
@@ -869,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_soak(_load("soak.json"))
     doc += section_methods(methods)
     doc += section_model_layer(_load("model_layer.json"))
-    doc += trees.section_lines(_load(trees.OUT.name))
+    doc += trees.section_lines(trees.load_reports(OUT))
     doc += section_real_pair(_load("real_pair.json"))
     doc += streaming.section_lines(_load(streaming.OUT.name))
     doc += http_api.section_lines(_load(http_api.OUT.name))

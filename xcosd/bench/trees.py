@@ -341,8 +341,9 @@ def section_lines(rep: Any) -> list[str]:
         sizes.append(f"embedded pair {cfg['prompts']} prompts x {cfg['tokens']} tokens")
     if "real" in cfg["pairs"]:
         sizes.append(f"real pair {cfg['real_prompts']} x {cfg['real_tokens']}")
+    commands = "`" + rep.get("command", "xcosd bench trees").replace("; ", "`; `") + "`"
     out = [HEADING, "",
-           f"`{rep.get('command', 'xcosd bench trees')}`: seeded `{cfg['method']}`, branching "
+           f"{commands}: seeded `{cfg['method']}`, branching "
            f"rows as `{cfg['row_codec']}`; {', '.join(sizes)}. "
            "Tree rounds run in process through the methods' round "
            "(`xcosd/bench/trees.py`); a round trip is a verdict or a follow-up. Modeled "
@@ -377,11 +378,33 @@ def section_lines(rep: Any) -> list[str]:
     return out
 
 
+def load_reports(out_dir: Path = OUT.parent) -> dict[str, Any] | None:
+    """Every ``trees*.json`` in ``out_dir`` as one report (a pair may be run on its own,
+    ``--json bench/out/trees_real.json``): records and policies in file order, the
+    pairs named once, the first file's settings otherwise."""
+    reps = [json.loads(p.read_text()) for p in sorted(out_dir.glob("trees*.json"))]
+    if not reps:
+        return None
+    merged = dict(reps[0])
+    merged["config"] = dict(reps[0]["config"])
+    merged["records"] = [r for rep in reps for r in rep["records"]]
+    merged["policies"] = [p for rep in reps for p in rep.get("policies", [])]
+    pairs: list[str] = []
+    for rep in reps:
+        pairs += [p for p in rep["config"]["pairs"] if p not in pairs]
+        for k in ("prompts", "tokens", "real_prompts", "real_tokens"):
+            if "real" in rep["config"]["pairs"] and k.startswith("real"):
+                merged["config"][k] = rep["config"][k]
+    merged["config"]["pairs"] = pairs
+    merged["command"] = "; ".join(str(rep.get("command", "xcosd bench trees")) for rep in reps)
+    return merged
+
+
 def write_report(rep: dict[str, Any], path: Path = OUT) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rep, indent=1))
     return path
 
 
-__all__ = ["HEADING", "OUT", "TreesConfig", "format_report", "run_trees", "section_lines",
-           "write_report"]
+__all__ = ["HEADING", "OUT", "TreesConfig", "format_report", "load_reports", "run_trees",
+           "section_lines", "write_report"]
