@@ -21,7 +21,7 @@ from xcosd.methods.tree import (
     server_rows,
     verify_tree,
 )
-from xcosd.models.tree_scoring import leaf_paths, score_tree
+from xcosd.models.tree_scoring import leaf_paths, rows_after, score_tree
 from xcosd.simulate import simulate_tree_round
 
 from .session_pairs import pair
@@ -209,3 +209,21 @@ def test_score_tree_loop_matches_scoring_each_path_and_keeps_the_context() -> No
     assert sess2.ids == [2, 7]
     np.testing.assert_array_equal(score_tree(target, sess2, (-1, -1), [4, 6])[0],
                                   target.table[7])
+
+
+def test_rows_after_a_depth_in_one_call() -> None:
+    """The rows a drafter needs before a depth's children, multi-token spellings
+    included, equal each node's path scored alone."""
+    target, _ = pair()
+    parents = (-1, -1, 0, 0, 1)
+    spelled = [[1], [2, 3], [4], [], [5, 6]]
+    sess = target.start([7])
+    got = rows_after(target, sess, parents, spelled, [-1, 0, 1, 3, 4])
+    assert sess.ids == [7]
+    for v, row in zip([-1, 0, 1, 3, 4], got, strict=True):
+        path: list[int] = []
+        node = v
+        while node >= 0:
+            path = spelled[node] + path
+            node = parents[node]
+        np.testing.assert_array_equal(row, target.table[[7, *path][-1]])

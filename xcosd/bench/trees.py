@@ -32,7 +32,7 @@ from ..methods import Space, get_method
 from ..methods.tli import restrict_kept_support, restrict_to_common
 from ..methods.tree import TreeShape
 from ..models.base import LanguageModel
-from ..models.tree_scoring import score_tree
+from ..models.tree_scoring import rows_after, score_tree
 from ..protocol.tree_shape import RANKS, best_shape, walk_ranks
 from ..sampling import SamplingParams, sample_index, warp, warp_kept
 from ..simulate import simulate_tree_round
@@ -132,15 +132,11 @@ class _Side:
             return warp(restrict_to_common(row, self.vmap.common_draft_index), self.params)
 
     def draft_rows(self, nodes: list[int], ids: list[int]) -> list[np.ndarray]:
-        shape = self.shape
+        """A depth's rows in one call (one forward for a transformers draft)."""
         t0 = time.perf_counter()
-        base = len(self.d_sess.ids)
-        out = []
-        for node in nodes:
-            path = [d for k in shape.path(node) for d in self.draft_ids(ids[k])]
-            row = self.draft.score([(self.d_sess, path)])[0][-1]
-            self.draft.rollback(self.d_sess, base)
-            out.append(self.tli(row))
+        spelled = [self.draft_ids(t) for t in ids]
+        rows = rows_after(self.draft, self.d_sess, self.shape.parents, spelled, nodes)
+        out = [self.tli(row) for row in rows]
         self.draft_s += time.perf_counter() - t0
         return out
 
@@ -283,9 +279,9 @@ def policy_pick(rows: list[dict[str, Any]], cfg: TreesConfig
                 ) -> tuple[TreeShape, list[float], float]:
     """The shape :func:`~xcosd.protocol.tree_shape.best_shape` picks from what the
     run measured: the per-rank acceptance pooled over every tree run, and a node's
-    cost (the edge's measured draft time per node: this bench drafts a node a call)
-    over a round's fixed part (the RTT of ``gpu_rtt_ms`` plus the GPU-like cloud's
-    call, whose time per node is taken as nothing beside it)."""
+    cost (the edge's measured draft time per node) over a round's fixed part (the
+    RTT of ``gpu_rtt_ms`` plus the GPU-like cloud's call, whose time per node is taken
+    as nothing beside it)."""
     tested, accepted = [0] * RANKS, [0] * RANKS
     per_node: list[float] = []
     for r in rows:

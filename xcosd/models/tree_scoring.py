@@ -59,6 +59,33 @@ def score_tree(model: LanguageModel, session: Session, parents: Sequence[int],
     return score_tree_by_paths(model, session, parents, ids)
 
 
+def rows_after(model: LanguageModel, session: Session, parents: Sequence[int],
+               ids: Sequence[Sequence[int]], nodes: Sequence[int]) -> list[np.ndarray]:
+    """The rows after each of ``nodes`` (``-1``: the context) in one :func:`score_tree`
+    call: what a drafter needs before drawing a depth's children. ``ids[v]``: node
+    ``v``'s spelling in this model's ids (a cross-vocabulary token may take several,
+    or none); only the ``nodes`` and their ancestors are scored, each spelling's
+    tokens a chain of their own, so a model with a tree scorer drafts a whole depth
+    in one forward."""
+    keep: set[int] = set()
+    for v in nodes:
+        while v >= 0 and v not in keep:
+            keep.add(v)
+            v = parents[v]
+    sub_parents: list[int] = []
+    sub_ids: list[int] = []
+    last: dict[int, int] = {-1: -1}  # node -> index of the last token of its spelling
+    for v in sorted(keep):
+        at = last[parents[v]]
+        for t in ids[v]:
+            sub_parents.append(at)
+            sub_ids.append(int(t))
+            at = len(sub_ids) - 1
+        last[v] = at
+    rows = score_tree(model, session, sub_parents, sub_ids)
+    return [rows[last[v] + 1] for v in nodes]
+
+
 def score_tree_by_paths(model: LanguageModel, session: Session, parents: Sequence[int],
                         ids: Sequence[int]) -> np.ndarray:
     """:func:`score_tree` by the model's ordinary ``score``, one leaf's path a call
@@ -80,4 +107,4 @@ def score_tree_by_paths(model: LanguageModel, session: Session, parents: Sequenc
     return out
 
 
-__all__ = ["TreeScorer", "leaf_paths", "score_tree", "score_tree_by_paths"]
+__all__ = ["TreeScorer", "leaf_paths", "rows_after", "score_tree", "score_tree_by_paths"]
