@@ -113,6 +113,8 @@ SCOPE: dict[str, frozenset[str] | None] = {
     "xcosd/wire/frames.py": frozenset({"check_limits", "StreamDecoder", "Limits"}),
     # the accelerator path's verification, its warpers, draws, sums and Philox
     "xcosd/accel/*.py": None,
+    # a tree's rows scored leaf by leaf, the session's context restored after each
+    "xcosd/models/tree_scoring.py": frozenset({"score_tree", "leaf_paths"}),
 }
 
 #: tests that can observe a method's law, cheapest first: ``-x`` stops at the first
@@ -127,6 +129,11 @@ METHOD_TESTS = (
     "tests/test_e2e_exactness.py",
     "tests/test_exactness.py",
     "tests/test_law.py",
+)
+#: tests of draft trees: their shapes and checks, then the law of tree generations
+TREE_TESTS = (
+    "tests/test_trees.py",
+    "tests/test_law_trees.py",
 )
 #: tests that drive the edge and cloud state machines (messages, order, faults, law)
 PROTOCOL_TESTS = (
@@ -161,6 +168,8 @@ ACCEL_TESTS = (
 TEST_MAP: list[tuple[str, tuple[str, ...]]] = [
     # TV(p, p*) only reports how far a lossy codec moves the law: its tests are the codecs'
     ("xcosd/methods/distance.py", ("tests/test_codecs.py",)),
+    ("xcosd/methods/tree.py", TREE_TESTS),
+    ("xcosd/models/tree_scoring.py", TREE_TESTS),
     ("xcosd/methods/*.py", METHOD_TESTS),
     ("xcosd/protocol/edge.py", PROTOCOL_TESTS),
     ("xcosd/protocol/cloud.py", PROTOCOL_TESTS),
@@ -218,6 +227,23 @@ NAMED: tuple[NamedPatch, ...] = (
         "if total > limits.max_bytes:",
         "if total >= limits.max_bytes:",
         "check_limits refuses a message of exactly max_bytes"),
+    NamedPatch(
+        "tree-residual-not-updated", "xcosd/methods/tree.py",
+        "r = r if nxt is None else nxt",
+        "r = r if nxt is None else r",
+        "a draft tree's next sibling is tested against the row the rejected one was, "
+        "not the residual it left"),
+    NamedPatch(
+        "tree-bonus-parent-row", "xcosd/methods/tree.py",
+        "return TreeVerified(path, node, method.bonus(p_star[node + 1], rng), None, tested)",
+        "return TreeVerified(path, node, method.bonus(p_star[shape.parents[node] + 1 if node >= 0 "
+        "else 0], rng), None, tested)",
+        "the bonus after a fully accepted tree path is drawn from the leaf's parent's row"),
+    NamedPatch(
+        "tree-rejected-branch-kept", "xcosd/models/tree_scoring.py",
+        "        model.rollback(session, base)\n",
+        "",
+        "scoring a tree leaf by leaf keeps each scored branch in the session's context"),
 )
 
 

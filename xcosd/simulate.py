@@ -12,6 +12,7 @@ so what is proven here is what runs over the wire.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,14 @@ from .errors import InvalidDistribution
 from .methods import DeviceState, Method, RejectState, Space, Verdict, get_method
 from .methods.base import ID_BYTES, Reply
 from .methods.round import draft_token, resolve_locally, verify_block
+from .methods.tree import (
+    PARENT_BYTES,
+    RowsAt,
+    TreeShape,
+    device_state,
+    draft_tree,
+    verify_tree,
+)
 from .sampling import check_distribution, sample_index
 
 
@@ -38,6 +47,8 @@ class RoundResult:
     trials: int = 0
     fallbacks: int = 0
     messages: list[tuple[str, str, int]] = field(default_factory=list)
+    #: a tree round's accepted nodes, from the context down
+    path: list[int] = field(default_factory=list)
 
     @property
     def rejected(self) -> bool:
@@ -109,6 +120,56 @@ def simulate_round(
     res.tokens[:0] = ids[:n].tolist()
     res.accepted, res.drafted = n, d
     res.uplink_bytes += up
+    return res
+
+
+def simulate_tree_round(
+    method: str | Method,
+    shape: TreeShape,
+    target_rows: Callable[[list[int]], np.ndarray],
+    draft_rows: RowsAt,
+    common: np.ndarray | Space,
+    rng: np.random.Generator,
+    *,
+    row_codec: str | None = None,
+    distinct: bool = True,
+    **options: Any,
+) -> RoundResult:
+    """One round with a draft tree of ``shape`` (``xcosd/methods/tree.py``).
+
+    ``draft_rows(nodes, ids)``: the device's TLI rows (V_C order) after each of
+    ``nodes`` (``-1``: the context), the tree's tokens so far being ``ids`` (target
+    ids by node), asked once per depth; ``target_rows(ids)``: the tree's ``n + 1``
+    warped target rows over V_T (after the context, then after each node's path;
+    :func:`xcosd.models.tree_scoring.score_tree` scores them). The tokens are the
+    accepted path's, then the bonus or the resolved rejection's; ``accepted`` is the
+    path's length, ``drafted`` the tree's size; ``distinct``: siblings drawn without
+    replacement (else i.i.d.). Downlink: the verdict names the
+    path's nodes (a u16 each) beside the chain's count and payload."""
+    m = method if isinstance(method, Method) else get_method(method, **options)
+    space = common if isinstance(common, Space) else Space.from_mask(common)
+    drafted = draft_tree(m, shape, draft_rows, space, rng, row_codec, distinct=distinct)
+    tree = drafted.draft
+    ids = tree.ids.tolist()
+    p = np.asarray(target_rows(ids), dtype=np.float32)
+    up = tree.nbytes()
+    msgs = [("up", "tree", up)]
+    v = verify_tree(m, p, tree, space, rng)
+    path = [ids[n] for n in v.path]
+    path_bytes = PARENT_BYTES * len(v.path)
+    if v.reject is None:
+        verdict = Verdict(len(v.path), v.reply)
+        down = verdict.nbytes() + path_bytes
+        msgs.append(("down", "verdict", down))
+        return RoundResult([*path, verdict.reply.token], len(path), shape.size, up,  # type: ignore[union-attr]
+                           down, 1, messages=msgs, path=v.path)
+    res = _settle_rejection(m, v.reject, device_state(drafted, v.node), space, rng, msgs,
+                            v.reply)
+    res.tokens[:0] = path
+    res.accepted, res.drafted = len(path), shape.size
+    res.uplink_bytes += up
+    res.downlink_bytes += path_bytes
+    res.path = v.path
     return res
 
 

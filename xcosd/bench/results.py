@@ -34,6 +34,7 @@ from xcosd.bench import (
     plots,
     scale,
     streaming,
+    trees,
 )
 from xcosd.bench.load import SCALING_HEADER, batching_mode, generation_settings, scaling_rows
 from xcosd.bench.methods import format_report, merge_reports
@@ -834,6 +835,9 @@ SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
             "rounds": (ROUNDS_HEADING, lambda: section_rounds(_load("rounds.json")),
                        (cloud_cpu.HEADING, SAMPLING_HEADING, "## Codecs", "## Sizes used",
                         MUTATION_HEADING)),
+            "trees": (trees.HEADING, lambda: trees.section_lines(trees.load_reports(OUT)),
+                      (REAL_PAIR_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
+                       MUTATION_HEADING)),
             "cloud_cpu": (cloud_cpu.HEADING,
                           lambda: cloud_cpu.section_cloud_cpu(_load(cloud_cpu.OUT.name)),
                           (SAMPLING_HEADING, accel.HEADING, GPU_HEADING, "## Codecs",
@@ -870,6 +874,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_soak(_load("soak.json"))
     doc += section_methods(methods)
     doc += section_model_layer(_load("model_layer.json"))
+    doc += trees.section_lines(trees.load_reports(OUT))
     doc += section_real_pair(_load("real_pair.json"))
     doc += edge_runtime.section_lines(_load(edge_runtime.OUT_NAME))
     doc += streaming.section_lines(_load(streaming.OUT.name))

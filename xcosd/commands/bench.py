@@ -62,6 +62,7 @@ def add_parser(sub: Any) -> None:
     _add_scale(bsub)
     _add_soak(bsub)
     _add_http_streams(bsub)
+    _add_trees(bsub)
 
 
 def _add_outputs(p: Any, what: str) -> None:
@@ -393,6 +394,49 @@ def run_methods(args: argparse.Namespace) -> int:
     print(format_report(rep))
     if args.plots:
         plot_report(rep, args.plots)
+    if args.json:
+        _write_json(args.json, rep)
+    return 0
+
+
+# ------------------------------------------------------------------ trees
+
+
+def _add_trees(bsub: Any) -> None:
+    p = bsub.add_parser("trees", help="draft trees next to chains and ar on real models",
+                        description="Each shape generates the same seeded prompts through the "
+                                    "methods' tree round: tokens per round trip, target calls, "
+                                    "bytes, compute, modeled tok/s; the shape the tree policy "
+                                    "picks from the measured acceptance is run too.")
+    p.add_argument("--pairs", default="embedded", help="comma list: embedded, real")
+    p.add_argument("--shapes", default=None,
+                   help="comma list of shapes: chain:D, W1xW2x..., spine:W1xW2x... "
+                        "(default: a set of chains and trees)")
+    p.add_argument("--warpers", default="T=1", help="comma list of warpers (as bench methods)")
+    p.add_argument("--method", default="xcosd-e", help="a lossless drafting method")
+    p.add_argument("--row-codec", default="topk:32",
+                   help="the branching rows' codec (the draft proposes from what it commits)")
+    p.add_argument("--prompts", type=int, default=8, help="embedded pair's prompts")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per embedded prompt")
+    p.add_argument("--real-prompts", type=int, default=3)
+    p.add_argument("--real-tokens", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="write the report as JSON (bench/out/trees.json feeds RESULTS)")
+    p.set_defaults(func=run_trees_cmd)
+
+
+def run_trees_cmd(args: argparse.Namespace) -> int:
+    from ..bench.trees import SHAPES, TreesConfig, format_report, run_trees
+
+    cfg = TreesConfig(pairs=split(args.pairs),
+                      shapes=split(args.shapes) if args.shapes else list(SHAPES),
+                      warpers=split(args.warpers), method=args.method, row_codec=args.row_codec,
+                      prompts=args.prompts, tokens=args.tokens, real_prompts=args.real_prompts,
+                      real_tokens=args.real_tokens, seed=args.seed)
+    rep = run_trees(cfg)
+    rep["command"] = "xcosd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "xcosd bench trees"
+    print(format_report(rep))
     if args.json:
         _write_json(args.json, rep)
     return 0

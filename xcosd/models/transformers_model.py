@@ -198,6 +198,46 @@ def _session_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
 
 AttentionInterface.register(SESSIONS_ATTENTION, _session_attention)
 
+#: the attention implementation a tree call switches to (:func:`_tree_attention`)
+TREE_ATTENTION = "xcosd-tree"
+
+
+@dataclass
+class _Tree:
+    """A tree call's mask: which fed position each new query may see, by its
+    ancestry, and the positions for a sliding window."""
+
+    allowed: torch.Tensor  # (new, past + new) bool
+    q_pos: torch.Tensor  # (new, 1) the queries' positions
+    k_pos: torch.Tensor  # (1, past + new) the keys' positions
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        if window not in self.masks:
+            m = self.allowed
+            if window is not None:
+                m = m & (self.k_pos > self.q_pos - window)
+            self.masks[window] = m[None, None]
+        return self.masks[window]
+
+
+def _tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor, attention_mask: torch.Tensor | None,
+                    scaling: float | None = None, sliding_window: int | None = None,
+                    **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention for a tree call: each node's query sees the cached context, the
+    context fed with it and its own ancestors (:class:`_Tree`), not its siblings'
+    branches, so every node's row is the one its path alone would give."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    tree: _Tree = _current.tree
+    window = None if sliding_window is None else int(sliding_window)
+    return sdpa_attention_forward(module, query, key, value, tree.mask(window),
+                                  scaling=scaling, is_causal=False, **kwargs)
+
+
+AttentionInterface.register(TREE_ATTENTION, _tree_attention)
+
 
 class _Sessions(DynamicLayer):
     """One layer of a batched call's cache that is no tensor: ``update`` writes each
@@ -456,6 +496,75 @@ class TransformersModel:
             session.cached = kv.length - len(kv.prefix)
             out.append(self._probs(lg[-n_out:]))
         return out
+
+    @torch.inference_mode()
+    def score_tree(self, session: Session, parents: Sequence[int],
+                   ids: Sequence[int]) -> np.ndarray:
+        """The rows of a draft tree (``xcosd/models/tree_scoring.py``) in one forward:
+        the uncached context and every node fed together, each node at its depth's
+        position and attending only to the context and its ancestors. The tree's
+        states are dropped after the call (the cache keeps the context), so a
+        rejected branch never stays; the accepted path is appended by the caller.
+        Architectures without the per-session attention hook score leaf by leaf."""
+        from .tree_scoring import score_tree_by_paths
+
+        if not self.per_session:
+            return score_tree_by_paths(self, session, parents, ids)
+        nodes = [int(i) for i in ids]
+        if len(parents) != len(nodes):
+            raise ValueError(f"a tree of {len(parents)} nodes given {len(nodes)} ids")
+        self._check(nodes)
+        kv = self._kv(session)
+        if not kv.prefix and not session.ids:
+            if self._start is None:
+                raise ModelError(f"{self.name}: empty context and no BOS/EOS to start from")
+            kv.prefix = [self._start]
+        full = kv.prefix + session.ids
+        if kv.length >= len(full):
+            kv.crop(len(full) - 1)
+        past = kv.length
+        ctx = full[past:]
+        depth: list[int] = []
+        for i, p in enumerate(parents):
+            if not -1 <= p < i:
+                raise ValueError(f"node {i}'s parent {p} must be -1 or an earlier node")
+            depth.append(1 if p < 0 else depth[p] + 1)
+        m, n = len(ctx), len(nodes)
+        dev = self.device
+        q_pos = [past + k for k in range(m)] + [len(full) - 1 + d for d in depth]
+        allowed = torch.zeros((m + n, past + m + n), dtype=torch.bool, device=dev)
+        allowed[:, :past] = True
+        allowed[:m, past: past + m] = torch.ones((m, m), dtype=torch.bool, device=dev).tril()
+        allowed[m:, past: past + m] = True
+        for i, p in enumerate(parents):
+            row = m + i
+            allowed[row, past + row] = True
+            if p >= 0:
+                allowed[row] |= allowed[m + p] & (torch.arange(past + m + n, device=dev)
+                                                  >= past + m)
+        pos = torch.tensor(q_pos, dtype=torch.long, device=dev)
+        tree = _Tree(allowed, pos.unsqueeze(1),
+                     torch.cat([torch.arange(past, device=dev), pos]).unsqueeze(0))
+        with self._lock:
+            slabs = None
+            if kv.bufs and past > 0:
+                kv.reserve(past + m + n, [])
+                slabs = [_Slab(k, v, past) for k, v in kv.bufs]
+            cache = self._cache_obj(slabs)
+            _current.tree = tree
+            try:
+                with self._attention(TREE_ATTENTION):
+                    res = self.model(input_ids=torch.tensor([ctx + nodes], dtype=torch.long,
+                                                            device=dev),
+                                     position_ids=pos.unsqueeze(0), use_cache=True,
+                                     **{self._cache_kw: cache}, **self._keep(n + 1))
+            finally:
+                _current.tree = None
+            if slabs is None:
+                kv.write(0, [(layer.keys, layer.values) for layer in cache.layers], hi=m)
+            kv.length = len(full)  # the context's states; the tree's are dropped
+        session.cached = kv.length - len(kv.prefix)
+        return self._probs(res.logits[0, -(n + 1):]).cpu().numpy()
 
     # -- internals ---------------------------------------------------------------
 

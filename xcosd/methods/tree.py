@@ -1,0 +1,498 @@
+"""Draft trees: several drafted children per node, verified by recursive rejection
+sampling, with the rejection at the node where the walk stops resolved by the
+session's own method (``docs/METHODS.md``, "Draft trees").
+
+A chain spends a whole round trip when its first draft is rejected; a tree gives
+every position several chances. The device draws each node's children from that
+node's TLI row ``q``: i.i.d., or without replacement (the default; child ``i`` from
+``q`` with the earlier siblings removed, :class:`Siblings`). The server walks the
+tree from the root: at a node whose target row is ``r`` it tests the children in
+order, child ``c`` drawn from ``q_i`` accepted when ``u * q_i(c) < r(c)``; a rejected
+child replaces ``r`` by the residual it leaves, ``normalise(max(r - q_i, 0))``, and
+the next sibling is tested against that. The first accepted child continues the walk; a fully accepted path
+ends with a bonus token from the leaf's own target row. When every child of a node
+is rejected, what is left to draw from is ``max(r - q, 0) / Z`` with ``r`` the row
+the last child was tested against: exactly a chain's rejection with ``r`` in place
+of ``p_j`` and the last child's row as the draft's, which the method resolves as it
+always does (HR's V_C row and
+``theta_o``, SR-DV's candidates, straightforward's row, sd-uplink's token).
+
+What crosses the wire: the residual needs the draft's row at every node with two
+or more children, and the device has it. The device sends those rows through a
+codec it commits to before drawing (``committed_full``, as sd-uplink commits its
+``q``): the children are drawn from the committed row, so the server's residual
+uses the very numbers the draws came from, and a lossy row codec (``topk:K``) only
+changes the proposal, never the law. Single-child nodes need no row (the chain's
+test uses ``q(x)`` alone). The downlink is the chain's: the accepted path and the
+method's one payload. The target rows stay with the cloud; residual rows are
+computed there from the committed target rows, so a lossy *target* codec would make
+the rows the device decodes differ from those the residual started from: trees run
+with exact target codecs only (:func:`check_tree_method`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from ..codecs import Codec, get_codec
+from ..errors import InvalidDistribution, ProtocolError
+from ..sampling import Rows, sample_index
+from .base import (
+    ID_BYTES,
+    VALUE_BYTES,
+    DeviceState,
+    Method,
+    RejectState,
+    Reply,
+    Space,
+    fixed_total,
+)
+from .commit import committed_full, decoded_full
+
+#: bytes per node for its parent's index as counted before framing (u16)
+PARENT_BYTES = 2
+#: the most nodes one tree may hold (a parent index fits a u16)
+MAX_NODES = 1024
+#: the row codec a tree's branching rows cross with by default: exact and a few
+#: hundred bytes for a top-k / top-p draft row; a dense T = 1 row is better sent as
+#: ``topk:K`` (the draft then proposes from its K likeliest tokens)
+DEFAULT_ROW_CODEC = "sparse"
+
+
+# ------------------------------------------------------------------------- shape
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """Where each node of a draft tree hangs: ``parents[i]`` is node ``i``'s parent
+    (``-1``: the round's context), every parent before its children. Siblings are
+    tested in index order.
+
+    Any shape keeps the law (the shape is fixed before anything is drawn); which
+    one pays is the drafting policy's question."""
+
+    parents: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.parents) > MAX_NODES:
+            raise ValueError(f"a draft tree holds at most {MAX_NODES} nodes, got "
+                             f"{len(self.parents)}")
+        for i, p in enumerate(self.parents):
+            if not -1 <= p < i:
+                raise ValueError(f"node {i}'s parent {p} must be -1 or an earlier node")
+
+    @classmethod
+    def chain(cls, d: int) -> TreeShape:
+        """``d`` drafts in a row: the chain every round drafted before trees."""
+        return cls(tuple(range(-1, d - 1)))
+
+    @classmethod
+    def full(cls, widths: Sequence[int]) -> TreeShape:
+        """Every node at depth ``t`` (the context is depth 0) has ``widths[t]``
+        children: ``(4,)`` is four one-token candidates, ``(1,)*d`` a chain."""
+        parents: list[int] = []
+        level = [-1]
+        for w in widths:
+            if w < 1:
+                raise ValueError(f"a tree's widths must be positive, got {tuple(widths)}")
+            nxt: list[int] = []
+            for node in level:
+                for _ in range(int(w)):
+                    parents.append(node)
+                    nxt.append(len(parents) - 1)
+            level = nxt
+        return cls(tuple(parents))
+
+    @classmethod
+    def spine(cls, widths: Sequence[int]) -> TreeShape:
+        """Ragged: ``widths[t]`` children at depth ``t``, of which only the first
+        (the one tested first) has children of its own (SpecInfer's and Sequoia's
+        trees lean the same way: the first child is the likeliest to be kept)."""
+        parents: list[int] = []
+        node = -1
+        for w in widths:
+            if w < 1:
+                raise ValueError(f"a tree's widths must be positive, got {tuple(widths)}")
+            first = len(parents)
+            parents.extend([node] * int(w))
+            node = first
+        return cls(tuple(parents))
+
+    @classmethod
+    def parse(cls, text: str) -> TreeShape:
+        """``"chain:4"``, ``"3x2x1"`` (:meth:`full`) or ``"spine:3x2x2"``
+        (:meth:`spine`), as the CLI and the benches spell shapes."""
+        t = text.strip()
+        if m := re.fullmatch(r"chain:(\d+)", t):
+            return cls.chain(int(m[1]))
+        kind, _, widths = t.rpartition(":")
+        if kind not in ("", "spine") or not re.fullmatch(r"\d+(x\d+)*", widths):
+            raise ValueError(f"a tree shape is chain:D, W1xW2x... or spine:W1xW2x..., "
+                             f"got {text!r}")
+        ws = [int(w) for w in widths.split("x")]
+        return cls.spine(ws) if kind == "spine" else cls.full(ws)
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """``children[node + 1]``: the children of ``node`` (``-1``: the context's)."""
+        out: list[list[int]] = [[] for _ in range(self.size + 1)]
+        for i, p in enumerate(self.parents):
+            out[p + 1].append(i)
+        return tuple(tuple(c) for c in out)
+
+    @cached_property
+    def depths(self) -> tuple[int, ...]:
+        """Each node's depth (a child of the context is at depth 1)."""
+        d: list[int] = []
+        for p in self.parents:
+            d.append(1 if p < 0 else d[p] + 1)
+        return tuple(d)
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths, default=0)
+
+    def levels(self) -> list[list[int]]:
+        """The nodes with children, one list per depth (``-1`` at depth 0): what a
+        drafter scores in one batch before it draws the next depth."""
+        out: list[list[int]] = [[] for _ in range(self.depth)]
+        for node in (-1, *range(self.size)):
+            if self.children[node + 1]:
+                out[0 if node < 0 else self.depths[node]].append(node)
+        return out
+
+    def path(self, node: int) -> list[int]:
+        """The nodes from the context's child down to ``node``."""
+        out: list[int] = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    @cached_property
+    def label(self) -> str:
+        """The shape as :meth:`parse` reads it (``tree:N`` for a shape of no family)."""
+        if self.parents == TreeShape.chain(self.size).parents:
+            return f"chain:{self.size}"
+        widths = [len(self.children[lv[0] + 1]) for lv in self.levels()]
+        if self.parents == TreeShape.full(widths).parents:
+            return "x".join(map(str, widths))
+        if self.parents == TreeShape.spine(widths).parents:
+            return "spine:" + "x".join(map(str, widths))
+        return f"tree:{self.size}"
+
+
+# ------------------------------------------------------------------ the uplink
+
+
+@dataclass(frozen=True, eq=False)
+class DraftTree:
+    """Uplink of one tree round: each node's parent, its token (a target id) and
+    ``q(x)`` from its parent's row, and the encoded committed rows of the nodes the
+    server needs them for (``rows[node]``, ``-1`` for the context), all with
+    ``row_codec``."""
+
+    parents: np.ndarray
+    ids: np.ndarray
+    q_values: np.ndarray
+    rows: dict[int, bytes]
+    row_codec: str
+    #: siblings drawn without replacement (:class:`Siblings`), else i.i.d.
+    distinct: bool = True
+
+    @property
+    def size(self) -> int:
+        return int(self.ids.shape[0])
+
+    @cached_property
+    def shape(self) -> TreeShape:
+        return TreeShape(tuple(int(p) for p in self.parents))
+
+    def nbytes(self) -> int:
+        """Payload bytes: per node its id, ``q(x)`` and parent; per sent row its
+        node index and encoded bytes; one byte for the sibling scheme."""
+        per_row = sum(PARENT_BYTES + len(b) for b in self.rows.values())
+        return self.size * (ID_BYTES + VALUE_BYTES + PARENT_BYTES) + per_row + 1
+
+
+def rows_needed(method: Method, shape: TreeShape) -> list[int]:
+    """The nodes whose draft row the server needs: every node with two or more
+    children (the residual a rejected sibling leaves), and every node with children
+    when the method's own rejection needs ``q`` (sd-uplink)."""
+    every = method.codec_applies_to == "q"
+    return [node for node in (-1, *range(shape.size))
+            if len(shape.children[node + 1]) >= (1 if every else 2)]
+
+
+def row_codec_for(method: Method, row_codec: Codec | str | None) -> Codec:
+    """sd-uplink's rows cross with its own codec; others with ``row_codec``."""
+    if method.codec_applies_to == "q":
+        return method.codec
+    if isinstance(row_codec, Codec):
+        return row_codec
+    return get_codec(row_codec or DEFAULT_ROW_CODEC)
+
+
+def check_tree_method(method: Method) -> None:
+    """Refuse what trees cannot keep exact: a method that does not draft, uhlm's
+    partial verification, and a lossy codec on the target's rows (the residual
+    rows are computed from the committed row, and what the device decodes would
+    differ from them)."""
+    if not method.drafts:
+        raise ValueError(f"{method.name} drafts nothing: there is no tree to verify")
+    if method.name == "uhlm":
+        raise ValueError("uhlm skips verifying some drafts: trees need every child tested")
+    if method.codec_applies_to == "p" and not method.codec.exact:
+        raise ValueError(f"trees need an exact codec for the target's rows (f32, sparse), "
+                         f"not {method.codec.name}")
+
+
+class Siblings:
+    """The rows a node's children are drawn from, in order, and tested with.
+
+    Drawn i.i.d. every child comes from the node's row ``q``. Drawn without
+    replacement (``distinct``), child ``i`` comes from ``q`` with the V_C positions
+    of the earlier siblings set to 0 and renormalised (by :func:`fixed_total`, so both
+    sides get the same bits), and ``q`` again once nothing is left. Either way the row
+    of child ``i`` is a function of the earlier siblings alone, which is all the walk
+    needs: the device and the server run this same sequence, the device to draw,
+    the server to test and to form the residual. Without replacement a draft that is
+    sure of one token proposes it once, not at every sibling (where it is rejected
+    again, its residual being 0 there), so later siblings are other candidates."""
+
+    def __init__(self, q: np.ndarray, distinct: bool) -> None:
+        self.q = q
+        self.distinct = distinct
+        self.taken: list[int] = []
+        self.current = q
+
+    def take(self, pos: int) -> None:
+        """Child drawn at V_C position ``pos``; :attr:`current` becomes the next
+        sibling's row."""
+        if not self.distinct:
+            return
+        self.taken.append(int(pos))
+        w = np.asarray(self.q, dtype=np.float64).copy()
+        w[self.taken] = 0.0
+        total = fixed_total(w)
+        if not total > 0:  # every token of q drawn: start over
+            self.taken = []
+            self.current = self.q
+        else:
+            self.current = (w / total).astype(np.float32)
+
+
+def draw_child(row: np.ndarray, rng: np.random.Generator) -> int:
+    """One child's V_C position, drawn from ``row``."""
+    return sample_index(row, rng)
+
+
+# ------------------------------------------------------------------ the device
+
+
+@dataclass(eq=False)
+class DraftedTree:
+    """The device's record of a drafted tree: the uplink and, per node with
+    children, the row its last child was drawn from (V_C order), which resolves a
+    rejection of every child there."""
+
+    draft: DraftTree
+    rows: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+#: ``rows_at(nodes)``: the TLI rows (V_C order) at the positions after each node
+#: (``-1``: the round's context), one call per depth so a model scores a depth at once
+RowsAt = Callable[[list[int], list[int]], list[np.ndarray]]
+
+
+def draft_tree(method: Method, shape: TreeShape, rows_at: RowsAt, space: Space,
+               rng: np.random.Generator, row_codec: Codec | str | None = None, *,
+               distinct: bool = True) -> DraftedTree:
+    """Draw a tree of ``shape``: depth by depth, ``rows_at(nodes, ids)`` gives the
+    TLI rows after those nodes (``ids``: the tokens drawn so far, by node), then
+    each node's children are drawn from its row (committed through the row codec
+    first where the server needs the row), without replacement when ``distinct``
+    (:class:`Siblings`)."""
+    check_tree_method(method)
+    codec = row_codec_for(method, row_codec)
+    needed = set(rows_needed(method, shape))
+    ids = np.zeros(shape.size, dtype=np.int64)
+    q_values = np.zeros(shape.size, dtype=np.float32)
+    kept: dict[int, np.ndarray] = {}
+    sent: dict[int, bytes] = {}
+    for level in shape.levels():
+        for node, q in zip(level, rows_at(level, ids.tolist()), strict=True):
+            q = np.asarray(q, dtype=np.float32)
+            if node in needed:
+                sent[node] = codec.encode(q)
+                q = committed_full(codec, q)
+            sib = Siblings(q, distinct)
+            for child in shape.children[node + 1]:
+                row = sib.current
+                pos = draw_child(row, rng)
+                ids[child] = space.common_ids[pos]
+                q_values[child] = row.item(pos)
+                kept[node] = row
+                sib.take(pos)
+    draft = DraftTree(parents=np.asarray(shape.parents, dtype=np.int64), ids=ids,
+                      q_values=q_values, rows=sent, row_codec=codec.name, distinct=distinct)
+    return DraftedTree(draft, kept)
+
+
+def device_state(drafted: DraftedTree, node: int) -> DeviceState:
+    """The device's state for a rejection of every child of ``node``: its row and
+    the last child tested."""
+    last = drafted.draft.shape.children[node + 1][-1]
+    return DeviceState(q_common=drafted.rows[node], rejected=int(drafted.draft.ids[last]))
+
+
+# ------------------------------------------------------------------ the server
+
+
+@dataclass
+class TreeVerified:
+    """The server's half of a tree round: the accepted ``path`` (node indices from
+    the context down), the ``reply`` (bonus token, or the method's payload for the
+    rejection at ``node``) and the rejection's state."""
+
+    path: list[int]
+    node: int
+    reply: Reply
+    reject: RejectState | None
+    #: children tested, and how many of them were rejected siblings of a later one
+    tested: int = 0
+
+
+def residual(r_star: np.ndarray, q_common: np.ndarray, space: Space) -> np.ndarray | None:
+    """``normalise(max(r - q, 0))`` over all target ids (``q`` is 0 on V_O), float32,
+    or ``None`` when rounding left it no mass (exactly, a rejection leaves some)."""
+    r = np.asarray(r_star, dtype=np.float64).copy()
+    r[space.common_ids] -= q_common
+    np.maximum(r, 0.0, out=r)
+    total = fixed_total(r)
+    if not total > 0:
+        return None
+    return (r / total).astype(np.float32)
+
+
+def check_tree(draft: DraftTree, space: Space) -> None:
+    """What a peer's tree must be before anything is scored: as many parents, ids and
+    values, parents before their children, at most :data:`MAX_NODES` nodes, every id in
+    V_C, every ``q(x)`` a positive finite float32. Raises a typed
+    :class:`~xcosd.errors.ProtocolError` (``bad_field`` / ``bad_token``)."""
+    n = int(np.asarray(draft.ids).shape[0])
+    if not (np.asarray(draft.parents).shape == (n,) == np.asarray(draft.q_values).shape):
+        raise ProtocolError("a tree's parents, ids and values differ in length", code="bad_field")
+    try:
+        draft.shape  # noqa: B018 (built and checked here, kept for the walk)
+    except ValueError as e:
+        raise ProtocolError(f"not a tree: {e}", code="bad_field") from e
+    ids = np.asarray(draft.ids, dtype=np.int64)
+    if n and (int(ids.min()) < 0 or int(ids.max()) >= space.target_size
+              or int(space.to_common[ids].min()) < 0):
+        raise ProtocolError("a drafted id is not in V_C", code="bad_token")
+    q = np.asarray(draft.q_values, dtype=np.float32)
+    if n and not (np.isfinite(q).all() and (q > 0).all() and (q <= 1).all()):
+        raise ProtocolError("a tree's q(x) must be in (0, 1]", code="bad_field")
+
+
+def server_rows(method: Method, draft: DraftTree, space: Space) -> dict[int, list[np.ndarray]]:
+    """Per node whose row was sent, the row each of its children was drawn from
+    (:class:`Siblings` over the committed row decoded from the uplink); checked to be
+    the nodes the server needs, and each child's ``q(x)`` to be its row's value."""
+    shape = draft.shape
+    need = rows_needed(method, shape)
+    if sorted(draft.rows) != need:
+        raise ProtocolError(f"a tree sends the rows of nodes {need}, got {sorted(draft.rows)}",
+                            code="bad_message")
+    codec = get_codec(draft.row_codec)
+    if method.codec_applies_to == "q" and codec.name != method.codec.name:
+        raise ProtocolError(f"{method.name}'s rows cross with {method.codec.name}",
+                            code="bad_message")
+    out: dict[int, list[np.ndarray]] = {}
+    for node, data in draft.rows.items():
+        sib = Siblings(decoded_full(codec, data, space.n_common), draft.distinct)
+        rows = out[node] = []
+        for c in shape.children[node + 1]:
+            pos = int(space.to_common[int(draft.ids[c])])
+            if pos < 0 or sib.current.item(pos) != float(draft.q_values[c]):
+                raise ProtocolError(f"node {c}'s q(x) is not its row's value",
+                                    code="bad_message")
+            rows.append(sib.current)
+            sib.take(pos)
+    return out
+
+
+def verify_tree(method: Method, p: Rows, draft: DraftTree, space: Space,
+                rng: np.random.Generator) -> TreeVerified:
+    """Walk ``draft`` against the warped target rows ``p`` (``p[0]`` after the
+    context, ``p[i + 1]`` after node ``i``'s path): one uniform per tested child,
+    siblings tested against the residual the rejected ones before them left, the
+    bonus from the last accepted node's row, the method's payload where every child
+    was rejected."""
+    check_tree_method(method)
+    check_tree(draft, space)
+    shape = draft.shape
+    if len(p) < shape.size + 1:
+        raise InvalidDistribution(f"a {shape.size}-node tree needs {shape.size + 1} target "
+                                  f"rows, got {len(p)}")
+    p_star = method.commit_rows(p, space)
+    qs = server_rows(method, draft, space)
+    path: list[int] = []
+    node, tested = -1, 0
+    while True:
+        kids = shape.children[node + 1]
+        if not kids:
+            return TreeVerified(path, node, method.bonus(p_star[node + 1], rng), None, tested)
+        r = np.asarray(p_star[node + 1], dtype=np.float32)
+        accepted = None
+        for k, c in enumerate(kids):
+            x, q = int(draft.ids[c]), float(draft.q_values[c])
+            if not q > 0:
+                raise InvalidDistribution(f"node {c} has q(x) = {q}: a drafted token must "
+                                          f"have q > 0")
+            tested += 1
+            if rng.random() * q < r.item(x):
+                accepted = c
+                break
+            if k + 1 < len(kids):
+                nxt = residual(r, qs[node][k], space)
+                r = r if nxt is None else nxt
+        if accepted is None:
+            last = kids[-1]
+            state = RejectState(p_raw=r, p_star=r, rejected=int(draft.ids[last]),
+                                q_common=qs[node][-1] if node in qs else None)
+            return TreeVerified(path, node, method.on_reject(state, space, rng), state, tested)
+        path.append(accepted)
+        node = accepted
+
+
+__all__ = [
+    "DEFAULT_ROW_CODEC",
+    "MAX_NODES",
+    "PARENT_BYTES",
+    "DraftTree",
+    "DraftedTree",
+    "RowsAt",
+    "Siblings",
+    "TreeShape",
+    "TreeVerified",
+    "check_tree",
+    "check_tree_method",
+    "device_state",
+    "draft_tree",
+    "draw_child",
+    "residual",
+    "rows_needed",
+    "server_rows",
+    "verify_tree",
+]
