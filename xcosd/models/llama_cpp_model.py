@@ -56,6 +56,7 @@ from ..errors import ModelError
 from ..vocab import Vocabulary
 from ..vocab.llama import llama_table
 from .base import Session
+from .tree_scoring import leaf_paths
 
 log = logging.getLogger(__name__)
 
@@ -411,7 +412,7 @@ class LlamaCppModel:
         new = [int(i) for i in ids]
         self._check(new)
         s = self._seq(session)
-        paths = _leaf_paths(parents)
+        paths = leaf_paths(parents)
         if not paths:
             return self.score([(session, [])])[0]
         if len(paths) > self.tree_branches:
@@ -625,18 +626,6 @@ class LlamaCppModel:
             return rows
         finally:
             L.llama_batch_free(b)
-
-
-def _leaf_paths(parents: Sequence[int]) -> list[list[int]]:
-    """The nodes from the context to each leaf of a tree, leaves in index order."""
-    inner = {int(p) for p in parents if p >= 0}
-    out = []
-    for leaf in (i for i in range(len(parents)) if i not in inner):
-        path = [leaf]
-        while parents[path[-1]] >= 0:
-            path.append(int(parents[path[-1]]))
-        out.append(path[::-1])
-    return out
 
 
 def _softmax_rows(x: np.ndarray) -> None:
