@@ -270,23 +270,26 @@ class OpenAIApp:
             raise api_error_for(e) from None
         return self.edge.target_name is not None  # else the client left first
 
-    async def _models(self, request: Request) -> Response:
+    async def _unnamed(self, request: Request) -> Response | None:
+        """The answer of a models route whose model id is not known (:meth:`_named`):
+        an error object, 499 for a client that left; ``None`` once it is known."""
         try:
             if not await self._named(request):
                 return Response(status_code=499)
         except APIError as e:
             self.metrics.request("models", e.status)
             return error_response(e)
+        return None
+
+    async def _models(self, request: Request) -> Response:
+        if (early := await self._unnamed(request)) is not None:
+            return early
         self.metrics.request("models", 200)
         return JSONResponse(R.models_list(self.model, self.started))
 
     async def _model_info(self, request: Request) -> Response:
-        try:
-            if not await self._named(request):
-                return Response(status_code=499)
-        except APIError as e:
-            self.metrics.request("models", e.status)
-            return error_response(e)
+        if (early := await self._unnamed(request)) is not None:
+            return early
         name = request.path_params["model"]
         if not self._serves(name):
             self.metrics.request("models", 404)

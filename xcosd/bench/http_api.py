@@ -216,13 +216,19 @@ async def _run_pair(pair: str, tokens: int, passes: int,
         async with EdgeNode(draft=draft, connect=line.split()[1]) as edge:
             return await _measure(edge, tokens, passes, concurrency)
     finally:
-        assert cloud.stdin is not None
-        cloud.stdin.close()
-        try:
-            await asyncio.wait_for(cloud.wait(), CLOUD_START_S)
-        except TimeoutError:
-            cloud.kill()
-            await cloud.wait()
+        await stop_cloud(cloud)
+
+
+async def stop_cloud(cloud: asyncio.subprocess.Process) -> None:
+    """End a cloud process started by this bench: its stdin closed is its signal to
+    leave; killed if it has not within :data:`CLOUD_START_S`."""
+    assert cloud.stdin is not None
+    cloud.stdin.close()
+    try:
+        await asyncio.wait_for(cloud.wait(), CLOUD_START_S)
+    except TimeoutError:
+        cloud.kill()
+        await cloud.wait()
 
 
 async def _cloud(pair: str) -> None:

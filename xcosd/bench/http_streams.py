@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xcosd.bench.http_api import CLOUD_START_S, PAIRS, PROMPTS, _pair
+from xcosd.bench.http_api import CLOUD_START_S, PAIRS, PROMPTS, _pair, stop_cloud
 from xcosd.bench.report import OUT_DIR, machine, table, write_json
 
 OUT = OUT_DIR / "http_streams.json"
@@ -165,13 +165,7 @@ async def _run(pair: str, streams: int, tokens: int, seed0: int) -> dict[str, An
                 rss_after = _rss_mib()
                 refused = http.slots.refused
     finally:
-        assert cloud.stdin is not None
-        cloud.stdin.close()
-        try:
-            await asyncio.wait_for(cloud.wait(), CLOUD_START_S)
-        except TimeoutError:
-            cloud.kill()
-            await cloud.wait()
+        await stop_cloud(cloud)
     errors = [s for s in got["streams"] if "error" in s]
     done = [s for s in got["streams"] if "error" not in s]
     mismatched = [s["seed"] for s in done if s["text"] != own[s["seed"] - seed0].text]
