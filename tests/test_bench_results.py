@@ -179,3 +179,38 @@ def test_only_rewrites_one_section_and_keeps_the_rest(tmp_path: Any, monkeypatch
     text = doc.read_text()
     assert "old numbers" not in text and "bench/out/load.json is missing." in text
     assert text.index("## Load test") < text.index("## Scaling") and "kept" in text
+
+
+def test_edge_runtime_section_judges_its_goals_and_where_drafting_pays() -> None:
+    from xcosd.bench import edge_runtime
+
+    def step(model: str, own: float, llama: float, torch: float) -> dict[str, Any]:
+        return {"model": model, "own_ms": own, "llama_ms": llama, "torch_ms": torch,
+                "vs_own": llama / own, "vs_torch": llama / torch}
+
+    def e2e(tok_s: float, calls: int, edge_s: float) -> dict[str, Any]:
+        modeled = {str(x): 32 / (edge_s + calls * 0.004 + calls * x / 1000) for x in (5, 100)}
+        return {"tok_s": tok_s, "tok_s_passes": [tok_s], "tokens": 32, "rounds": calls,
+                "round_trips": calls, "target_calls": calls, "drafted": 16, "accepted": 8,
+                "up_bytes": 1600, "down_bytes": 1600, "edge_compute_s": edge_s,
+                "cloud_compute_s": 1.0, "modeled_tok_s": modeled}
+
+    rows = {"ar": {**e2e(20.0, 32, 0.0), "drafted": 0, "vs_own": 1.3},
+            "xcosd-e": e2e(20.0, 32, 0.05), "xcosd-e seeded": e2e(10.0, 12, 0.6),
+            "llama.cpp own": {"tok_s": 15.0, "tok_s_passes": [15.0]}}
+    rep = {"draft": "smollm2-135m", "target": "gemma3-270m", "prompts": 3,
+           "tokens_per_prompt": 32, "passes": 1, "pinned": True, "gpu_call_s": 0.004,
+           "link_bps": 100e6, "rtts_ms": [5, 100],
+           "steps": [step("smollm2-135m", 20.0, 18.0, 80.0), step("gemma3-270m", 100.0, 120.0, 200.0)],
+           "end_to_end": {"llama.cpp": rows}}
+    text = "\n".join(edge_runtime.section_lines(rep))
+    assert "| smollm2-135m | 20.0 | 18.0 | 80.0 | 0.90x | 0.23x |" in text
+    assert "0.90x llama.cpp's own loop (goal <= 1.1x: met)" in text
+    assert "(goal for the draft <= 1/3: met)" in text
+    assert "1.20x llama.cpp's own loop (goal <= 1.1x: not met)" in text  # the target
+    assert "gemma3-270m" in text and text.count("goal for the draft") == 1
+    assert "1.30x llama.cpp's own generation of as many tokens (goal >= 0.95x: met)" in text
+    # seeded: 0.6 s of edge compute for 12 round trips instead of 32: pays at 100 ms only
+    assert "modeled xcosd-e seeded / ar: RTT 5 ms" in text
+    assert "drafting pays from RTT 100 ms." in text
+    assert edge_runtime.section_lines(None) == []
