@@ -94,22 +94,9 @@ def _own_rows(path: Any, context: list[int]) -> np.ndarray:
     """llama.cpp's own ``Llama.eval`` of ``context`` decoded alone, every position's
     logits (``scores``), as float32 probabilities: the reference for our rows. The
     same runtime options as the model's (weights in their file layout)."""
-    import llama_cpp
-    import llama_cpp.llama_cpp as bindings
+    from xcosd.models.llama_cpp_model import own_llama
 
-    default = bindings.llama_model_default_params
-
-    def plain_layout() -> Any:
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    bindings.llama_model_default_params = plain_layout  # what Llama() builds its params from
-    try:
-        ref = llama_cpp.Llama(str(path), n_ctx=256, n_batch=256, n_threads=1, n_threads_batch=1,
-                              logits_all=True, verbose=False)
-    finally:
-        bindings.llama_model_default_params = default
+    ref = own_llama(path, n_ctx=256, logits_all=True)
     try:
         ref.eval(context)
         x = np.array(ref.scores[: ref.n_tokens], dtype=np.float32)
@@ -422,9 +409,9 @@ def test_a_draft_tree_is_scored_in_one_decode_by_sequence_ids(lpair) -> None:
     a sibling would be off by far more, and its most likely token would move).
     Without enough branches (or none) the model scores path by path, bit for bit."""
     from xcosd.models.llama_cpp_model import LlamaCppModel
+    from xcosd.models.tree_scoring import score_tree_by_paths
 
     parents = [-1, -1, -1, 0, 0, 3]  # ragged: three roots, one of them deeper
-    paths = [[0, 3, 5], [0, 4], [1], [2]]
     for ref in lpair:
         tree = LlamaCppModel(ref.path, name=ref.name, threads=1, context=256, sequences=2,
                              tree_branches=4)
@@ -438,7 +425,7 @@ def test_a_draft_tree_is_scored_in_one_decode_by_sequence_ids(lpair) -> None:
         ref.rollback(r, len(ctx))
         rows = tree.score_tree(s, parents, nodes)
         assert tree.decodes == decodes + 2 and s.ids == ctx
-        want = ref._tree_by_paths(r, paths, nodes)
+        want = score_tree_by_paths(ref, r, parents, nodes)
         np.testing.assert_array_equal(want, ref.score_tree(r, parents, nodes))  # no branches
         np.testing.assert_allclose(rows, want, rtol=0, atol=0.01)
         assert (rows.argmax(axis=1) == want.argmax(axis=1)).all()

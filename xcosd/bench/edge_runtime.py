@@ -39,7 +39,7 @@ import numpy as np
 
 from xcosd.bench.real_pair import DRAFT, PROMPTS, TARGET, _free_port, pair_main
 from xcosd.bench.report import machine, table
-from xcosd.models.llama_cpp_model import LlamaCppModel
+from xcosd.models.llama_cpp_model import LlamaCppModel, own_llama
 
 HEADING = "## The edge's runtime: llama.cpp"
 OUT_NAME = "edge_runtime.json"
@@ -60,27 +60,6 @@ def _pin(core: int) -> None:
     """Run on ``core`` alone, where the machine has it (else anywhere)."""
     if hasattr(os, "sched_setaffinity") and core < (os.cpu_count() or 1):
         os.sched_setaffinity(0, {core})
-
-
-def _plain_llama(path: Any, n_ctx: int = 512) -> Any:
-    """llama-cpp-python's ``Llama`` with the weights in their file layout, as
-    :class:`LlamaCppModel` loads them (see its module docstring)."""
-    import llama_cpp
-    import llama_cpp.llama_cpp as bindings
-
-    default = bindings.llama_model_default_params
-
-    def plain() -> Any:
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    bindings.llama_model_default_params = plain
-    try:
-        return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=512, n_threads=1,
-                               n_threads_batch=1, verbose=False)
-    finally:
-        bindings.llama_model_default_params = default
 
 
 def _llama(spec: str, **kw: Any) -> LlamaCppModel:
@@ -155,7 +134,7 @@ def draft_steps(prompts: list[str], tokens: int, passes: int) -> list[dict[str, 
     for spec in (DRAFT, TARGET):
         lm = _llama(f"{spec}@llama.cpp", context=1024, sequences=2)
         tm = load_model(spec, threads=1)
-        own = _plain_llama(lm.path)
+        own = own_llama(lm.path)
         start = _start(lm)
         ids = [start + lm.tokenize(p) for p in prompts]
         per: dict[str, list[float]] = {"own": [], "llama": [], "torch": []}
@@ -252,7 +231,7 @@ def end_to_end(prompts: list[str], tokens: int, passes: int) -> dict[str, Any]:
         ar_own = None
         if backend == "llama.cpp":
             target = _llama(TARGET + suffix, context=512, sequences=1)
-            own = _plain_llama(target.path)
+            own = own_llama(target.path)
             start = _start(target)
             ar_own = (own, lambda text, t=target, s=start: s + t.tokenize(text))
         endpoint = f"tcp://127.0.0.1:{_free_port()}"

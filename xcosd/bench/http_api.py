@@ -118,11 +118,12 @@ async def _client(url: str, model: str, streams: int, tokens: int, seed0: int
         await client.close()
 
 
-async def _over_http(url: str, model: str, streams: int, tokens: int,
-                     seed0: int) -> dict[str, Any]:
-    """One setting through HTTP, from a client process of its own."""
+async def over_http(url: str, model: str, streams: int, tokens: int, seed0: int,
+                    client: str = "xcosd.bench.http_api") -> dict[str, Any]:
+    """One setting through HTTP, from a client process of its own (``python -m
+    CLIENT --client URL ...``, which prints its report as its last line)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "xcosd.bench.http_api", "--client", url, "--model", model,
+        sys.executable, "-m", client, "--client", url, "--model", model,
         "--streams", str(streams), "--tokens", str(tokens), "--seed", str(seed0),
         stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
@@ -272,7 +273,7 @@ async def _measure(edge: Any, tokens: int, passes: int,
 
         # warm both paths (connections, caches) before measuring
         await _setting(inproc, 2, 8, 1)
-        await _over_http(http.url, api.model, 2, 8, 1)
+        await over_http(http.url, api.model, 2, 8, 1)
         hold = edge.arrivals.hold_s
         for c in concurrency:
             per: dict[str, list[dict[str, Any]]] = {"inproc": [], "http": []}
@@ -291,7 +292,7 @@ async def _measure(edge: Any, tokens: int, passes: int,
                     # those of the requests that arrived beside it (xcosd/nodes/arrivals.py)
                     edge.arrivals.hold_s = 0.0 if name == "unheld" else hold
                     try:
-                        per[name].append(await _over_http(http.url, api.model, c, tokens,
+                        per[name].append(await over_http(http.url, api.model, c, tokens,
                                                           seed0))
                     finally:
                         edge.arrivals.hold_s = hold

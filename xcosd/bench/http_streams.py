@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xcosd.bench.http_api import CLOUD_START_S, PAIRS, PROMPTS, _pair, stop_cloud
+from xcosd.bench.http_api import CLOUD_START_S, PAIRS, PROMPTS, _pair, over_http, stop_cloud
 from xcosd.bench.report import OUT_DIR, machine, table, write_json
 
 OUT = OUT_DIR / "http_streams.json"
@@ -213,14 +213,7 @@ async def _peak_rss(work: Any) -> tuple[Any, float]:
 
 async def _over_http(url: str, model: str, streams: int, tokens: int, seed0: int
                      ) -> dict[str, Any]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "xcosd.bench.http_streams", "--client", url, "--model", model,
-        "--streams", str(streams), "--tokens", str(tokens), "--seed", str(seed0),
-        stdout=asyncio.subprocess.PIPE)
-    out, _ = await proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"the HTTP client failed ({proc.returncode})")
-    return dict(json.loads(out.decode().strip().splitlines()[-1]))
+    return await over_http(url, model, streams, tokens, seed0, client="xcosd.bench.http_streams")
 
 
 # ------------------------------------------------------------------ reporting

@@ -56,7 +56,7 @@ from ..errors import ModelError
 from ..vocab import Vocabulary
 from ..vocab.llama import llama_table
 from .base import Session
-from .tree_scoring import leaf_paths
+from .tree_scoring import leaf_paths, score_tree_by_paths
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,30 @@ def _bindings() -> Any:
         raise ModelError(f"the llama.cpp backend needs llama-cpp-python ({e}); {INSTALL_HINT}") from e
     _init_backend(llama_cpp)
     return llama_cpp
+
+
+def own_llama(path: str | Path, n_ctx: int = 512, threads: int = 1, logits_all: bool = False
+              ) -> Any:
+    """llama-cpp-python's own ``Llama`` for ``path``, with the weights in their file
+    layout as :class:`LlamaCppModel` loads them: the reference its rows are tested
+    against and the loop its speed is compared with."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as bindings
+
+    _bindings()
+    default = bindings.llama_model_default_params
+
+    def plain_layout() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    bindings.llama_model_default_params = plain_layout  # what Llama() builds its params from
+    try:
+        return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
+                               n_threads_batch=threads, logits_all=logits_all, verbose=False)
+    finally:
+        bindings.llama_model_default_params = default
 
 
 def _missing_cpu_flags() -> list[str]:
@@ -416,7 +440,7 @@ class LlamaCppModel:
         if not paths:
             return self.score([(session, [])])[0]
         if len(paths) > self.tree_branches:
-            return self._tree_by_paths(session, paths, new)
+            return score_tree_by_paths(self, session, parents, new)
         if not s.prefix and not session.ids:
             raise ModelError(f"{self.name}: cannot score a tree after an empty context "
                              "without BOS/EOS")
@@ -454,18 +478,6 @@ class LlamaCppModel:
                     self._L.llama_memory_seq_rm(self._mem, q, -1, -1)
         session.cached = s.length - len(s.prefix)
         return rows
-
-    def _tree_by_paths(self, session: Session, paths: list[list[int]], ids: list[int]
-                       ) -> np.ndarray:
-        """:meth:`score_tree` one leaf path at a time (no scratch sequences to share)."""
-        base = len(session.ids)
-        out = np.empty((len(ids) + 1, self._n_vocab), dtype=np.float32)
-        for path in paths:
-            rows = self.score([(session, [ids[i] for i in path])])[0]
-            out[0] = rows[0]
-            out[[i + 1 for i in path]] = rows[1:]
-            self.rollback(session, base)
-        return out
 
     # -- internals ---------------------------------------------------------------
 
