@@ -40,7 +40,7 @@ def _draft(link: Pump, es: EdgeSession) -> Message:
     out = es.next_round()
     for ev in out.events:
         if isinstance(ev, DraftNeeded):
-            out = es.drafted(*link.drafters[es.s].run(ev))
+            out = es.take(link.drafters[es.s].run(ev))
     [msg] = out.send
     return msg
 

@@ -5,6 +5,8 @@ whole tree generations is ``tests/test_law_trees.py``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -85,11 +87,10 @@ def test_a_tree_sends_its_branching_rows_and_the_server_checks_them() -> None:
         want = q.astype(np.float64)
         want[taken] = 0.0
         np.testing.assert_allclose(rows[k], want / want.sum(), rtol=1e-6)
-    lying = DraftTree(tree.parents, tree.ids, tree.q_values * np.float32(0.5), tree.rows,
-                      tree.row_codec)
+    lying = dataclasses.replace(tree, q_values=tree.q_values * np.float32(0.5))
     with pytest.raises(ProtocolError, match="q\\(x\\)"):
         server_rows(m, lying, SPACE)
-    missing = DraftTree(tree.parents, tree.ids, tree.q_values, {}, tree.row_codec)
+    missing = dataclasses.replace(tree, rows={})
     with pytest.raises(ProtocolError, match="rows of nodes"):
         server_rows(m, missing, SPACE)
     # a committed top-k row: the children come from the committed row, and the

@@ -23,6 +23,7 @@ from xcosd.methods.base import (
     RequestKind,
     TokenReply,
 )
+from xcosd.methods.tree import DraftTree
 from xcosd.protocol import pack, unpack
 from xcosd.protocol.messages import (
     Close,
@@ -110,6 +111,18 @@ def cases() -> dict[str, Any]:
         "render_chat": Render(6, chat=(("system", "be brief"), ("user", "hi"))),
         "rendered": Rendered(5, ids(2, 9, 10)),
         "error_render": Error("unsupported", "no chat template", n=6),
+        # draft trees (protocol 5): a cloud that verifies them says how large; a tree
+        # block's parents, its rows' nodes and rows; one riding on the open; i.i.d.
+        "welcome_trees": Welcome(5, "srv", "o200k", "tfp0", 200019, (199999,),
+                                 ServerLimits(1 << 24, 64, 32, 5.0, 30.0, 64), True),
+        "draft_tree": DraftMsg(1, 4, 2, 42, DraftTree(
+            ids=ids(5, 6, 7, 8), q_values=np.array([0.5, 0.25, 1.0, 0.125], np.float32),
+            parents=ids(-1, -1, 0, 1), rows={-1: b"row-ctx"}, row_codec="sparse")),
+        "open_tree": Open(3, 1, "mfp", "xcosd-e", "f32", {}, 1.0, 0, 1.0, 5, "hi", 32,
+                          draft=DraftTree(ids=ids(5, 6), q_values=np.array([0.5, 0.25], np.float32),
+                                          parents=ids(-1, -1), rows={-1: b"r"}, row_codec="topk:4",
+                                          distinct=False)),
+        "verdict_tree_node": VerdictMsg(1, 2, 300, TokenReply(9), {}, 0, ack=4),
     }
 
 

@@ -167,7 +167,7 @@ class FaultyLink:
                 out = es.next_round()
                 for ev in out.events:
                     if isinstance(ev, DraftNeeded):
-                        out = es.drafted(*pump.drafters[es.s].run(ev))
+                        out = es.take(pump.drafters[es.s].run(ev))
                 edge_out(out)
                 if speculate:
                     n = int(rng.integers(0, es.drafting.ceiling + 4))

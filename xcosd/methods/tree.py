@@ -46,6 +46,7 @@ from .base import (
     ID_BYTES,
     VALUE_BYTES,
     DeviceState,
+    Draft,
     Method,
     RejectState,
     Reply,
@@ -170,6 +171,25 @@ class TreeShape:
                 out[0 if node < 0 else self.depths[node]].append(node)
         return out
 
+    @property
+    def is_chain(self) -> bool:
+        """No node with two or more children: a chain (or nothing)."""
+        return all(len(c) <= 1 for c in self.children)
+
+    def pruned(self, max_depth: int, max_nodes: int) -> TreeShape:
+        """The nodes at depth ``max_depth`` or less, then the first ``max_nodes`` of
+        them in index order (parents come before children, so what is kept is a
+        tree): a shape fitted to what a generation has left and a cloud verifies."""
+        keep: dict[int, int] = {-1: -1}
+        parents: list[int] = []
+        for i, p in enumerate(self.parents):
+            if len(parents) >= max_nodes:
+                break
+            if self.depths[i] <= max_depth and p in keep:
+                keep[i] = len(parents)
+                parents.append(keep[p])
+        return TreeShape(tuple(parents))
+
     def path(self, node: int) -> list[int]:
         """The nodes from the context's child down to ``node``."""
         out: list[int] = []
@@ -194,16 +214,16 @@ class TreeShape:
 # ------------------------------------------------------------------ the uplink
 
 
-@dataclass(frozen=True, eq=False)
-class DraftTree:
-    """Uplink of one tree round: each node's parent, its token (a target id) and
-    ``q(x)`` from its parent's row, and the encoded committed rows of the nodes the
+@dataclass(frozen=True, eq=False, kw_only=True)
+class DraftTree(Draft):
+    """Uplink of one tree round: a :class:`~xcosd.methods.base.Draft` whose ``ids`` and
+    ``q_values`` are the nodes' (a target id each, and ``q(x)`` from the row it was
+    drawn from), with each node's parent, the encoded committed rows of the nodes the
     server needs them for (``rows[node]``, ``-1`` for the context), all with
-    ``row_codec``."""
+    ``row_codec``, and the sibling scheme. A chain is the tree whose node ``i`` hangs
+    from node ``i - 1``; what crosses for it is the plain :class:`Draft`."""
 
     parents: np.ndarray
-    ids: np.ndarray
-    q_values: np.ndarray
     rows: dict[int, bytes]
     row_codec: str
     #: siblings drawn without replacement (:class:`Siblings`), else i.i.d.
@@ -468,12 +488,47 @@ def verify_tree(method: Method, p: Rows, draft: DraftTree, space: Space,
                 nxt = residual(r, qs[node][k], space)
                 r = r if nxt is None else nxt
         if accepted is None:
-            last = kids[-1]
-            state = RejectState(p_raw=r, p_star=r, rejected=int(draft.ids[last]),
-                                q_common=qs[node][-1] if node in qs else None)
+            state = _reject_state(draft, node, r, qs)
             return TreeVerified(path, node, method.on_reject(state, space, rng), state, tested)
         path.append(accepted)
         node = accepted
+
+
+def _reject_state(draft: DraftTree, node: int, r: np.ndarray,
+                  qs: dict[int, list[np.ndarray]]) -> RejectState:
+    """The rejection of every child of ``node``, ``r`` being the row its last child
+    was tested against."""
+    last = draft.shape.children[node + 1][-1]
+    return RejectState(p_raw=r, p_star=r, rejected=int(draft.ids[last]),
+                       q_common=qs[node][-1] if node in qs else None)
+
+
+def rebuild_tree_reject(method: Method, p: Rows, draft: DraftTree, node: int, space: Space,
+                        *, candidate_rounds: int = 0, fallback_sent: bool = False
+                        ) -> RejectState:
+    """The server's state after every child of ``node`` was rejected, rebuilt from the
+    rows alone: a tree round's :func:`~xcosd.methods.round.rebuild_reject`, for a round
+    whose verdict the device saw before a cloud restart lost it. Exact for the same
+    reason: the residual each rejected sibling leaves is a function of the committed
+    row and the committed draft rows, not of the walk's random numbers."""
+    check_tree_method(method)
+    check_tree(draft, space)
+    kids = draft.shape.children[node + 1] if -1 <= node < draft.size else ()
+    if not kids:
+        raise ValueError(f"node {node} of a {draft.size}-node tree has no children to reject")
+    if len(p) < draft.size + 1:
+        raise InvalidDistribution(f"a {draft.size}-node tree needs {draft.size + 1} target "
+                                  f"rows, got {len(p)}")
+    qs = server_rows(method, draft, space)
+    r = np.asarray(method.commit_row(np.asarray(p[node + 1], dtype=np.float32), space),
+                   dtype=np.float32)
+    for k in range(len(kids) - 1):
+        nxt = residual(r, qs[node][k], space)
+        r = r if nxt is None else nxt
+    state = _reject_state(draft, node, r, qs)
+    state.candidate_rounds = int(candidate_rounds)
+    state.fallback_sent = bool(fallback_sent)
+    return state
 
 
 __all__ = [
@@ -491,6 +546,7 @@ __all__ = [
     "device_state",
     "draft_tree",
     "draw_child",
+    "rebuild_tree_reject",
     "residual",
     "rows_needed",
     "server_rows",

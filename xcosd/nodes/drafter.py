@@ -19,7 +19,9 @@ from ..errors import InvalidDistribution, VocabError
 from ..methods.base import Method, Space
 from ..methods.round import draft_token
 from ..methods.tli import restrict_kept_support, restrict_to_common
+from ..methods.tree import DraftedTree, TreeShape, draft_tree
 from ..models.base import LanguageModel, Session
+from ..models.tree_scoring import rows_after
 from ..protocol.edge import DraftNeeded
 from ..sampling import SamplingParams, warp, warp_kept
 from ..vocab import VocabMap
@@ -98,17 +100,65 @@ class Drafter:
             self.session = self.model.start(self.prompt_ids)
         return self.session
 
-    def run(self, need: DraftNeeded) -> Drafts:
+    def run(self, need: DraftNeeded) -> Drafts | DraftedTree:
         """Apply the context edits ``need`` carries, then draft up to ``need.length``
         tokens: ``(target ids, TLI rows q, rows sampled from)``. Speculated tokens the
-        edits confirm come first (see the class docstring).
+        edits confirm come first (see the class docstring). With a ``shape``, draft
+        that tree instead (:meth:`tree`). Hand the result to
+        :meth:`~xcosd.protocol.edge.EdgeSession.take`.
 
         Stops early when the draft puts no mass on V_C (nothing can be drafted).
         """
         self._start()
         ready = self._edit(need.drop, need.append)
         es = need.session
+        if need.shape is not None:
+            if ready:  # speculated past the last block: a tree starts at the context
+                assert self.session is not None
+                self.model.rollback(self.session, self.length)
+            return self.tree(need.shape, es.method, es.space, es.rng, need.row_codec,
+                             need.distinct)
         return self.draft(need.length, es.method, es.space, es.rng, need.stop_below, ready)
+
+    def tree(self, shape: TreeShape, method: Method, space: Space, rng: np.random.Generator,
+             row_codec: str | None = None, distinct: bool = True) -> DraftedTree:
+        """Draft a tree of ``shape`` at the model's context, which is left as it was:
+        a depth's rows in one call (:func:`~xcosd.models.tree_scoring.rows_after`: one
+        forward for a model with a tree scorer), each node's children drawn from its
+        TLI row (``xcosd.methods.tree.draft_tree``)."""
+        session = self._start()
+        spell = self.vmap.target_to_draft
+
+        def rows_at(nodes: list[int], ids: list[int]) -> list[np.ndarray]:
+            spelled = [[int(spell[t])] for t in ids]
+            rows = rows_after(self.model, session, shape.parents, spelled, nodes)
+            # a row without mass on V_C: any proposal on V_C keeps the law, and a
+            # tree's shape is fixed, so the uniform one
+            uniform = np.full(space.n_common, 1.0 / space.n_common, dtype=np.float32)
+            return [uniform if (got := self._tli(row)) is None else got[0] for row in rows]
+
+        return draft_tree(method, shape, rows_at, space, rng, row_codec, distinct=distinct)
+
+    def _tli(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The TLI row (V_C order) of a draft row and, where the warpers kept few
+        tokens, its support; where the warped draft puts no mass on V_C, the draft's
+        V_C part warped instead (any proposal on V_C keeps the output exact); ``None``
+        where that has none either."""
+        try:
+            if self.params.identity:  # no warper: what warp_kept would hand back as is
+                return restrict_to_common(row, self.vmap.common_draft_index), None
+            # the TLI vector restrict_to_common(warp(row)), from the kept set only
+            return restrict_kept_support(warp_kept(row, self.params), self.vmap.common_draft_ids,
+                                         self.vmap.draft_to_common)
+        except InvalidDistribution:
+            # The warped draft has no mass on V_C (greedy picked a draft-only
+            # token, say): warp the draft's V_C part instead. Any proposal on V_C
+            # keeps the output exact; this one keeps drafting.
+            try:
+                return warp(restrict_to_common(row, self.vmap.common_draft_index),
+                            self.params), None
+            except InvalidDistribution:
+                return None
 
     def _edit(self, drop: int, append: list[int]) -> list[Speculated]:
         """Bring the committed context in step with the edits; the speculated
@@ -184,23 +234,10 @@ class Drafter:
         the draft puts no mass on V_C."""
         assert self.session is not None
         row = self.model.score([(self.session, [])])[0][-1]
-        try:
-            if self.params.identity:  # no warper: what warp_kept would hand back as is
-                q, support = restrict_to_common(row, self.vmap.common_draft_index), None
-            else:
-                # the TLI vector restrict_to_common(warp(row)), from the kept set only
-                q, support = restrict_kept_support(warp_kept(row, self.params),
-                                                   self.vmap.common_draft_ids,
-                                                   self.vmap.draft_to_common)
-        except InvalidDistribution:
-            # The warped draft has no mass on V_C (greedy picked a draft-only
-            # token, say): warp the draft's V_C part instead. Any proposal on V_C
-            # keeps the output exact; this one keeps drafting.
-            try:
-                q, support = warp(restrict_to_common(row, self.vmap.common_draft_index),
-                                  self.params), None
-            except InvalidDistribution:
-                return None
+        got = self._tli(row)
+        if got is None:
+            return None
+        q, support = got
         tid, qr = draft_token(method, q, space, rng, support)
         did = int(self.vmap.target_to_draft[tid])
         self.model.append(self.session, [did])

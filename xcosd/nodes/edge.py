@@ -53,6 +53,7 @@ import numpy as np
 from ..config import GenerationConfig
 from ..errors import ProtocolError, TransportError, XcosdError
 from ..methods import FullVectorReply, HybridReply, Method, Space, get_method
+from ..methods.tree import DraftTree
 from ..models.base import ContextModel, LanguageModel
 from ..protocol import pack
 from ..protocol.draft_length import DraftLength
@@ -1188,8 +1189,8 @@ class EdgeNode:
         out = es.next_round()
         for ev in out.events:
             if isinstance(ev, DraftNeeded):  # the draft model runs in the worker
-                out = es.drafted(*(await self._in_worker(drafter.run, ev) if self.draft_thread
-                                   else drafter.run(ev)))
+                out = es.take(await self._in_worker(drafter.run, ev) if self.draft_thread
+                              else drafter.run(ev))
         [msg] = out.send
         drafting_s = time.perf_counter() - t
         st.draft_compute_s += drafting_s
@@ -1208,9 +1209,12 @@ class EdgeNode:
         # what the draft-length policy may measure (draft_cost="auto"): a draft
         # step's seconds (of the tokens drawn now, not the speculated ones taken),
         # and when the draft left (its verdict closes the round)
-        fresh = drafted - (drafter.reused - reused)
+        # (a tree's draft steps are its depths: each one is a call)
+        fresh = (block.shape.depth if isinstance(block, DraftTree)
+                 else drafted - (drafter.reused - reused))
         timing = (drafting_s / fresh if fresh else None, time.perf_counter())
-        stop = self._speculate(es, drafter) if speculate and drafted else None
+        stop = (self._speculate(es, drafter) if speculate and drafted and not es.tree_round
+                else None)
         try:
             await self._finish_round(es, inbox, st, trace, on_text, before, timing, stop)
         finally:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..methods import Space, get_method
+from ..methods.tree import TreeShape
 from ..models.base import LanguageModel
 from ..protocol import (
     CloudConfig,
@@ -40,6 +41,7 @@ from ..protocol import (
     unpack,
 )
 from ..protocol.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST
+from ..protocol.tree_shape import DEFAULT_MAX_TREE
 from ..sampling import SamplingParams
 from ..transport import LinkSpec, sequence_latency
 from ..transport.zeromq import zmtp_overhead
@@ -94,12 +96,13 @@ class Pump:
 
     def __init__(self, target: LanguageModel, draft: LanguageModel, *,
                  vmap: VocabMap | None = None, max_sessions: int = 64, max_draft: int = 32,
-                 max_message: int = 16 << 20, on_device: bool = False) -> None:
+                 max_message: int = 16 << 20, on_device: bool = False,
+                 max_tree: int = DEFAULT_MAX_TREE) -> None:
         self.target, self.draft = target, draft
         #: verify next to the target's rows, in torch (:func:`score_on_device`): the
         #: target offers ``score_tensors``
         self.on_device = on_device
-        self.limits = ServerLimits(max_message, max_sessions, max_draft, 5.0, 30.0)
+        self.limits = ServerLimits(max_message, max_sessions, max_draft, 5.0, 30.0, max_tree)
         self.config = CloudConfig(target.vocab, target.tokenize, self.limits, "local")
         self.cloud = CloudConnection(self.config, b"local")
         self.vmap = vmap or VocabMap(draft.vocab, target.vocab)
@@ -167,7 +170,9 @@ class Pump:
                 max_new_tokens: int = 8, params: SamplingParams | None = None,
                 seed: int | None = 0, draft_len: int = 4, adaptive_draft: bool = True,
                 draft_confidence: float = DEFAULT_CONFIDENCE, max_draft_len: int = DEFAULT_CAP,
-                draft_cost: float | str = DEFAULT_COST, **options: Any) -> EdgeSession:
+                draft_cost: float | str = DEFAULT_COST, tree: TreeShape | str | None = None,
+                tree_row_codec: str | None = None, tree_distinct: bool = True,
+                **options: Any) -> EdgeSession:
         """A new generation's state machine (not opened yet) and its drafter (the
         draft-length policy as :class:`~xcosd.config.GenerationConfig` has it; the
         pump measures no times, so ``draft_cost="auto"`` keeps the default cost)."""
@@ -181,7 +186,9 @@ class Pump:
                          stop_ids=welcome.stop_ids, draft_len=draft_len,
                          max_draft=welcome.limits.max_draft, seed=seed,
                          adaptive_draft=adaptive_draft, draft_confidence=draft_confidence,
-                         max_draft_len=max_draft_len, draft_cost=draft_cost)
+                         max_draft_len=max_draft_len, draft_cost=draft_cost, tree=tree,
+                         max_tree=welcome.limits.max_tree, tree_row_codec=tree_row_codec,
+                         tree_distinct=tree_distinct)
         self.drafters[es.s] = Drafter(self.draft, self.vmap, params, prompt)
         return es
 
@@ -191,7 +198,7 @@ class Pump:
         out = es.next_round()
         for ev in out.events:
             if isinstance(ev, DraftNeeded):
-                out = es.drafted(*self.drafters[es.s].run(ev))
+                out = es.take(self.drafters[es.s].run(ev))
         self._stats.draft_compute_s += time.perf_counter() - t0
         [msg] = out.send
         return msg

@@ -80,6 +80,7 @@ import numpy as np
 from ..errors import ModelError, XcosdError
 from ..methods.base import TokenReply
 from ..models.base import LanguageModel
+from ..models.tree_scoring import score_tree
 from ..protocol.cloud import CloudSession, RoundOutcome, ScoreNeeded
 from ..sampling import WHOLE_ROW_MAX, SamplingParams, warp
 from .merging import MergePolicy
@@ -211,8 +212,11 @@ def score_rows(model: LanguageModel, batch: Sequence[ScoreNeeded],
     for i, req in enumerate(batch):
         try:
             _prepare(model, req)
-            prepared.append((i, req))
-        except Exception as e:  # the model refused this session's context
+            if req.parents is None:
+                prepared.append((i, req))
+            else:  # a draft tree: its own call, in one forward where the model can
+                out[i] = score_tree(model, req.session.handle, req.parents, req.new_ids)
+        except Exception as e:  # the model refused this session's context or tree
             out[i] = _failed(e)
     rows: dict[int, Any] = {}
     if prepared:
@@ -268,6 +272,9 @@ def score_on_device(model: Any, batch: Sequence[ScoreNeeded]) -> list[RoundOutco
         if out[i] is not None:
             continue
         sess = req.session
+        if isinstance(x, np.ndarray):  # a tree's rows (score_tree): verified on the host
+            out[i] = _verify(sess, x)
+            continue
         if not supported(sess.method):
             out[i] = _verify(sess, x.float().cpu().numpy())
             continue

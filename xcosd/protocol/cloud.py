@@ -59,6 +59,14 @@ from ..methods.base import (
     TokenReply,
 )
 from ..methods.round import rebuild_reject, verify_block
+from ..methods.tree import (
+    DraftTree,
+    check_tree,
+    check_tree_method,
+    rebuild_tree_reject,
+    server_rows,
+    verify_tree,
+)
 from ..sampling import SamplingParams, WarpedRows
 from ..vocab import Vocabulary
 from .errors import error_code
@@ -162,6 +170,10 @@ class ScoreNeeded:
     new_ids: list[int]
     #: set by the node: when the request entered the queue (for queue-wait metrics)
     enqueued_at: float = 0.0
+    #: a draft tree's parents (``new_ids`` are its nodes): score it with
+    #: :func:`~xcosd.models.tree_scoring.score_tree`, whose rows are after the
+    #: context and after each node's path, and which leaves the context as it was
+    parents: list[int] | None = None
 
 
 @dataclass(eq=False)
@@ -193,6 +205,8 @@ class RoundVerified:
     session: CloudSession
     drafted: int
     accepted: int
+    #: a tree round's shape (``TreeShape.label``); ``None`` for a chain
+    shape: str | None = None
 
 
 @dataclass(eq=False)
@@ -320,6 +334,9 @@ class RoundOutcome:
     #: a redone round (:class:`~xcosd.protocol.messages.Redo`): ``reply`` answers the
     #: edge's pending follow-up, not the draft
     redo: bool = False
+    #: a tree round's accepted path (node indices from the context down); ``accepted``
+    #: is then the verdict's ``n``, the index + 1 of the node the walk stopped at
+    path: list[int] | None = None
 
 
 class CloudSession:
@@ -441,12 +458,24 @@ class CloudSession:
             p = (rows if self.params.identity
                  else warped if warped is not None else WarpedRows(rows, self.params))
             redo = self.redo
+            tree = draft if isinstance(draft, DraftTree) else None
             if redo is not None:
+                if tree is not None:
+                    node = redo.accepted - 1
+                    state = rebuild_tree_reject(m, p, tree, node, sp,
+                                                candidate_rounds=redo.candidate_rounds,
+                                                fallback_sent=redo.fallback)
+                    reply = m.on_request(state, Request(redo.kind), sp, self.rng)
+                    return RoundOutcome(redo.accepted, reply, state, redo=True,
+                                        path=tree.shape.path(node))
                 state = rebuild_reject(m, p, draft, redo.accepted, sp,
                                        candidate_rounds=redo.candidate_rounds,
                                        fallback_sent=redo.fallback)
                 reply = m.on_request(state, Request(redo.kind), sp, self.rng)
                 return RoundOutcome(redo.accepted, reply, state, redo=True)
+            if tree is not None:
+                t = verify_tree(m, p, tree, sp, self.rng)
+                return RoundOutcome(t.node + 1, t.reply, t.reject, path=t.path)
             v = verify_block(m, p, draft, sp, self.rng)
             return RoundOutcome(v.accepted, v.reply, v.reject)
         except XcosdError as e:
@@ -513,15 +542,22 @@ class CloudConnection:
         draft = session.draft
         assert draft is not None
         d = draft.length
-        session.committed += n
+        path = outcome.path
+        # a chain's accepted drafts stay in the model's context; a tree's never entered
+        # it (score_tree leaves the context as it was): its path is committed the way a
+        # bonus is, appended before the next round's scoring
+        kept = n if path is None else 0
+        walked = [] if path is None else [int(draft.ids[v]) for v in path]
+        n_acc = n if path is None else len(path)
+        session.committed += kept
         session.reject = outcome.reject
         if outcome.redo:  # the verdict was given before the restart; answer the follow-up
             session.redo = None
-            session.generated += n
+            session.generated += n_acc
             session.requests += 1
             session.final_token = (int(outcome.reply.token)
                                    if isinstance(outcome.reply, TokenReply) else None)
-            session.pending = []
+            session.pending = walked
             session.advance(CloudStep.REJECTED)
             reply = ReplyMsg(session.s, session.round, outcome.reply,
                              self._other_bytes(session.space, outcome.reply),
@@ -530,15 +566,15 @@ class CloudConnection:
             return CloudOutput([reply])
         session.rounds += 1
         session.drafted += d
-        session.accepted += n
-        session.generated += n + (1 if outcome.reject is None else 0)
+        session.accepted += n_acc
+        session.generated += n_acc + (1 if outcome.reject is None else 0)
         if outcome.reject is None:
             assert isinstance(outcome.reply, TokenReply)
-            session.pending = [int(outcome.reply.token)]
+            session.pending = [*walked, int(outcome.reply.token)]
             session.final_token = None
             session.advance(CloudStep.ACCEPTED)
         else:
-            session.pending = []
+            session.pending = walked
             session.final_token = (int(outcome.reply.token)
                                    if isinstance(outcome.reply, TokenReply) else None)
             session.advance(CloudStep.REJECTED)
@@ -546,7 +582,8 @@ class CloudConnection:
                          self._other_bytes(session.space, outcome.reply),
                          int(outcome.compute_s * 1e6), ack=session.draft_seq)
         session.last_answer = msg
-        return CloudOutput([msg], [RoundVerified(session, d, n)])
+        label = draft.shape.label if isinstance(draft, DraftTree) else None
+        return CloudOutput([msg], [RoundVerified(session, d, n_acc, label)])
 
     def rendered(self, n: int, ids: list[int] | None = None,
                  error: XcosdError | None = None) -> CloudOutput:
@@ -765,7 +802,10 @@ class CloudConnection:
                                 f"{sess.next_round}", code=code)
         sp, m, draft = sess.space, sess.method, msg.draft
         d = draft.length
-        if d > self.config.limits.max_draft:
+        tree = draft if isinstance(draft, DraftTree) else None
+        # a round commits at most its depth + 1 tokens: a chain's length, a tree's depth
+        depth = d if tree is None else self._check_tree(m, tree, sp)
+        if tree is None and d > self.config.limits.max_draft:
             raise ProtocolError(f"draft of {d} tokens exceeds the limit of "
                                 f"{self.config.limits.max_draft}", code="bad_field")
         if d and not m.drafts:
@@ -773,20 +813,24 @@ class CloudConnection:
         ids = draft.ids.tolist()
         if d and (max(ids) >= sp.target_size or int(sp.to_common[draft.ids].min()) < 0):
             raise ProtocolError("a drafted id is not in V_C", code="bad_token")
-        self._check_vectors(m, draft)
+        if tree is None:
+            self._check_vectors(m, draft)
         # max_new_tokens binds the cloud too: a round may not start past it, nor draft
         # more than it leaves room for (the edge drafts at most remaining - 1)
         left = sess.max_new_tokens - sess.generated - (sess.phase is CloudPhase.RESOLVING)
-        if left <= 0 or d > left - 1:
-            raise ProtocolError(f"session {sess.s}: a round of {d} drafts exceeds what is left "
-                                f"of max_new_tokens={sess.max_new_tokens} ({max(left, 0)} "
-                                "tokens)", code="bad_field")
+        if left <= 0 or depth > left - 1:
+            raise ProtocolError(f"session {sess.s}: a round of {depth} drafts exceeds what is "
+                                f"left of max_new_tokens={sess.max_new_tokens} "
+                                f"({max(left, 0)} tokens)", code="bad_field")
         redo = msg.redo
         if redo is not None:
             if sess.rounds or sess.requests or sess.phase is not CloudPhase.IDLE:
                 raise ProtocolError(f"session {sess.s}: a redone round must be the first "
                                     "after the open", code="state")
-            if not 0 <= redo.accepted < d:
+            was_rejection = (0 <= redo.accepted < d if tree is None
+                             else 0 <= redo.accepted <= d
+                             and bool(tree.shape.children[redo.accepted]))
+            if not was_rejection:
                 raise ProtocolError(f"session {sess.s}: redone round accepts {redo.accepted} "
                                     f"of {d} drafts: it was a rejection", code="bad_field")
         append = list(sess.pending)
@@ -800,7 +844,8 @@ class CloudConnection:
         elif msg.token is not None:
             raise ProtocolError(f"session {sess.s}: no rejection to resolve in round "
                                 f"{sess.round}", code="bad_token")
-        req = ScoreNeeded(sess, sess.start_ids, sess.committed, append, ids)
+        req = ScoreNeeded(sess, sess.start_ids, sess.committed, append, ids,
+                          parents=None if tree is None else tree.parents.tolist())
         sess.start_ids = None
         sess.committed += len(append)
         if sess.phase is CloudPhase.RESOLVING:
@@ -814,6 +859,29 @@ class CloudConnection:
         sess.next_round = msg.r + 1
         sess.advance(CloudStep.DRAFT)
         return CloudOutput([], [req])
+
+    def _check_tree(self, m: Method, tree: DraftTree, sp: Space) -> int:
+        """A tree block as this cloud verifies it (its size within ``max_tree``, a
+        method and codec trees keep exact, a tree whose rows decode and whose ``q(x)``
+        are its rows' values); its depth. Refused before anything is scored, so the
+        session keeps its phase and the edge may send another block."""
+        cap = self.config.limits.max_tree
+        if tree.size > cap:
+            raise ProtocolError(f"a draft tree of {tree.size} nodes exceeds this cloud's limit "
+                                f"of {cap}" + (" (it verifies chains only)" if not cap else ""),
+                                code="bad_field")
+        try:
+            check_tree_method(m)
+        except ValueError as e:
+            raise ProtocolError(f"no draft trees here: {e}", code="method") from e
+        check_tree(tree, sp)
+        try:
+            server_rows(m, tree, sp)
+        except (ValueError, XcosdError) as e:
+            if isinstance(e, ProtocolError):
+                raise
+            raise ProtocolError(f"a tree's rows do not decode: {e}", code="bad_vector") from e
+        return tree.shape.depth
 
     @staticmethod
     def _check_vectors(m: Method, draft: Draft) -> None:

@@ -69,6 +69,7 @@ from ..methods.base import (
     Space,
     TokenReply,
 )
+from ..methods.tree import DraftedTree, TreeShape, check_tree_method, device_state
 from ..sampling import SamplingParams
 from ..vocab import VocabMap, Vocabulary
 from .draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST, DraftLength
@@ -92,6 +93,7 @@ from .messages import (
     Welcome,
 )
 from .output import Output
+from .tree_shape import RankRates, walk_ranks
 from .vocab_transfer import table_to_vocab, upload_for
 
 # ---------------------------------------------------------------------- handshake
@@ -237,6 +239,8 @@ class RoundSettled:
     extra_trips: int
     trials: int
     fallbacks: int
+    #: a tree round's shape (``TreeShape.label``); ``None`` for a chain
+    shape: str | None = None
 
 
 class FinishReason(enum.StrEnum):
@@ -282,6 +286,13 @@ class DraftNeeded:
     #: stop after a drafted token whose probability was below this
     #: (:class:`~xcosd.protocol.draft_length.DraftLength`; 0: draft ``length``)
     stop_below: float = 0.0
+    #: draft a tree of this shape instead of a chain (``xcosd.methods.tree.draft_tree``,
+    #: its rows through ``row_codec``, siblings without replacement when ``distinct``),
+    #: leaving the draft model's context as it was; hand it to
+    #: :meth:`EdgeSession.drafted_tree`
+    shape: TreeShape | None = None
+    row_codec: str | None = None
+    distinct: bool = True
 
 
 EdgeEvent = TokensEmitted | RoundSettled | Finished | SessionReady | Retry | DraftNeeded
@@ -361,7 +372,9 @@ class EdgeSession:
                  prompt_ids: np.ndarray | None = None, adaptive_draft: bool = True,
                  draft_confidence: float = DEFAULT_CONFIDENCE,
                  max_draft_len: int = DEFAULT_CAP,
-                 draft_cost: float | str = DEFAULT_COST) -> None:
+                 draft_cost: float | str = DEFAULT_COST,
+                 tree: TreeShape | str | None = None, max_tree: int = 0,
+                 tree_row_codec: str | None = None, tree_distinct: bool = True) -> None:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if draft_len < 0:
@@ -383,6 +396,19 @@ class EdgeSession:
         self.drafting = DraftLength(draft_len, max_draft_len, draft_confidence, adaptive_draft,
                                     DEFAULT_COST if auto else float(draft_cost), auto)
         self.options = dict(options if options is not None else method.options())
+        #: draft trees: a fixed shape, ``"auto"`` (:class:`RankRates` picks each round's
+        #: shape, chains and ``ar`` included) or ``None`` (chains, by ``drafting``).
+        #: ``max_tree``: the most nodes the cloud verifies (its welcome's; 0: chains
+        #: only, and a tree asked for is drafted as chains: negotiated down)
+        if isinstance(tree, str) and tree != "auto":
+            tree = TreeShape.parse(tree)
+        if tree is not None:
+            check_tree_method(method)
+        self.tree = tree
+        self.max_tree = int(max_tree)
+        self.tree_row_codec = tree_row_codec
+        self.tree_distinct = bool(tree_distinct)
+        self.tree_rates = RankRates()
         ss = np.random.SeedSequence(seed)
         dev, srv = ss.spawn(2)
         self.rng = np.random.default_rng(dev)
@@ -408,6 +434,11 @@ class EdgeSession:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending_token: int | None = None
         self._draft: Draft | None = None
+        #: this round's tree (``None``: a chain) and the path its verdict accepted
+        self._tree: DraftedTree | None = None
+        self._path: list[int] = []
+        #: this round's shape under the tree policy (a chain's too), for its estimates
+        self._shape: TreeShape | None = None
         self._q_rows: list[np.ndarray] = []
         self._dev: DeviceState | None = None
         #: draft-context edits not yet handed to the drafter (see DraftNeeded)
@@ -445,7 +476,7 @@ class EdgeSession:
         if self.phase is EdgePhase.WAITING or (self.phase is EdgePhase.RESOLVING
                                                and self._request_kind is None):
             self._edit(self._drafted, [])  # the round in flight is abandoned
-            self._draft = self._dev = None
+            self._draft = self._dev = self._tree = None
         self._redo = self._redo or (self.phase is EdgePhase.RESOLVING
                                     and self._request_kind is not None)
         self._advance(EdgeStep.OPEN)
@@ -488,7 +519,26 @@ class EdgeSession:
         """How many tokens to draft this round (0: the cloud samples the next token)."""
         if not self.method.drafts:
             return 0
-        return max(0, min(self.drafting.ceiling, self.remaining - 1, self.max_draft))
+        most = self.drafting.ceiling if self._shape is None else self._shape.size
+        return max(0, min(most, self.remaining - 1, self.max_draft))
+
+    def round_shape(self) -> TreeShape | None:
+        """The draft tree this round drafts (a chain included, under the tree policy),
+        fitted to what is left to generate and to the cloud's ``max_tree``; ``None``
+        where rounds draft chains by the length policy (no trees asked for, or a cloud
+        that verifies none: negotiated down). Fixed from past verdicts alone, before
+        anything of the round is drawn, so any choice keeps the law."""
+        if self.tree is None or not self.method.drafts or self.max_tree < 2:
+            return None
+        shape = (self.tree if isinstance(self.tree, TreeShape)
+                 else self.tree_rates.best(self.drafting.cost))
+        return shape.pruned(max(self.remaining - 1, 0), self.max_tree)
+
+    @property
+    def tree_round(self) -> bool:
+        """Whether the round in flight is a tree's (the drafter does not speculate past
+        it: a tree leaves the draft model's context where it was)."""
+        return self._tree is not None
 
     def next_round(self) -> EdgeOutput:
         """Start the next round: a :class:`DraftNeeded` event when the round drafts,
@@ -503,13 +553,43 @@ class EdgeSession:
         if self.phase is not EdgePhase.READY and self.phase is not EdgePhase.NEW:
             raise ProtocolError(f"session {self.s}: cannot start a round in phase "
                                 f"{self.phase.value}", code="state")
+        self._shape = shape = self.round_shape()
+        if shape is not None and not shape.is_chain:
+            self._advance(EdgeStep.DRAFT_NEEDED)
+            need = DraftNeeded(self, shape.size, self._drop, self._append, 0.0, shape,
+                               self.tree_row_codec, self.tree_distinct)
+            self._drop, self._append = 0, []
+            return EdgeOutput([], [need])
         d = self.round_length()
         if d == 0:
             return self._send_draft(np.zeros(0, dtype=np.int64), [], [])
         self._advance(EdgeStep.DRAFT_NEEDED)
-        need = DraftNeeded(self, d, self._drop, self._append, self.drafting.stop_below)
+        need = DraftNeeded(self, d, self._drop, self._append,
+                           self.drafting.stop_below if shape is None else 0.0)
         self._drop, self._append = 0, []
         return EdgeOutput([], [need])
+
+    def take(self, got: tuple[np.ndarray, list[np.ndarray], list[np.ndarray]] | DraftedTree
+             ) -> EdgeOutput:
+        """The drafter's answer to :class:`DraftNeeded`, whichever it drafted: a chain's
+        ``(ids, TLI rows, rows sampled from)`` (:meth:`drafted`) or a tree
+        (:meth:`drafted_tree`)."""
+        if isinstance(got, DraftedTree):
+            return self.drafted_tree(got)
+        return self.drafted(*got)
+
+    def drafted_tree(self, drafted: DraftedTree) -> EdgeOutput:
+        """The drafter's answer to a :class:`DraftNeeded` with a ``shape``: the tree
+        it drew (the draft model's context left as it was). Returns the message."""
+        if self.phase is not EdgePhase.DRAFTING or self._shape is None:
+            raise ProtocolError(f"session {self.s}: a tree arrived in phase "
+                                f"{self.phase.value}", code="state")
+        if drafted.draft.shape.parents != self._shape.parents:
+            raise ValueError("the drafted tree is not the shape asked for")
+        self._tree = drafted
+        out = self._send_block(drafted.draft, [])
+        self._drafted = 0  # nothing of a tree entered the draft model's context
+        return out
 
     def drafted(self, ids: np.ndarray, q_raw: list[np.ndarray],
                 q_rows: list[np.ndarray]) -> EdgeOutput:
@@ -528,8 +608,13 @@ class EdgeSession:
                     q_rows: list[np.ndarray]) -> EdgeOutput:
         draft = (self.method.draft_message(ids, q_raw, self.space) if ids.shape[0]
                  else Draft(ids=ids, q_values=np.zeros(0, dtype=np.float32)))
+        self._tree = None
+        return self._send_block(draft, q_rows)
+
+    def _send_block(self, draft: Draft, q_rows: list[np.ndarray]) -> EdgeOutput:
         self._draft, self._q_rows = draft, q_rows
-        self._drafted = int(ids.shape[0])
+        self._drafted = draft.length
+        self._path = []
         self._trips = 0
         msg: Message
         if not self.opens:  # round 0 of a new session: it rides on the open
@@ -619,6 +704,8 @@ class EdgeSession:
     def _verdict(self, msg: VerdictMsg) -> EdgeOutput:
         draft = self._draft
         assert draft is not None
+        if self._tree is not None:
+            return self._tree_verdict(self._tree, msg)
         d, n = draft.length, msg.accepted
         if n > d:
             raise ProtocolError(f"verdict accepts {n} of {d} drafts", code="bad_field")
@@ -629,6 +716,27 @@ class EdgeSession:
                                     code="bad_field")
             return self._settle(int(msg.reply.token), msg.other_bytes)
         self._dev = DeviceState(q_common=self._q_rows[n], rejected=int(draft.ids[n]))
+        self._advance(EdgeStep.REJECTED)
+        return self._resolve(msg.reply, msg.other_bytes)
+
+    def _tree_verdict(self, drafted: DraftedTree, msg: VerdictMsg) -> EdgeOutput:
+        """A tree round's verdict: ``n`` names the node the walk stopped at (its index
+        + 1, 0 for the context), whose path is the accepted one; a leaf ends with a
+        bonus token, a node with children with the method's payload for the
+        rejection of every one of them."""
+        shape = drafted.draft.shape
+        n = msg.accepted
+        if not 0 <= n <= shape.size:
+            raise ProtocolError(f"verdict names node {n - 1} of a {shape.size}-node tree",
+                                code="bad_field")
+        self._accepted = n
+        self._path = shape.path(n - 1)
+        if not shape.children[n]:
+            if not isinstance(msg.reply, TokenReply):
+                raise ProtocolError("a full acceptance must carry a bonus token",
+                                    code="bad_field")
+            return self._settle(int(msg.reply.token), msg.other_bytes)
+        self._dev = device_state(drafted, n - 1)
         self._advance(EdgeStep.REJECTED)
         return self._resolve(msg.reply, msg.other_bytes)
 
@@ -668,15 +776,30 @@ class EdgeSession:
     def _settle(self, token: int, other: dict[int, bytes]) -> EdgeOutput:
         draft = self._draft
         assert draft is not None
-        n = self._accepted
         dev = self._dev
-        new = [*draft.ids[:n].tolist(), token]
-        self.drafting.settled(draft.length, n)
-        # the draft model keeps the accepted drafts and the token's draft spelling
-        self._edit(self._drafted - n, self._draft_ids(token, other))
+        tree = self._tree
+        if tree is None:
+            n = self._accepted
+            path = draft.ids[:n].tolist()
+            # the draft model keeps the accepted drafts and the token's draft spelling
+            self._edit(self._drafted - n, self._draft_ids(token, other))
+            self.drafting.settled(draft.length, n)
+            if self._shape is not None:
+                self.tree_rates.observe(walk_ranks(TreeShape.chain(draft.length),
+                                                   list(range(n))))
+            rejected = n < draft.length
+        else:
+            # nothing of the tree is in the draft model's context: the path joins it
+            path = [int(draft.ids[v]) for v in self._path]
+            self._edit(0, [d for t in [*path, token] for d in self._draft_ids(t, other)])
+            self.tree_rates.observe(walk_ranks(tree.draft.shape, self._path))
+            n = len(path)
+            rejected = bool(tree.draft.shape.children[self._accepted])
+        new = [*path, token]
         settled = RoundSettled(draft.length, n, self._trips,
-                               dev.trials if dev else 0, dev.fallbacks if dev else 0)
-        self._pending_token = token if n < draft.length else None
+                               dev.trials if dev else 0, dev.fallbacks if dev else 0,
+                               None if tree is None else tree.draft.shape.label)
+        self._pending_token = token if rejected else None
         self._dev, self._other = None, {}
         self._request_kind, self._last_sent = None, None
         self.round += 1

@@ -51,6 +51,7 @@ from ..methods.base import (
     RequestKind,
     TokenReply,
 )
+from ..methods.tree import MAX_NODES, DraftTree
 from .fields import (
     INT_MAX,
     MAX_IDS,
@@ -84,7 +85,10 @@ from .fields import (
 #: Version of the message set; a peer speaking another one is refused (code ``version``).
 #: 4: ``render`` / ``rendered`` (prompts tokenised and chats rendered by the target),
 #: and an ``error`` may name the render request it answers (``n``).
-PROTOCOL_VERSION = 4
+#: 5: draft trees (a block's ``"tp"`` / ``"tc"`` / ``"tx"`` and its parents and rows,
+#: :func:`draft_to_wire`), the welcome's ``max_tree``, and a tree verdict's ``n``
+#: naming the node the walk stopped at.
+PROTOCOL_VERSION = 5
 
 #: Bounds on header fields, so a hostile header cannot make us allocate much.
 MAX_TEXT = 1 << 20  # prompt text, bytes of UTF-8
@@ -207,12 +211,17 @@ class ServerLimits:
         Field("max_draft", "draft", Kind.INT, hi=MAX_DRAFT),
         Field("heartbeat_s", "hb", Kind.FLOAT, lo=0.0, hi=math.inf),
         Field("timeout_s", "to", Kind.FLOAT, lo=0.0, hi=math.inf),
+        Field("max_tree", "tree", Kind.INT, hi=MAX_NODES, nullable=True, default=0,
+              omit=omit_falsy),
     )
     max_message: int
     max_sessions: int
     max_draft: int
     heartbeat_s: float
     timeout_s: float
+    #: the most nodes of a draft tree the cloud verifies; 0: chains only (an edge
+    #: asked for trees drafts chains there, ``xcosd/protocol/edge.py``)
+    max_tree: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return encode_fields(self, self.FIELDS)
@@ -439,6 +448,18 @@ def draft_to_wire(d: Draft, h: Header) -> Buffers:
     if d.q_vectors is not None:
         h["nv"] = len(d.q_vectors)
         bufs.extend(d.q_vectors)
+    if isinstance(d, DraftTree):
+        # a tree: "tp" rows follow, with codec "tc"; "tx" false for i.i.d. siblings;
+        # buffers: parents (int16 x n, -1 for the context), the rows' nodes (int16 x
+        # "tp"), then each row as the codec wrote it
+        nodes = sorted(d.rows)
+        h["tp"] = len(nodes)
+        h["tc"] = d.row_codec
+        if not d.distinct:
+            h["tx"] = False
+        bufs.append(np.asarray(d.parents, dtype="<i2").tobytes())
+        bufs.append(np.asarray(nodes, dtype="<i2").tobytes())
+        bufs.extend(d.rows[v] for v in nodes)
     return bufs
 
 
@@ -446,7 +467,10 @@ def draft_buffer_count(h: Mapping[str, Any], t: str) -> int:
     """How many buffers the block that ``h`` announces takes."""
     mk = "mk" in h and read_bool(h, "mk", t)
     nv = 0 if h.get("nv") is None else read_int(h, "nv", t, 0, MAX_BUFFERS)
-    return 2 + int(mk) + nv
+    tp = 0 if "tp" not in h else 2 + read_int(h, "tp", t, 0, MAX_NODES + 1)
+    if not tp and ("tc" in h or "tx" in h):
+        raise bad(f"{t}: tc and tx describe a tree, and this block is none")
+    return 2 + int(mk) + nv + tp
 
 
 def _small_block(raw_ids: bytes, raw_vals: bytes
@@ -499,9 +523,42 @@ def draft_from_wire(h: Mapping[str, Any], buffers: Sequence[bytes], t: str) -> D
         if len(raw) != ids.shape[0]:
             raise bad(f"{t}: mask has {len(raw)} bytes for {ids.shape[0]} drafts")
         mask = np.frombuffer(raw, dtype=np.uint8).astype(bool)
-    vectors = (tuple(bytes(b) for b in buffers[2 + int(mk):])
-               if h.get("nv") is not None else None)
-    return Draft(ids=ids, q_values=q, q_vectors=vectors, verify_mask=mask)
+    at = 2 + int(mk)
+    nv = 0 if h.get("nv") is None else int(h["nv"])
+    vectors = tuple(bytes(b) for b in buffers[at:at + nv]) if h.get("nv") is not None else None
+    if "tp" not in h:
+        return Draft(ids=ids, q_values=q, q_vectors=vectors, verify_mask=mask)
+    return _tree_from_wire(h, buffers[at + nv:], t, ids, q, vectors, mask)
+
+
+def _tree_from_wire(h: Mapping[str, Any], buffers: Sequence[bytes], t: str, ids: np.ndarray,
+                    q: np.ndarray, vectors: tuple[bytes, ...] | None,
+                    mask: np.ndarray | None) -> DraftTree:
+    """A tree block's own buffers (see :func:`draft_to_wire`), their sizes and indices
+    checked; whether the parents make a tree, and the rows the nodes need, is the
+    cloud's check (``xcosd.methods.tree.check_tree``, ``server_rows``)."""
+    n = ids.shape[0]
+    if vectors is not None or mask is not None:
+        raise bad(f"{t}: a tree carries its rows, not draft vectors or a mask")
+    if n > MAX_NODES:
+        raise bad(f"{t}: a tree of {n} nodes, more than {MAX_NODES}")
+    codec = read_str(h, "tc", t)
+    distinct = read_bool(h, "tx", t) if "tx" in h else True
+    raw_parents, raw_nodes = bytes(buffers[0]), bytes(buffers[1])
+    if len(raw_parents) != 2 * n:
+        raise bad(f"{t}: {len(raw_parents)} bytes of parents for {n} nodes")
+    k = len(buffers) - 2
+    if len(raw_nodes) != 2 * k:
+        raise bad(f"{t}: {len(raw_nodes)} bytes of row nodes for {k} rows")
+    parents = np.frombuffer(raw_parents, dtype="<i2").astype(np.int64)
+    nodes = np.frombuffer(raw_nodes, dtype="<i2").tolist()
+    if n and (int(parents.min()) < -1 or int(parents.max()) >= n):
+        raise bad(f"{t}: a parent outside the tree")
+    if len(set(nodes)) != k or any(not -1 <= v < n for v in nodes):
+        raise bad(f"{t}: row nodes must be distinct nodes of the tree")
+    rows = {int(v): bytes(b) for v, b in zip(nodes, buffers[2:], strict=True)}
+    return DraftTree(ids=ids, q_values=q, parents=parents, rows=rows, row_codec=codec,
+                     distinct=distinct)
 
 
 # ---------------------------------------------------------------- session level
@@ -677,7 +734,8 @@ class DraftMsg(SessionMessage):
         """A plain block (no ``redo``, mask or vectors: every round of most methods)
         written inline, the tables' exact bytes (tested); anything else through them."""
         d = self.draft
-        if self.redo is not None or d.verify_mask is not None or d.q_vectors is not None:
+        if (self.redo is not None or d.verify_mask is not None or d.q_vectors is not None
+                or type(d) is not Draft):
             return super().to_wire()
         return ({"t": "draft", "s": self.s, "seq": self.seq, "r": self.r, "tok": self.token},
                 [ids_to_bytes(d.ids), f32_to_bytes(d.q_values)])

@@ -36,6 +36,9 @@ from ..methods.tree import TreeShape
 RANKS = 8
 #: each observation's weight in a rank's estimate
 STEP = 0.1
+#: the most nodes of a tree a cloud verifies by default (``ServerLimits.max_tree``):
+#: the policy's candidates have at most 32, and a tree's rows and nodes fit a frame
+DEFAULT_MAX_TREE = 64
 #: the estimates before any verdict: a chain's acceptance, then much less for later
 #: siblings (a tree has to earn its width)
 PRIOR = (0.5, 0.1)
@@ -133,5 +136,5 @@ class RankRates:
         return best_shape(self.rates, step_cost, node_cost)
 
 
-__all__ = ["RANKS", "RankRates", "best_shape", "candidate_shapes", "expected_tokens",
+__all__ = ["DEFAULT_MAX_TREE", "RANKS", "RankRates", "best_shape", "candidate_shapes", "expected_tokens",
            "round_cost", "walk_ranks"]
