@@ -68,6 +68,18 @@ class GenerationConfig:
       that path the next round's drafts are ready (:class:`~xcosd.nodes.drafter.Drafter`;
       exact either way). ``None`` (the default): on for an unseeded generation,
       off for a seeded one (how far it gets depends on timing).
+    * ``tree``: draft a tree of candidates per round instead of a chain
+      (``docs/METHODS.md``, "Draft trees"): a shape (``"3x2"``: three candidates,
+      each with two; ``"spine:4x2x2"``; ``"chain:4"``), or ``"auto"``: the tree
+      policy picks each round's shape from the measured acceptance per sibling rank,
+      a chain or ``ar`` where a tree does not pay
+      (:class:`~xcosd.protocol.tree_shape.RankRates`). ``None`` (the default): chains,
+      by the draft-length policy above. A cloud that verifies no trees (its
+      ``max_tree`` is 0) gets chains; one that verifies smaller trees gets the shape
+      pruned to its limit. ``tree_row_codec``: how the draft rows the cloud's
+      residuals need cross (``sparse`` by default: exact; ``topk:K`` sends fewer
+      bytes and the draft proposes from its K likeliest tokens, still exact);
+      ``tree_distinct=False`` draws siblings i.i.d. instead of without replacement.
     * ``do_sample=False`` is greedy decoding (temperature, top-k and top-p are then
       ignored); ``temperature`` (0: greedy too), ``top_k`` (0: off), ``top_p`` (1: off).
     * ``max_new_tokens``: target tokens to generate at most.
@@ -95,6 +107,9 @@ class GenerationConfig:
     max_draft_len: int = DEFAULT_CAP
     draft_cost: float | str | None = None
     speculate: bool | None = None
+    tree: str | None = None
+    tree_row_codec: str | None = None
+    tree_distinct: bool = True
     do_sample: bool = True
     temperature: float = 1.0
     top_k: int = 0
@@ -137,6 +152,28 @@ class GenerationConfig:
         is seeded."""
         return self.seed is None if self.speculate is None else self.speculate
 
+    def _validate_tree(self) -> None:
+        from .codecs import get_codec
+        from .errors import CodecError
+        from .methods import get_method
+        from .methods.tree import TreeShape, check_tree_method
+
+        if not isinstance(self.tree, str):
+            raise ValueError(f"tree must be a shape such as '3x2', 'spine:4x2', 'chain:4' or "
+                             f"'auto', got {self.tree!r}")
+        if self.tree != "auto":
+            TreeShape.parse(self.tree)  # its ValueError names the forms
+        try:
+            check_tree_method(get_method(self.method, codec=self.codec,
+                                         **self.method_options()))
+        except CodecError as e:
+            raise ValueError(e.message) from None
+        if self.tree_row_codec is not None:
+            try:
+                get_codec(self.tree_row_codec)
+            except CodecError as e:
+                raise ValueError(f"tree_row_codec: {e.message}") from None
+
     def _validate(self) -> None:
         from .codecs import get_codec
         from .errors import CodecError
@@ -162,6 +199,10 @@ class GenerationConfig:
                 or not 0.0 <= self.draft_cost < 1e6):
             raise ValueError(f"draft_cost must be a number >= 0, 'auto' or None, got "
                              f"{self.draft_cost!r}")
+        if self.tree is not None:
+            self._validate_tree()
+        if not isinstance(self.tree_distinct, bool):
+            raise ValueError(f"tree_distinct must be True or False, got {self.tree_distinct!r}")
         if self.speculate not in (None, True, False):
             raise ValueError(f"speculate must be True, False or None, got {self.speculate!r}")
         if self.speculate and self.seed is not None:

@@ -245,6 +245,15 @@ def add_generation_args(p: argparse.ArgumentParser, *, method: bool = True,
                         "below this (0: never)")
     p.add_argument("--max-draft-len", type=positive_int, default=d.max_draft_len,
                    help="the adaptive draft length's upper bound")
+    p.add_argument("--tree", default=d.tree, metavar="SHAPE",
+                   help="draft a tree of candidates a round: 3x2 (three, each with two), "
+                        "spine:4x2x2, chain:4, or auto (the tree policy picks each round's "
+                        "shape, chains included); default: chains by the adaptive length")
+    p.add_argument("--tree-row-codec", type=codec_name, default=d.tree_row_codec,
+                   metavar="CODEC", help="how a tree's draft rows cross (default sparse; "
+                                         "topk:K sends fewer bytes, exact either way)")
+    p.add_argument("--tree-iid", action="store_true",
+                   help="draw a node's children i.i.d. (default: without replacement)")
     p.add_argument("--no-speculate", action="store_true",
                    help="do not draft while a verdict is in flight (default: speculate "
                         "unless --seed is given)")
@@ -298,6 +307,8 @@ def generation_config(args: argparse.Namespace, method: str | None = None) -> An
             adaptive_draft=not args.fixed_draft_len, draft_confidence=args.draft_confidence,
             max_draft_len=args.max_draft_len, draft_cost=args.draft_cost,
             speculate=False if getattr(args, "no_speculate", False) else None,
+            tree=args.tree, tree_row_codec=args.tree_row_codec,
+            tree_distinct=not args.tree_iid,
             do_sample=not args.greedy,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens,

@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequen
 from typing import Any
 
 from ..gc_tuning import many_sessions_gc
+from ..protocol.tree_shape import DEFAULT_MAX_TREE
 from ..transport.fds import raise_fd_limit
 from .options import (
     UsageError,
@@ -114,6 +115,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-queue", type=positive_int, default=4096,
                    help="queued rounds before 'busy'")
     p.add_argument("--max-draft", type=positive_int, default=32, help="longest draft accepted")
+    p.add_argument("--max-tree", type=nonneg_int, default=DEFAULT_MAX_TREE,
+                   help="most nodes of a draft tree verified (0: chains only; edges asking "
+                        "for trees then draft chains)")
     p.add_argument("--max-message-mb", type=positive_float, default=16.0,
                    help="largest message accepted, MiB")
     p.add_argument("--heartbeat", type=positive_float, default=1.0,
@@ -342,7 +346,7 @@ async def _run_node(args: argparse.Namespace, target: Any, methods: tuple[str, .
             max_batch_tokens=args.max_batch_tokens, merge_batches=not args.no_merge,
             stream_verdicts=not args.no_stream,
             max_wait_s=args.max_wait_ms / 1000, max_sessions=args.max_sessions,
-            max_queue=args.max_queue, max_draft=args.max_draft,
+            max_queue=args.max_queue, max_draft=args.max_draft, max_tree=args.max_tree,
             max_message_bytes=int(args.max_message_mb * (1 << 20)),
             heartbeat_s=args.heartbeat, timeout_s=args.timeout, methods=methods,
             metrics_port=args.metrics_port, metrics_host=args.metrics_host,
@@ -410,6 +414,7 @@ def replica_argv(args: argparse.Namespace, backend: str, index: int,
             "--max-batch-tokens", str(args.max_batch_tokens),
             "--max-wait-ms", repr(args.max_wait_ms), "--max-sessions", str(args.max_sessions),
             "--max-queue", str(args.max_queue), "--max-draft", str(args.max_draft),
+            "--max-tree", str(args.max_tree),
             "--max-message-mb", repr(args.max_message_mb), "--heartbeat", repr(args.heartbeat),
             "--timeout", repr(args.timeout), "--parent-pid", str(os.getpid()), *curve]
     if args.methods:

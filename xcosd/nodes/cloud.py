@@ -94,6 +94,7 @@ from ..protocol.messages import (
     from_wire,
     session_of,
 )
+from ..protocol.tree_shape import DEFAULT_MAX_TREE
 from ..transport import LinkListener, LinkSpec, Listener, listen
 from ..transport.burst import Burst
 from ..wire.frames import Limits, decode_message, message_bytes
@@ -213,7 +214,8 @@ class CloudNode:
     runs the next call; ``False``: the thread verifies the whole batch after its
     call, the loop sends afterwards). Limits: ``max_sessions``,
     ``max_sessions_per_peer`` (default half of ``max_sessions``: no peer takes every
-    session), ``max_queue``, ``max_draft``, ``max_message_bytes``, ``max_peer_queue`` (messages
+    session), ``max_queue``, ``max_draft``, ``max_tree`` (nodes of a draft tree; 0:
+    chains only, and edges asking for trees draft chains), ``max_message_bytes``, ``max_peer_queue`` (messages
     of one peer waiting to be served, and replies waiting to be sent to it).
     Liveness: the edge pings every ``heartbeat_s``; a peer silent for ``timeout_s``
     loses its sessions, and a session without a draft or follow-up for
@@ -237,7 +239,8 @@ class CloudNode:
                  stream_verdicts: bool = True,
                  max_sessions: int = 1024,
                  max_sessions_per_peer: int | None = None, max_queue: int = 4096, max_draft: int = 32,
-                 max_message_bytes: int = 16 << 20, max_peer_queue: int = 1024,
+                 max_tree: int = DEFAULT_MAX_TREE, max_message_bytes: int = 16 << 20,
+                 max_peer_queue: int = 1024,
                  heartbeat_s: float = 1.0, timeout_s: float = 15.0,
                  session_idle_s: float | None = None,
                  methods: tuple[str, ...] | None = None,
@@ -259,10 +262,10 @@ class CloudNode:
         #: bytes one peer may have waiting each way (one message always fits)
         self.max_peer_bytes = 4 * max_message_bytes
         self.limits = ServerLimits(max_message_bytes, max_sessions, max_draft, heartbeat_s,
-                                   timeout_s)
+                                   timeout_s, max_tree)
         # the header bound admits the longest legal prompt: refused as too_large, a
         # prompt could not be answered on its session and its edge would wait forever
-        self.frame_limits = Limits(max_bytes=max_message_bytes, max_frames=64 + max_draft,
+        self.frame_limits = Limits(max_bytes=max_message_bytes, max_frames=64 + max(max_draft, max_tree),
                                    max_header_bytes=MAX_HEADER_BYTES)
         self.server_id = secrets.token_hex(8)
         self.config = CloudConfig(target.vocab, target.tokenize, self.limits, self.server_id,
@@ -313,8 +316,10 @@ class CloudNode:
             "accepted_tokens": 0, "emitted_tokens": 0, "follow_ups": 0, "messages": 0,
             "errors_sent": 0, "dropped": 0, "dropped_outbox": 0, "dropped_flood": 0,
             "refused_flood": 0, "follow_ups_held": 0, "peers_dropped": 0, "internal_errors": 0,
-            "renders": 0,
+            "renders": 0, "tree_rounds": 0,
             "errors_by_code": {},
+            #: tree rounds by shape (TreeShape.label)
+            "tree_shapes": {},
         }
 
     # -- lifecycle -------------------------------------------------------------
@@ -765,6 +770,12 @@ class CloudNode:
                 c["draft_tokens"] += ev.drafted
                 c["accepted_tokens"] += ev.accepted
                 c["emitted_tokens"] += ev.accepted + 1
+                if ev.shape is not None:
+                    c["tree_rounds"] += 1
+                    # a peer picks its shapes: the labels a metric carries are bounded
+                    shapes = c["tree_shapes"]
+                    label = ev.shape if ev.shape in shapes or len(shapes) < 32 else "other"
+                    shapes[label] = shapes.get(label, 0) + 1
                 if not ev.session.closed:
                     self._activity[ev.session.key] = time.monotonic()
             elif isinstance(ev, SessionOpened):
@@ -982,6 +993,7 @@ class CloudNode:
         sched = self._scheduler
         c = dict(self.counters)
         c["errors_by_code"] = dict(self.counters["errors_by_code"])
+        c["tree_shapes"] = dict(self.counters["tree_shapes"])
         drafted, accepted = c["draft_tokens"], c["accepted_tokens"]
         out: dict[str, Any] = {
             "server_id": self.server_id,

@@ -986,7 +986,9 @@ class EdgeNode:
             draft_len=cfg.draft_len, max_draft=welcome.limits.max_draft, seed=cfg.seed,
             prompt_ids=ids, adaptive_draft=cfg.adaptive_draft,
             draft_confidence=cfg.draft_confidence, max_draft_len=cfg.max_draft_len,
-            draft_cost=cfg.resolved_draft_cost())
+            draft_cost=cfg.resolved_draft_cost(), tree=cfg.tree,
+            max_tree=welcome.limits.max_tree, tree_row_codec=cfg.tree_row_codec,
+            tree_distinct=cfg.tree_distinct)
         if self._learned is not None:  # draft_cost="auto": what the last one measured
             es.drafting.adopt(self._learned)
         return es

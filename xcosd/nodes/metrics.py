@@ -189,6 +189,13 @@ class CloudCollector:
         for code, n in _error_counts(errs if isinstance(errs, Mapping) else {}):
             fam.add_metric([code], n)
         yield fam
+        shapes = g("tree_shapes", {})
+        fam = CounterMetricFamily("xcosd_spec_decode_tree_rounds", "Rounds that verified a "
+                                  "draft tree, by shape (past the first "
+                                  "32 shapes seen, as \"other\").", labels=["shape"])
+        for shape, n in sorted((shapes if isinstance(shapes, Mapping) else {}).items()):
+            fam.add_metric([str(shape)], _number(n))
+        yield fam
         sched = g("scheduler", {})
         if not isinstance(sched, Mapping):
             sched = {}

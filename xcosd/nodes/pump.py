@@ -214,7 +214,7 @@ class Pump:
                 emitted = ev.token_ids
             elif isinstance(ev, RoundSettled):
                 self._stats.settle(ev)
-                if ev.accepted < ev.drafted and len(emitted) > ev.accepted:
+                if ev.rejected and len(emitted) > ev.accepted:
                     self._resolved.append(emitted[ev.accepted])
         return list(out.send)
 

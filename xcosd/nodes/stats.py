@@ -53,6 +53,10 @@ class GenerationStats:
     #: tokens drafted while a verdict was in flight, and those later rounds sent
     speculated: int = 0
     speculated_used: int = 0
+    #: rounds that drafted a tree, and how many rounds drafted each shape
+    #: (``TreeShape.label``: ``"3x2"``, ``"spine:4x2"``)
+    tree_rounds: int = 0
+    shapes: dict[str, int] = field(default_factory=dict)
     finish_reason: str = ""
 
     @property
@@ -84,7 +88,10 @@ class GenerationStats:
         self.extra_round_trips += ev.extra_trips
         self.trials += ev.trials
         self.fallbacks += ev.fallbacks
-        self.rejections += int(ev.accepted < ev.drafted)
+        self.rejections += int(ev.rejected)
+        if ev.shape is not None:
+            self.tree_rounds += 1
+            self.shapes[ev.shape] = self.shapes.get(ev.shape, 0) + 1
 
     def count(self, direction: str, mtype: str, nbytes: int) -> None:
         if direction == "up":

@@ -241,6 +241,8 @@ class RoundSettled:
     fallbacks: int
     #: a tree round's shape (``TreeShape.label``); ``None`` for a chain
     shape: str | None = None
+    #: the round ended in a rejection (the method resolved a token), not a bonus
+    rejected: bool = False
 
 
 class FinishReason(enum.StrEnum):
@@ -798,7 +800,7 @@ class EdgeSession:
         new = [*path, token]
         settled = RoundSettled(draft.length, n, self._trips,
                                dev.trials if dev else 0, dev.fallbacks if dev else 0,
-                               None if tree is None else tree.draft.shape.label)
+                               None if tree is None else tree.draft.shape.label, rejected)
         self._pending_token = token if rejected else None
         self._dev, self._other = None, {}
         self._request_kind, self._last_sent = None, None
