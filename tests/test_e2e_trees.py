@@ -89,11 +89,11 @@ async def test_a_verifier_ignoring_the_residual_fails_over_sockets(
     target, draft = pair()
     n = 1_500
     async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", max_batch=64,
-                               max_sessions=2 * n) as cloud:
-        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as edge:
-            results = await asyncio.gather(*[
-                edge.generate(PROMPT, max_new_tokens=TOKENS, seed=80_000 + i,
-                              method="xcosd-e", tree="4x1") for i in range(n)])
+                               max_sessions=2 * n) as cloud, \
+            xcosd.EdgeNode(draft=draft, connect=cloud.endpoint) as edge:
+        results = await asyncio.gather(*[
+            edge.generate(PROMPT, max_new_tokens=TOKENS, seed=80_000 + i,
+                          method="xcosd-e", tree="4x1") for i in range(n)])
     report = check_law(_rows(results), _law())
     assert not report.ok, str(report)
 

@@ -34,6 +34,7 @@ from xcosd.nodes.metrics import (
     ERROR_CODE_LABELS,
     MESSAGE_TYPE_LABELS,
     OTHER,
+    TREE_SHAPE_LABELS,
     MetricsServer,
     error_code_label,
     message_type_label,
@@ -57,6 +58,7 @@ FAMILIES = {
     "xcosd_messages_dropped", "xcosd_internal_errors", "xcosd_protocol_errors",
     "xcosd_batch_size", "xcosd_batch_compute_seconds", "xcosd_queue_wait_seconds_mean",
     "xcosd_busy_refusals", "xcosd_wire_bytes", "xcosd_renders", "xcosd_draining",
+    "xcosd_spec_decode_tree_rounds",
 }
 
 #: header types a peer might send to break the scrape: each fits the 31-byte short
@@ -126,7 +128,9 @@ def check_bounded(families: Mapping[str, Any], text: str) -> None:
     assert set(families) == FAMILIES
     for f in families.values():
         for s in f.samples:
-            assert set(s.labels) <= {"code", "direction", "type", "le"}, s
+            assert set(s.labels) <= {"code", "direction", "type", "le", "shape"}, s
+            if "shape" in s.labels:
+                assert s.labels["shape"] in TREE_SHAPE_LABELS | {OTHER}, s
             if "type" in s.labels:
                 assert s.labels["type"] in MESSAGE_TYPE_LABELS | {OTHER}, s
             if "code" in s.labels:

@@ -204,7 +204,8 @@ class TreeShape:
         if self.parents == TreeShape.chain(self.size).parents:
             return f"chain:{self.size}"
         widths = [len(self.children[lv[0] + 1]) for lv in self.levels()]
-        if self.parents == TreeShape.full(widths).parents:
+        full_size = sum(int(np.prod(widths[: k + 1])) for k in range(len(widths)))
+        if full_size == self.size and self.parents == TreeShape.full(widths).parents:
             return "x".join(map(str, widths))
         if self.parents == TreeShape.spine(widths).parents:
             return "spine:" + "x".join(map(str, widths))

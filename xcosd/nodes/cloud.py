@@ -99,6 +99,7 @@ from ..transport import LinkListener, LinkSpec, Listener, listen
 from ..transport.burst import Burst
 from ..wire.frames import Limits, decode_message, message_bytes
 from .drain import Drain, HealthAnswer
+from .metrics import tree_shape_label
 from .scheduler import BatchStats, Scheduler, verifies_on_device
 
 log = logging.getLogger(__name__)
@@ -772,9 +773,9 @@ class CloudNode:
                 c["emitted_tokens"] += ev.accepted + 1
                 if ev.shape is not None:
                     c["tree_rounds"] += 1
-                    # a peer picks its shapes: the labels a metric carries are bounded
+                    # a peer picks its shapes: those kept by name are a fixed set
                     shapes = c["tree_shapes"]
-                    label = ev.shape if ev.shape in shapes or len(shapes) < 32 else "other"
+                    label = tree_shape_label(ev.shape)
                     shapes[label] = shapes.get(label, 0) + 1
                 if not ev.session.closed:
                     self._activity[ev.session.key] = time.monotonic()

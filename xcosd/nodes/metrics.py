@@ -77,6 +77,7 @@ from ..http import ConnectionLimits, HttpServer
 from ..http.exposition import metrics_response
 from ..protocol.errors import CODES
 from ..protocol.messages import MESSAGE_TYPES
+from ..protocol.tree_shape import DEFAULT_MAX_TREE, candidate_shapes
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,10 @@ DIRECTIONS = ("up", "down")
 #: object (a ``str`` subclass, an enum member), so what prints is from the fixed set
 _TYPE_CANON = {t: t for t in MESSAGE_TYPE_LABELS}
 _CODE_CANON = {c: c for c in ERROR_CODE_LABELS}
+#: the tree shapes a metric names: those the tree policy chooses among (an edge may
+#: send any shape; the others count as :data:`OTHER`)
+TREE_SHAPE_LABELS = frozenset(s.label for s in candidate_shapes(DEFAULT_MAX_TREE))
+_SHAPE_CANON = {s: s for s in TREE_SHAPE_LABELS}
 
 
 def message_type_label(t: object) -> str:
@@ -116,6 +121,11 @@ def message_type_label(t: object) -> str:
 def error_code_label(code: object) -> str:
     """``code`` if it is a known error code, else :data:`OTHER`."""
     return _CODE_CANON.get(code, OTHER) if isinstance(code, str) else OTHER
+
+
+def tree_shape_label(shape: object) -> str:
+    """``shape`` if it is one of :data:`TREE_SHAPE_LABELS`, else :data:`OTHER`."""
+    return _SHAPE_CANON.get(shape, OTHER) if isinstance(shape, str) else OTHER
 
 
 def _number(v: object) -> int | float:
@@ -191,10 +201,14 @@ class CloudCollector:
         yield fam
         shapes = g("tree_shapes", {})
         fam = CounterMetricFamily("xcosd_spec_decode_tree_rounds", "Rounds that verified a "
-                                  "draft tree, by shape (past the first "
-                                  "32 shapes seen, as \"other\").", labels=["shape"])
-        for shape, n in sorted((shapes if isinstance(shapes, Mapping) else {}).items()):
-            fam.add_metric([str(shape)], _number(n))
+                                  "draft tree, by shape (those the tree policy picks "
+                                  "from; any other as \"other\").", labels=["shape"])
+        by_label: dict[str, int | float] = {}
+        for shape, n in (shapes if isinstance(shapes, Mapping) else {}).items():
+            label = tree_shape_label(shape)
+            by_label[label] = by_label.get(label, 0) + _number(n)
+        for label, n in sorted(by_label.items()):
+            fam.add_metric([label], n)
         yield fam
         sched = g("scheduler", {})
         if not isinstance(sched, Mapping):
