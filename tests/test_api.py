@@ -145,6 +145,21 @@ async def test_token_id_prompts_and_the_xcosd_settings() -> None:
             await s.client.completions.create(model=s.model, prompt=[10_000], max_tokens=2)
 
 
+async def test_a_request_may_ask_for_draft_trees() -> None:
+    """``xcosd.tree`` reaches the generation: its rounds draft trees (the cloud counts
+    them by shape), and a seeded request is the edge's own generation with that
+    shape, token for token."""
+    async with served() as s:
+        r = await s.client.completions.create(model=s.model, prompt="c", max_tokens=12, seed=4,
+                                              extra_body={"xcosd": {"tree": "3x1"}})
+        own = await s.edge.generate("c", max_new_tokens=12, seed=4, tree="3x1")
+        assert r.choices[0].text == own.text and own.stats.tree_rounds >= 1
+        assert s.cloud.stats()["tree_shapes"].get("3x1", 0) >= 2
+        with pytest.raises(openai.BadRequestError, match="tree shape"):
+            await s.client.completions.create(model=s.model, prompt="c", max_tokens=2,
+                                              extra_body={"xcosd": {"tree": "3by2"}})
+
+
 async def test_stop_strings_are_left_out_streamed_or_not() -> None:
     async with served() as s:
         own = await s.edge.generate("c", max_new_tokens=40, seed=5)

@@ -80,6 +80,8 @@ WRONG: list[tuple[str, dict[str, Any]]] = [
     ("/v1/completions", {"model": "M", "prompt": "c", "xcosd": {"method": 3}}),
     ("/v1/completions", {"model": "M", "prompt": "c", "xcosd": {"codec": "no-such"}}),
     ("/v1/completions", {"model": "M", "prompt": "c", "xcosd": {"draft_len": True}}),
+    ("/v1/completions", {"model": "M", "prompt": "c", "xcosd": {"tree": "3by2"}}),
+    ("/v1/completions", {"model": "M", "prompt": "c", "xcosd": {"tree": 32}}),
     ("/v1/completions", {"model": "M", "prompt": "c", "logit_bias": [1]}),
     ("/v1/completions", {"model": "M", "prompt": "c", "ignore_eos": 1}),
     ("/v1/chat/completions", {"model": "M", "messages": [{"role": ["user"], "content": "x"}]}),

@@ -24,7 +24,8 @@ JSON body into a :class:`CompletionRequest` / :class:`ChatRequest`, or raise
   :attr:`RequestLimits.max_prompt_chars` characters (413 past it), stop strings
   short.
 * ``xcosd``: an optional object of this project's own settings (``method``,
-  ``codec``, ``draft_len``), which the ``openai`` client sends with
+  ``codec``, ``draft_len``, ``tree``: a draft-tree shape or ``"auto"``), which the
+  ``openai`` client sends with
   ``extra_body``. Unknown keys in it are refused like any other.
 """
 
@@ -44,7 +45,7 @@ IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 #: the ``xcosd`` object's keys
-XCOSD_KEYS = frozenset({"method", "codec", "draft_len"})
+XCOSD_KEYS = frozenset({"method", "codec", "draft_len", "tree"})
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Sampling:
     method: str | None
     codec: str | None
     draft_len: int | None
+    tree: str | None
 
     def generation_kwargs(self) -> dict[str, Any]:
         """Keyword settings for :meth:`xcosd.nodes.EdgeNode.generate`."""
@@ -95,7 +97,7 @@ class Sampling:
         else:
             kw.update(do_sample=True, temperature=self.temperature, top_p=self.top_p,
                       top_k=self.top_k)
-        for k in ("method", "codec", "draft_len"):
+        for k in ("method", "codec", "draft_len", "tree"):
             v = getattr(self, k)
             if v is not None:
                 kw[k] = v
@@ -207,7 +209,7 @@ def _xcosd(body: Mapping[str, Any]) -> dict[str, Any]:
                       f"{', '.join(sorted(XCOSD_KEYS))}", f"xcosd.{extra[0]}",
                       "unknown_parameter")
     out: dict[str, Any] = {}
-    for k in ("method", "codec"):
+    for k in ("method", "codec", "tree"):
         if x.get(k) is not None:
             if not isinstance(x[k], str):
                 raise invalid(f"'xcosd.{k}' must be a string", f"xcosd.{k}", "invalid_type")
@@ -277,7 +279,8 @@ def _sampling(body: Mapping[str, Any], limits: RequestLimits, max_tokens_key: st
         stop=_stop(body, limits),
         ignore_eos=None if body.get("ignore_eos") is None else _bool(body, "ignore_eos", False),
         stream=stream, include_usage=include_usage,
-        method=x.get("method"), codec=x.get("codec"), draft_len=x.get("draft_len"))
+        method=x.get("method"), codec=x.get("codec"), draft_len=x.get("draft_len"),
+        tree=x.get("tree"))
 
 
 def _check_body(body: Any) -> Mapping[str, Any]:
