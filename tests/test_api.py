@@ -155,6 +155,8 @@ async def test_a_request_may_ask_for_draft_trees() -> None:
         own = await s.edge.generate("c", max_new_tokens=12, seed=4, tree="3x1")
         assert r.choices[0].text == own.text and own.stats.tree_rounds >= 1
         assert s.cloud.stats()["tree_shapes"].get("3x1", 0) >= 2
+        scrape = (await s.raw("GET", "/metrics")).text
+        assert metric(scrape, "xcosd_edge_spec_decode_tree_rounds_total", shape="3x1") >= 1
         with pytest.raises(openai.BadRequestError, match="tree shape"):
             await s.client.completions.create(model=s.model, prompt="c", max_tokens=2,
                                               extra_body={"xcosd": {"tree": "3by2"}})

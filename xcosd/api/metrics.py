@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..nodes.arrivals import Arrivals
+from ..nodes.metrics import tree_shape_label
 from ..nodes.reach import ReachPhase
 from ..nodes.stats import GenerationStats
 
@@ -122,6 +123,9 @@ class EdgeMetrics:
                                     registry=r)
         self.accepted_tokens = Counter(p + "spec_decode_num_accepted_tokens",
                                        "drafted tokens the target accepted", registry=r)
+        self.tree_rounds = Counter(p + "spec_decode_tree_rounds",
+                                   "rounds that drafted a tree, by shape (those the tree policy "
+                                   "picks from; any other as other)", ["shape"], registry=r)
         self.uplink_bytes = Counter(p + "uplink_bytes", "wire bytes sent to the cloud",
                                     registry=r)
         self.downlink_bytes = Counter(p + "downlink_bytes", "wire bytes received from the cloud",
@@ -151,6 +155,8 @@ class EdgeMetrics:
             self.drafts.inc(st.rounds)
             self.draft_tokens.inc(st.drafted)
             self.accepted_tokens.inc(st.accepted)
+            for shape, n in st.shapes.items():
+                self.tree_rounds.labels(tree_shape_label(shape)).inc(n)
             self.uplink_bytes.inc(st.uplink_bytes)
             self.downlink_bytes.inc(st.downlink_bytes)
             self.resumes.inc(st.resumes)
