@@ -581,9 +581,11 @@ async def test_cloud_max_message_bytes_at_its_value() -> None:
 
 async def test_cloud_max_frames_at_its_value() -> None:
     target, _ = pair()
-    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", max_draft=4) as cloud:
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", max_draft=4,
+                               max_tree=6) as cloud:
+        # a block's frames: ids, q, and a tree's parents, row nodes and rows
         n = cloud.frame_limits.max_frames
-        assert n == 64 + 4
+        assert n == 64 + 6
         conn = await connect(cloud.endpoint)
         try:
             head = pack(Ping(1))[0]
