@@ -27,7 +27,7 @@ import numpy as np
 from xcosd.errors import XcosdError
 from xcosd.nodes.drafter import Drafter
 from xcosd.nodes.pump import Pump
-from xcosd.nodes.scheduler import score_batch
+from xcosd.nodes.scheduler import score_batch, score_on_device
 from xcosd.protocol import (
     CloudConfig,
     CloudConnection,
@@ -116,7 +116,9 @@ class FaultyLink:
         send = list(out.send)
         for ev in out.events:
             if isinstance(ev, ScoreNeeded):
-                [outcome] = score_batch(self.pump.target, [ev])
+                # the pump's own scoring: on the device where the pump verifies there
+                [outcome] = (score_on_device(self.pump.target, [ev]) if self.pump.on_device
+                             else score_batch(self.pump.target, [ev]))
                 scored = self.cloud.scored(ev.session, outcome)
                 self.events += scored.events
                 send += scored.send

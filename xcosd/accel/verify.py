@@ -16,6 +16,11 @@ index)`` (:mod:`xcosd.accel.philox`), and every sum is a fixed-order one
 its seed, never of the batch it was verified in. So a batch that fails is verified
 again session by session with the very same results.
 
+A draft tree (:class:`~xcosd.methods.tree.DraftTree`) is walked here too, node by node
+next to its rows (:func:`_verify_tree`): each child's test reads one ``p(x)``, a
+rejected sibling's residual is formed on the device, and the rejection at the node
+where the walk stops is answered by the same batched payload code as a chain's.
+
 A lossy codec on ``p`` (straightforward, ``xcosd``, ``xcosd-e``) commits on the device
 where :mod:`xcosd.accel.commit` reproduces the host's commit bit for bit (``f16``,
 ``bf16``); for the others (``q8``, ``topk:K``) :func:`supported` says no and the caller
@@ -47,6 +52,7 @@ from ..methods.base import (
 )
 from ..methods.hybrid_resampling import HybridResampling
 from ..methods.sr_dv import SrDv
+from ..methods.tree import DraftTree, check_tree, check_tree_method, server_rows
 from ..sampling import SamplingParams
 from .commit import Commit, committed_full, committed_hybrid, device_commit, theta_other
 from .draw import draw
@@ -131,6 +137,9 @@ class Outcome:
     reply: Reply
     reject: DeviceReject | None
     error: XcosdError | None = None
+    #: a tree round's accepted path (``accepted`` is then the index + 1 of the node
+    #: the walk stopped at, as its verdict says)
+    path: list[int] | None = None
 
 
 class _SpaceOnDevice:
@@ -225,11 +234,132 @@ def _check(rd: Round, rw: torch.Tensor) -> None:
     if checked.size and not bool(np.all(checked > 0)):
         i = int(np.flatnonzero(~(q > 0))[0])
         raise InvalidDistribution(f"draft {i} has q(x) = {q[i]}: a drafted token must have q > 0")
-    if rd.redo is not None and not 0 <= rd.redo[0] < d:
+    if isinstance(rd.draft, DraftTree):
+        check_tree_method(rd.method)
+        check_tree(rd.draft, rd.space)
+        if rd.redo is not None and not (0 <= rd.redo[0] <= d
+                                        and rd.draft.shape.children[rd.redo[0]]):
+            raise ValueError(f"no rejection at node {rd.redo[0] - 1} of a {d}-node tree")
+    elif rd.redo is not None and not 0 <= rd.redo[0] < d:
         raise ValueError(f"a rejection at {rd.redo[0]} of a {d}-token draft")
 
 
 def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outcome]:
+    """Chains in one batch (:func:`_verify_chains`), each tree on its own
+    (:func:`_verify_tree`)."""
+    trees = [i for i, rd in enumerate(rounds) if isinstance(rd.draft, DraftTree)]
+    if not trees:
+        return _verify_chains(rounds, rows)
+    out: list[Outcome | None] = [None] * len(rounds)
+    chains = [i for i in range(len(rounds)) if not isinstance(rounds[i].draft, DraftTree)]
+    if chains:
+        got = _verify_chains([rounds[i] for i in chains], [rows[i] for i in chains])
+        for i, o in zip(chains, got, strict=True):
+            out[i] = o
+    for i in trees:
+        try:
+            out[i] = _verify_tree(rounds[i], rows[i])
+        except Exception as e:  # this session's tree alone
+            out[i] = _failed(e)
+    return [o if o is not None else _failed(RuntimeError("unverified")) for o in out]
+
+
+def _verify_tree(rd: Round, rw: torch.Tensor) -> Outcome:
+    """Walk ``rd``'s draft tree next to its rows (``xcosd.methods.tree.verify_tree``'s
+    rules): the children of a node tested in order with ``u_c · q(c) < r(c)``, ``u_c``
+    the session's Philox uniform for node ``c`` (stream ``ACCEPT``), ``r`` the
+    committed row and, after each rejected sibling, the residual it left; a leaf's bonus
+    from its row (stream ``TOKEN``); where every child is rejected, the method's payload
+    for the row ``r`` the last child was tested against. A redone round rebuilds that
+    row from the rows alone (the residuals draw nothing)."""
+    tree = rd.draft
+    assert isinstance(tree, DraftTree)
+    n1 = int(rw.shape[0])
+    ps = _committed([rd], warp_rows(rw, [rd.params] * n1), np.zeros(1, dtype=np.int64), [n1])
+    shape, space = tree.shape, rd.space
+    qs = server_rows(rd.method, tree, space)
+    on = _on(space, rw.device)
+    key, rnd = _keys([rd])
+    if rd.redo is not None:
+        node = rd.redo[0] - 1
+        r = ps[node + 1]
+        for q in qs.get(node, [])[:-1]:  # (a node with one child sends no row)
+            r = _residual_row(r, q, on)
+        state = _tree_reject(rd, r, node)
+        return Outcome(rd.redo[0], on_request(rd.method, state, Request(rd.redo[1]), space),
+                       state, path=shape.path(node))
+    path: list[int] = []
+    node = -1
+    while True:
+        kids = shape.children[node + 1]
+        if not kids:
+            ut = _device(uniforms(key, rnd, TOKEN, 0), rw.device)
+            tok = int(draw(ps[node + 1][None, :], ut[:, None])[0, 0])
+            return Outcome(node + 1, TokenReply(tok), None, path=path)
+        r = ps[node + 1]
+        accepted = None
+        for k, c in enumerate(kids):
+            # the test on the host, as a chain's: u and q are there, p(x) comes back
+            uq = float(uniforms(key, rnd, ACCEPT, c)[0]) * float(tree.q_values[c])
+            if uq < float(r[int(tree.ids[c])]):
+                accepted = c
+                break
+            if k + 1 < len(kids):
+                r = _residual_row(r, qs[node][k], on)
+        if accepted is None:
+            state = _tree_reject(rd, r, node)
+            # (the last child's row was sent where the method needs it: sd-uplink)
+            q_last = qs[node][-1] if node in qs else None
+            return Outcome(node + 1, _tree_reply(rd, state, q_last, key, rnd), state,
+                           path=path)
+        path.append(accepted)
+        node = accepted
+
+
+def _residual_row(r: torch.Tensor, q_common: np.ndarray, on: _SpaceOnDevice) -> torch.Tensor:
+    """``normalise(max(r - q, 0))`` (``q`` over V_C, 0 on V_O) on the device, by the
+    fixed-order sum; ``r`` itself where rounding left the residual no mass (the numpy
+    path's rule, ``xcosd.methods.tree.residual``)."""
+    res = r.to(torch.float64).clone()
+    res[on.common] -= torch.from_numpy(np.asarray(q_common, dtype=np.float64)).to(r.device)
+    res.clamp_(min=0.0)
+    total = fixed_sum(res[None, :])[0]
+    if not float(total) > 0:
+        return r
+    return (res / total).to(torch.float32)
+
+
+def _tree_reject(rd: Round, r: torch.Tensor, node: int) -> DeviceReject:
+    """The rejection of every child of ``node``: the row the last was tested against."""
+    tree = rd.draft
+    assert isinstance(tree, DraftTree)
+    last = tree.shape.children[node + 1][-1]
+    cand, fb = (rd.redo[2], rd.redo[3]) if rd.redo is not None else (0, False)
+    return DeviceReject(r.clone(), int(tree.ids[last]), rd.key, rd.round, cand, fb)
+
+
+def _tree_reply(rd: Round, state: DeviceReject, q_last: np.ndarray | None, key: np.ndarray,
+                rnd: np.ndarray) -> Reply:
+    """The method's payload for a tree's rejection (a chain's, with the tree's row)."""
+    name = rd.method.name
+    term = state.p_star[None, :]
+    if name == "target-resample":
+        u = _device(uniforms(key, rnd, TOKEN, 0), term.device)
+        return TokenReply(int(draw(term, u[:, None])[0, 0]))
+    if name == "greedy-resample":
+        return TokenReply(int(term.argmax(dim=-1)[0]))
+    if name == "sd-uplink" and q_last is not None:
+        return _residual_draws(term, q_last[None, :], rd.space, key, rnd)[0]
+    if name == "straightforward":
+        return FullVectorReply(rd.method.codec.encode(state.raw.cpu().numpy()))
+    if name == "xcosd":
+        return _hybrid_payloads(rd.method.codec, rd.space, [state], _presample(rd.method))[0]
+    if name == "xcosd-e":
+        return _candidate_replies([state], _srdv(rd.method).K)[0]
+    raise ProtocolError(f"{name} is not verified on the device", code="internal")
+
+
+def _verify_chains(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outcome]:
     dev = rows[0].device
     lens = [int(r.shape[0]) for r in rows]
     offs = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)
@@ -391,11 +521,18 @@ def _residuals(rounds: Sequence[Round], term: torch.Tensor, accepted: np.ndarray
                key: np.ndarray, rnd: np.ndarray) -> list[Reply]:
     """sd-uplink's and uhlm's rejection: a token from ``max(0, p*_j - q_j)``, or from
     ``p*_j`` when rounding left the residual no mass (the numpy path's rule)."""
-    dev = term.device
     q = np.stack([np.asarray(rd.method.server_q(rd.draft, int(n), rd.space), dtype=np.float32)
                   for rd, n in zip(rounds, accepted, strict=True)])
+    return _residual_draws(term, q, rounds[0].space, key, rnd)
+
+
+def _residual_draws(term: torch.Tensor, q: np.ndarray, space: Space, key: np.ndarray,
+                    rnd: np.ndarray) -> list[Reply]:
+    """A token from each row's ``max(0, p*_j - q_j)`` (``q_j`` over V_C), or from
+    ``p*_j`` when rounding left the residual no mass."""
+    dev = term.device
     full = torch.zeros_like(term)
-    full[:, _on(rounds[0].space, dev).common] = torch.from_numpy(q).to(dev)
+    full[:, _on(space, dev).common] = torch.from_numpy(q).to(dev)
     res = (term.to(torch.float64) - full.to(torch.float64)).clamp_(min=0.0)
     empty = fixed_sum(res) <= 0
     res = torch.where(empty[:, None], term.to(torch.float64), res)

@@ -62,5 +62,14 @@ class OnDevice(ModelWrapper):
         return [torch.from_numpy(np.ascontiguousarray(r, dtype=np.float32)).to(self.device)
                 for r in self.inner.score(batch)]
 
+    def score_tree_tensors(self, session: Session, parents: Sequence[int],
+                           ids: Sequence[int]) -> torch.Tensor:
+        """A draft tree's rows (:func:`~xcosd.models.tree_scoring.score_tree`) on
+        ``device``."""
+        from .tree_scoring import score_tree
+
+        rows = score_tree(self.inner, session, parents, ids)
+        return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)).to(self.device)
+
 
 __all__ = ["OnDevice", "torch_device"]

@@ -510,6 +510,18 @@ class TransformersModel:
 
         if not self.per_session:
             return score_tree_by_paths(self, session, parents, ids)
+        return self.score_tree_tensors(session, parents, ids).cpu().numpy()
+
+    def score_tree_tensors(self, session: Session, parents: Sequence[int],
+                           ids: Sequence[int]) -> torch.Tensor:
+        """:meth:`score_tree` with the rows left on the model's device (float32
+        probabilities), as :meth:`score_tensors` leaves a chain's: a cloud that
+        verifies there (xcosd/accel/) walks the tree next to them."""
+        from .tree_scoring import score_tree_by_paths
+
+        if not self.per_session:
+            return torch.from_numpy(score_tree_by_paths(self, session, parents, ids)).to(
+                self.device)
         nodes = [int(i) for i in ids]
         if len(parents) != len(nodes):
             raise ValueError(f"a tree of {len(parents)} nodes given {len(nodes)} ids")
@@ -564,7 +576,7 @@ class TransformersModel:
                 kv.write(0, [(layer.keys, layer.values) for layer in cache.layers], hi=m)
             kv.length = len(full)  # the context's states; the tree's are dropped
         session.cached = kv.length - len(kv.prefix)
-        return self._probs(res.logits[0, -(n + 1):]).cpu().numpy()
+        return self._probs(res.logits[0, -(n + 1):])
 
     # -- internals ---------------------------------------------------------------
 

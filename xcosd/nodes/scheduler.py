@@ -197,16 +197,21 @@ def warp_chunk_end(scored: Sequence[Scored], start: int) -> int:
 
 
 def score_rows(model: LanguageModel, batch: Sequence[ScoreNeeded],
-               score: Callable[[list[tuple[Any, list[int]]]], Sequence[Any]] | None = None
-               ) -> list[Any]:
+               score: Callable[[list[tuple[Any, list[int]]]], Sequence[Any]] | None = None,
+               tree: Callable[[Any, list[int], list[int]], Any] | None = None) -> list[Any]:
     """The model half of :func:`score_batch`: each session's context brought in step
     and every session scored in one call; per session its rows (float32, owned by
     the caller: they are read after the next call has started), or the outcome of a
     failure that session alone had. No randomness is drawn here. ``score``: the call
     that scores (``model.score`` by default; ``model.score_tensors`` keeps the rows on
-    the target's device, :func:`score_on_device`)."""
+    the target's device, :func:`score_on_device`); ``tree``: the call that scores a
+    draft tree's request (:func:`~xcosd.models.tree_scoring.score_tree` by default;
+    ``model.score_tree_tensors`` on the device)."""
     if score is None:
         score = model.score
+    if tree is None:
+        def tree(handle: Any, parents: list[int], ids: list[int]) -> Any:
+            return score_tree(model, handle, parents, ids)
     out: dict[int, Any] = {}
     prepared: list[tuple[int, ScoreNeeded]] = []
     for i, req in enumerate(batch):
@@ -215,7 +220,7 @@ def score_rows(model: LanguageModel, batch: Sequence[ScoreNeeded],
             if req.parents is None:
                 prepared.append((i, req))
             else:  # a draft tree: its own call, in one forward where the model can
-                out[i] = score_tree(model, req.session.handle, req.parents, req.new_ids)
+                out[i] = tree(req.session.handle, req.parents, req.new_ids)
         except Exception as e:  # the model refused this session's context or tree
             out[i] = _failed(e)
     rows: dict[int, Any] = {}
@@ -263,7 +268,8 @@ def score_on_device(model: Any, batch: Sequence[ScoreNeeded]) -> list[RoundOutco
     ``p``) has its rows copied to the host for the numpy path."""
     from ..accel import supported, verify_batch
 
-    scored = score_rows(model, batch, model.score_tensors)
+    scored = score_rows(model, batch, model.score_tensors,
+                        getattr(model, "score_tree_tensors", None))
     out: list[RoundOutcome | None] = [x if isinstance(x, RoundOutcome) else None
                                       for x in scored]
     on_device: list[int] = []
@@ -272,7 +278,7 @@ def score_on_device(model: Any, batch: Sequence[ScoreNeeded]) -> list[RoundOutco
         if out[i] is not None:
             continue
         sess = req.session
-        if isinstance(x, np.ndarray):  # a tree's rows (score_tree): verified on the host
+        if isinstance(x, np.ndarray):  # a tree's rows a model scored on the host
             out[i] = _verify(sess, x)
             continue
         if not supported(sess.method):

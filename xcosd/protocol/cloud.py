@@ -426,7 +426,8 @@ class CloudSession:
     def device_outcome(self, outcome: Outcome) -> RoundOutcome:
         """A :func:`~xcosd.accel.verify_batch` result as this session's outcome."""
         return RoundOutcome(outcome.accepted, outcome.reply, outcome.reject, outcome.error,
-                            redo=self.redo is not None and outcome.error is None)
+                            redo=self.redo is not None and outcome.error is None,
+                            path=outcome.path)
 
     def verify_rows(self, rows: np.ndarray, warped: np.ndarray | None = None) -> RoundOutcome:
         """Verify the pending draft against the target's rows for it.
