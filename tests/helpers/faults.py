@@ -27,7 +27,7 @@ import numpy as np
 from xcosd.errors import XcosdError
 from xcosd.nodes.drafter import Drafter
 from xcosd.nodes.pump import Pump
-from xcosd.nodes.scheduler import score_batch
+from xcosd.nodes.scheduler import score_batch, score_on_device
 from xcosd.protocol import (
     CloudConfig,
     CloudConnection,
@@ -116,7 +116,9 @@ class FaultyLink:
         send = list(out.send)
         for ev in out.events:
             if isinstance(ev, ScoreNeeded):
-                [outcome] = score_batch(self.pump.target, [ev])
+                # as the pump scores: next to the target's rows where it verifies there
+                score = score_on_device if self.pump.on_device else score_batch
+                [outcome] = score(self.pump.target, [ev])
                 scored = self.cloud.scored(ev.session, outcome)
                 self.events += scored.events
                 send += scored.send
