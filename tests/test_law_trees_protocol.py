@@ -17,7 +17,8 @@ codec and the sibling scheme, as a pairwise cover; the real o200k / cl100k
 vocabularies at lower N; the fault injector (drops, duplicates, late messages, cloud
 restarts, redone tree rounds mid-resolution); the accelerator path (the cloud next
 to a torch target on the CPU device: tree rounds scored with ``score_tree`` and
-verified on the host); a cloud that verifies no trees (the edge drafts chains). Every
+verified on the host, chain rounds on the device), clean and through faults; the
+welcome's ``max_tree`` (0: the edge drafts chains; 4: its trees pruned to fit). Every
 test asserts that the tree paths ran (``tests/helpers/tree_walks.py``: a later
 sibling accepted after rejected ones, every child of a branching node rejected), so
 none passes vacuously, and lossy controls fail the same checks: a verifier testing
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -38,6 +40,7 @@ import pytest
 
 from xcosd.methods.base import RequestKind
 from xcosd.methods.tree import DraftTree, TreeShape
+from xcosd.nodes import scheduler
 from xcosd.nodes.pump import Pump
 from xcosd.protocol import DraftMsg, EdgeSession, Error, Message, VerdictMsg
 from xcosd.protocol.cloud import CloudPhase
@@ -329,56 +332,72 @@ def test_lossy_tree_controls_fail_through_the_protocol(trap_link: Pump, control:
 # -- the accelerator path --------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_tree_law_next_to_a_torch_target() -> None:
-    """The cloud verifying next to a torch model's rows (the CPU device; the same code
-    runs on a GPU): tree rounds are scored with ``score_tree`` and verified on the
-    host, their follow-ups answered there, and chain rounds of the same sessions on
-    the device; N = 1,500 (TV about 0.08 at one step)."""
-    pytest.importorskip("torch")
-    import torch
-
+@pytest.fixture(scope="module")
+def dev_link() -> Iterator[Pump]:
+    """The pair with the target behind :class:`~xcosd.models.on_device.OnDevice` on
+    torch's CPU device, the cloud verifying next to its rows (torch on one thread:
+    the rows are tiny)."""
+    torch = pytest.importorskip("torch")
     from xcosd.models.on_device import OnDevice
 
     target, draft = pair()
-    dev = Pump(OnDevice(target, "cpu"), draft, on_device=True)
-    verified: list[tuple[bool, bool]] = []  # (a tree round, verified on the host)
-    scored = dev.cloud.scored
-
-    def spy(session: Any, outcome: Any) -> Any:
-        verified.append((isinstance(session.draft, DraftTree), outcome.path is not None))
-        return scored(session, outcome)
-
-    dev.cloud.scored = spy  # type: ignore[method-assign]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    try:
-        seqs, walks = generate(dev, "xcosd-e-K1M3", TREES["ragged"], N_ACCEL, seed=60_000)
-    finally:
-        torch.set_num_threads(threads)
-    report = check_law(seqs, exact_law(dev, "xcosd-e-K1M3", "f32", T1))
-    assert report.ok, f"trees next to a torch target: {report}"
+    yield Pump(OnDevice(target, "cpu"), draft, on_device=True)
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("faults", [False, True], ids=["clean", "faults"])
+def test_tree_law_next_to_a_torch_target(dev_link: Pump, monkeypatch: pytest.MonkeyPatch,
+                                         faults: bool) -> None:
+    """The cloud verifying next to a torch model's rows (the CPU device; the same code
+    runs on a GPU): tree rounds are scored with ``score_tree`` and verified on the
+    host (their follow-ups answered there, a redone one rebuilt there), the chain
+    rounds of the same sessions on the device; N = 1,500 (TV about 0.08 at one
+    step), clean and through the fault injector."""
+    on_host: list[bool] = []  # per round verified on the host: was it a tree's
+    verify = scheduler._verify
+
+    def spy(session: Any, *a: Any, **kw: Any) -> Any:
+        on_host.append(isinstance(session.draft, DraftTree))
+        return verify(session, *a, **kw)
+
+    monkeypatch.setattr(scheduler, "_verify", spy)
+    variant, shape = "xcosd-e-K1M3", TREES["ragged"]
+    if faults:
+        seqs, walks, faulty = generate_faulty(dev_link, variant, shape, N_ACCEL, seed=61_000)
+        assert faulty.counts.redone > 5 and faulty.counts.restarts > 50, faulty.counts
+    else:
+        seqs, walks = generate(dev_link, variant, shape, N_ACCEL, seed=60_000)
+    report = check_law(seqs, exact_law(dev_link, variant, "f32", T1))
+    assert report.ok, f"trees next to a torch target (faults: {faults}): {report}"
     assert walks.exercised(), walks
-    trees = [host for tree, host in verified if tree]
-    assert trees and all(trees), "a tree round was not verified on the host"
-    assert any(not tree for tree, _ in verified)  # the chain rounds, on the device
+    assert all(on_host) and len(on_host) >= walks.tree_rounds, "a chain verified on the host"
+    assert walks.shapes[None] > 0  # the chain rounds: on the device
 
 
 # -- a cloud that verifies no trees ----------------------------------------------------
 
 
-def test_a_cloud_without_trees_gets_chains_and_the_law_holds() -> None:
-    """``max_tree=0`` in the welcome: an edge asked for trees drafts chains (every
-    verified round a chain, drafts sent), and the output keeps the target's law
-    (N = 1,500: TV about 0.08 at one step)."""
+@pytest.mark.parametrize("max_tree", [0, 4])
+def test_the_welcome_limits_the_trees_and_the_law_holds(max_tree: int) -> None:
+    """The cloud's ``max_tree`` in its welcome: at 0 an edge asked for trees drafts
+    chains (every verified round a chain, drafts sent), at 4 its ``5x1`` tree is
+    pruned to the first 4 nodes (four one-token candidates); either way the output
+    keeps the target's law (N = 1,500: TV about 0.08 at one step)."""
     target, draft = pair()
-    chains = Pump(target, draft, max_tree=0)
-    assert chains.handshake.welcome is not None
-    assert chains.handshake.welcome.limits.max_tree == 0
-    seqs, walks = generate(chains, "xcosd-e", TREES["ragged"], N_CHAINS, seed=70_000)
-    report = check_law(seqs, exact_law(chains, "xcosd-e", "f32", T1))
-    assert report.ok, f"chains negotiated down from trees: {report}"
-    assert walks.trees == 0 and set(walks.shapes) == {None} and walks.drafted > 0, walks
+    small = Pump(target, draft, max_tree=max_tree)
+    assert small.handshake.welcome is not None
+    assert small.handshake.welcome.limits.max_tree == max_tree
+    seqs, walks = generate(small, "xcosd-e", TREES["wide"], N_CHAINS, seed=70_000)
+    report = check_law(seqs, exact_law(small, "xcosd-e", "f32", T1))
+    assert report.ok, f"trees negotiated down to max_tree={max_tree}: {report}"
+    assert walks.drafted > 0 and walks.most <= max(max_tree, 3), walks
+    if max_tree:
+        assert set(walks.shapes) == {"4", None} and walks.exercised(), walks
+    else:
+        assert walks.trees == 0 and set(walks.shapes) == {None}, walks
 
 
 # -- hostile tree blocks against the cloud ---------------------------------------------
@@ -409,20 +428,32 @@ def refused(link: Pump, es: EdgeSession, msg: Message, code: str) -> None:
     assert link.cloud.sessions[es.s] is sess and sess.phase is phase and sess.last_seq == seq
 
 
-def finish(link: Pump, es: EdgeSession, block: DraftMsg) -> None:
+def finish(link: Pump, es: EdgeSession, block: DraftMsg) -> int:
     """Send the edge's own block after the refusals: verified, and the generation runs
-    to its end."""
+    to its end. Each later tree block sent after a rejection (the cloud resolving it)
+    goes first without its resolved token and with lying ``q(x)``, each refused with
+    the cloud still resolving; how many were."""
     pending = link.to_cloud(block)
     assert isinstance(pending[0], VerdictMsg), pending
+    resolving = 0
     while True:
         while pending:
             for m in link.receive(es, pending.pop(0)):
                 pending += link.to_cloud(m)
         if es.done:
             break
-        pending = link.to_cloud(link.next_draft(es))
+        nxt = link.next_draft(es)
+        tree = getattr(nxt, "draft", None)
+        if isinstance(nxt, DraftMsg) and isinstance(tree, DraftTree) \
+                and link.cloud.sessions[es.s].phase is CloudPhase.RESOLVING:
+            refused(link, es, dataclasses.replace(nxt, token=None), "bad_field")
+            lying = dataclasses.replace(tree, q_values=tree.q_values * np.float32(0.5))
+            refused(link, es, dataclasses.replace(nxt, draft=lying), "bad_message")
+            resolving += 1
+        pending = link.to_cloud(nxt)
     assert len(es.token_ids) == 8
     link.to_cloud(es.close())
+    return resolving
 
 
 def tree_block(link: Pump, es: EdgeSession) -> DraftMsg:
@@ -440,8 +471,8 @@ def other_tree(link: Pump, es: EdgeSession, shape: TreeShape) -> DraftTree:
 
 def test_hostile_tree_blocks_are_refused_and_the_session_goes_on(hostile: Pump) -> None:
     """Each defect its typed error, through the wire; the cloud session keeps its
-    phase and sequence number, so the edge's own block is verified afterwards and
-    the generation completes."""
+    phase (idle before round 0, resolving after a rejection) and sequence number, so
+    the edge's own block is verified afterwards and the generation completes."""
     es = opened(hostile, tree="3x1")
     good = tree_block(hostile, es)
     tree = good.draft
@@ -470,7 +501,7 @@ def test_hostile_tree_blocks_are_refused_and_the_session_goes_on(hostile: Pump) 
             "bad_field")
     refused(hostile, es, dataclasses.replace(good, redo=Redo(tree.size + 1, RequestKind.MORE)),
             "bad_field")
-    finish(hostile, es, good)
+    assert finish(hostile, es, good) > 0
 
 
 @pytest.mark.parametrize(("method", "codec"), [("uhlm", "f32"), ("xcosd-e", "q8"),

@@ -34,6 +34,8 @@ class Walks:
     full_path: int = 0
     #: drafted tokens (tree nodes, or a chain's drafts) of the cloud's verified rounds
     drafted: int = 0
+    #: the most drafted in one verified round
+    most: int = 0
     #: the cloud's RoundVerified shapes (``None``: a chain round)
     shapes: Counter[str | None] = field(default_factory=Counter)
 
@@ -52,6 +54,7 @@ class Walks:
         rounds = [ev for ev in events if isinstance(ev, RoundVerified)]
         self.shapes.update(ev.shape for ev in rounds)
         self.drafted += sum(ev.drafted for ev in rounds)
+        self.most = max([self.most, *(ev.drafted for ev in rounds)])
 
     @property
     def tree_rounds(self) -> int:
