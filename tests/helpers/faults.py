@@ -116,9 +116,9 @@ class FaultyLink:
         send = list(out.send)
         for ev in out.events:
             if isinstance(ev, ScoreNeeded):
-                # the pump's own scoring: on the device where the pump verifies there
-                [outcome] = (score_on_device(self.pump.target, [ev]) if self.pump.on_device
-                             else score_batch(self.pump.target, [ev]))
+                # as the pump scores: next to the target's rows where it verifies there
+                score = score_on_device if self.pump.on_device else score_batch
+                [outcome] = score(self.pump.target, [ev])
                 scored = self.cloud.scored(ev.session, outcome)
                 self.events += scored.events
                 send += scored.send
