@@ -131,6 +131,13 @@ def test_a_tree_where_later_siblings_win_and_nothing_where_drafting_costs() -> N
     assert all(s.size <= 32 for s in candidate_shapes())
 
 
+def test_every_candidate_is_named_and_read_back() -> None:
+    """A round's shape is named in its ``RoundSettled`` and the bench's rows: a deep
+    spine (``spine:4x4x4x4x4x4``, whose full tree would hold 5460 nodes) too."""
+    for s in candidate_shapes():
+        assert TreeShape.parse(s.label).parents == s.parents
+
+
 def test_walk_ranks_and_the_estimates() -> None:
     shape = TreeShape.parse("3x2")  # nodes 0..2, then 3,4 under 0, 5,6 under 1, 7,8 under 2
     assert walk_ranks(shape, [1, 6]) == [(0, False), (1, True), (0, False), (1, True)]

@@ -204,7 +204,11 @@ class TreeShape:
         if self.parents == TreeShape.chain(self.size).parents:
             return f"chain:{self.size}"
         widths = [len(self.children[lv[0] + 1]) for lv in self.levels()]
-        if self.parents == TreeShape.full(widths).parents:
+        full, level = 0, 1  # the full tree of these widths, built only where it fits
+        for w in widths:
+            level *= w
+            full += level
+        if full == self.size and self.parents == TreeShape.full(widths).parents:
             return "x".join(map(str, widths))
         if self.parents == TreeShape.spine(widths).parents:
             return "spine:" + "x".join(map(str, widths))

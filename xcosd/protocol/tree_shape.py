@@ -21,9 +21,10 @@ step: a model that batches a depth's rows drafts it in one step), ``node_cost`` 
 node beyond the one a depth a chain has, and ``row_cost`` per branching node (its
 committed row on the uplink): :class:`TreeCosts`, measured (:meth:`TreeCosts.measured`:
 the node's uplink bytes at the link's rate and the draft's and the cloud's compute
-per node) or, with nothing measured, a node costing what a draft step does (a drafter
-that computes a depth's rows one by one, as a CPU does; a tree whose siblings are
-free would always be wider, and the siblings' acceptance rarely pays for that). So a
+per node) or, with nothing measured, a node costing what a draft step does (about
+what the embedded n-gram draft pays, more than a draft that batches a depth's rows
+pays; with siblings free the pick would always be as wide as allowed, and later
+siblings, accepted a fraction as often as a chain's drafts, rarely pay for that). So a
 chain costs exactly what the chain policy charges it, and where later siblings do not
 pay the pick is the chain policy's length, ``ar`` included. :func:`best_shape` picks
 the candidate maximising ``expected_tokens / cost`` (the smallest on a tie). Any rule of
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..methods.tree import TreeShape
 from .draft_length import PRIOR_RATE
@@ -60,6 +62,13 @@ def candidate_shapes(max_nodes: int = 32) -> list[TreeShape]:
     """The shapes :func:`best_shape` chooses among: chains of 0..16 (0: ``ar``), one
     level of 2..8 candidates, spines, and full trees of two and three levels, each of
     at most ``max_nodes`` nodes."""
+    return list(_candidates(max_nodes))
+
+
+@lru_cache(maxsize=8)
+def _candidates(max_nodes: int) -> tuple[TreeShape, ...]:
+    """:func:`candidate_shapes`, built once: a session asks every round, and the
+    shapes' children and depths are computed once with them."""
     out = [TreeShape.chain(k) for k in range(17)]
     for w in (2, 3, 4, 6, 8):
         out.append(TreeShape.full((w,)))
@@ -74,26 +83,26 @@ def candidate_shapes(max_nodes: int = 32) -> list[TreeShape]:
         if s.size <= max_nodes and s.parents not in seen:
             seen.add(s.parents)
             keep.append(s)
-    return keep
+    return tuple(keep)
 
 
 def expected_tokens(shape: TreeShape, rates: Sequence[float]) -> float:
     """Expected tokens a round of ``shape`` emits when the ``i``-th child tested at
     any node is accepted with probability ``rates[i]`` (the last rate for later
     ranks) given that the earlier ones were rejected."""
-
-    def rate(i: int) -> float:
-        return float(rates[min(i, len(rates) - 1)])
-
-    def accepted(node: int) -> float:
+    b = [float(x) for x in rates]
+    last = len(b) - 1
+    kids = shape.children
+    # A(node) from the leaves up: a parent comes before its children
+    a = [0.0] * len(kids)  # a[node + 1]
+    for v in range(len(kids) - 1, -1, -1):
         total, left = 0.0, 1.0
-        for i, c in enumerate(shape.children[node + 1]):
-            b = rate(i)
-            total += left * b * (1.0 + accepted(c))
-            left *= 1.0 - b
-        return total
-
-    return 1.0 + accepted(-1)
+        for i, c in enumerate(kids[v]):
+            bi = b[i if i < last else last]
+            total += left * bi * (1.0 + a[c + 1])
+            left *= 1.0 - bi
+        a[v] = total
+    return 1.0 + a[0]
 
 
 def branching(shape: TreeShape) -> int:
@@ -181,14 +190,13 @@ class RankRates:
     """Moving estimates of the per-rank acceptance (see the module docstring)."""
 
     rates: list[float] = field(default_factory=lambda: [PRIOR[0]] + [PRIOR[1]] * (RANKS - 1))
+    #: what a tree costs beyond a chain, where measured; ``None``: :meth:`TreeCosts.default`
+    costs: TreeCosts | None = None
 
     def observe(self, ranks: Iterable[tuple[int, bool]]) -> None:
         for i, ok in ranks:
             k = min(int(i), RANKS - 1)
             self.rates[k] += STEP * ((1.0 if ok else 0.0) - self.rates[k])
-
-    #: what a tree costs beyond a chain, where measured; ``None``: :meth:`TreeCosts.default`
-    costs: TreeCosts | None = None
 
     def best(self, step_cost: float, node_cost: float | None = None,
              row_cost: float | None = None) -> TreeShape:
