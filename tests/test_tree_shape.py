@@ -1,6 +1,8 @@
 """The draft-tree policy (``xcosd/protocol/tree_shape.py``): its expected tokens per
-round against closed forms and a simulation of its own model, its choice against the
-chain policy's where later siblings never win, and the ranks a verdict reports."""
+round against closed forms and a simulation of its own model, its costs (a chain's is
+the chain policy's; a node's from its bytes and compute), its choice against the
+chain policy's where later siblings never win or a node costs what a step does, and
+the ranks a verdict reports."""
 
 from __future__ import annotations
 
@@ -8,12 +10,16 @@ import numpy as np
 import pytest
 
 from xcosd.methods.tree import TreeShape
-from xcosd.protocol.draft_length import best_length
+from xcosd.protocol.draft_length import DEFAULT_COST, PRIOR_RATE, STEP, DraftLength, best_length
 from xcosd.protocol.tree_shape import (
+    NODE_BYTES,
     RankRates,
+    TreeCosts,
     best_shape,
+    branching,
     candidate_shapes,
     expected_tokens,
+    round_cost,
     walk_ranks,
 )
 
@@ -50,11 +56,70 @@ def test_expected_tokens_matches_its_model_simulated() -> None:
 
 @pytest.mark.parametrize("a", [0.2, 0.5, 0.7, 0.9])
 @pytest.mark.parametrize("cost", [0.02, 0.05, 0.3])
-def test_a_chain_where_later_siblings_never_win(a: float, cost: float) -> None:
+@pytest.mark.parametrize("node", [0.0, 0.01, 0.3])
+def test_a_chain_where_later_siblings_never_win(a: float, cost: float, node: float) -> None:
     """With ``b = (a, 0, ...)`` a sibling only costs: the choice is the chain policy's
-    length (0 allowed: ``ar``)."""
-    shape = best_shape([a, 0.0], cost)
+    length (0 allowed: ``ar``), whatever a node costs."""
+    shape = best_shape([a, 0.0], cost, node, row_cost=node / 10)
     assert shape.parents == TreeShape.chain(best_length(a, cost, 16, lo=0)).parents
+
+
+def test_round_cost_charges_a_chain_as_the_chain_policy_and_a_tree_its_extras() -> None:
+    for k in range(6):
+        assert round_cost(TreeShape.chain(k), 0.05, 7.0, 9.0) == pytest.approx(1 + 0.05 * k)
+    shape = TreeShape.parse("3x2")  # 9 nodes, depth 2, rows at the context and 3 nodes
+    assert branching(shape) == 4
+    assert round_cost(shape, 0.1, 0.02, 0.001) == pytest.approx(
+        1 + 0.1 * 2 + 0.02 * 7 + 0.001 * 4)
+    assert branching(TreeShape.parse("spine:4x2x2")) == 3
+
+
+def test_tree_costs_from_bytes_and_compute() -> None:
+    c = TreeCosts.measured(fixed_s=0.05, draft_node_s=0.001, cloud_node_s=0.0005,
+                           row_bytes=200, up_bps=1e6)
+    assert c.node == pytest.approx((0.001 + 0.0005 + 8 * NODE_BYTES / 1e6) / 0.05)
+    assert c.row == pytest.approx(8 * 200 / 1e6 / 0.05)
+    # a slower link makes a row dearer, a longer round trip every node cheaper
+    assert TreeCosts.measured(fixed_s=0.05, row_bytes=200, up_bps=1e5).row > c.row
+    assert TreeCosts.measured(fixed_s=0.5, draft_node_s=0.001).node < c.node
+    assert TreeCosts.default(0.05) == TreeCosts(0.05, 0.0)
+    with pytest.raises(ValueError):
+        TreeCosts.measured(fixed_s=0.0)
+    with pytest.raises(ValueError):
+        TreeCosts(-1.0, 0.0)
+
+
+def test_the_default_costs_keep_a_session_on_chains() -> None:
+    """As ``EdgeSession.round_shape`` asks (``best(step_cost)``): at the prior and at
+    the acceptance measured on the embedded pair a node costs a step and the pick is
+    the chain policy's; with nodes free it would be a wide tree, which does not pay
+    there (``docs/RESULTS.md``, "Draft trees")."""
+    rates = RankRates()
+    first = DraftLength(4, 16, 0.0, True, DEFAULT_COST, False)
+    assert rates.rates[0] == PRIOR_RATE == first.rate
+    assert rates.best(DEFAULT_COST).parents == TreeShape.chain(
+        best_length(PRIOR_RATE, DEFAULT_COST, 16, lo=0)).parents
+    assert rates.best(DEFAULT_COST, node_cost=0.0).size >= 16
+    rates.rates = [0.73, 0.05, 0.02, 0.02, 0.0]
+    assert rates.best(DEFAULT_COST).is_chain
+    # measured costs stand in for the default once set
+    rates.rates = [0.3, 0.3, 0.25, 0.2]
+    rates.costs = TreeCosts(0.01, 0.0003)
+    assert not rates.best(DEFAULT_COST).is_chain
+    rates.costs = TreeCosts(5.0, 0.0)
+    assert rates.best(DEFAULT_COST).is_chain
+
+
+def test_a_chain_estimate_moves_as_the_chain_policy_s() -> None:
+    """A chain round's verdict moves rank 1's estimate as it moves the chain policy's
+    acceptance, so where the pick is a chain it is the chain policy's length."""
+    rates, chain = RankRates(), DraftLength(4, 16, 0.0, True, DEFAULT_COST, False)
+    for d, n in [(4, 4), (4, 1), (6, 0), (3, 3), (5, 2)]:
+        rates.observe(walk_ranks(TreeShape.chain(d), list(range(n))))
+        chain.settled(d, n)
+        assert rates.rates[0] == pytest.approx(chain.rate)
+        assert rates.best(DEFAULT_COST).parents == TreeShape.chain(chain.ceiling).parents
+    assert STEP > 0
 
 
 def test_a_tree_where_later_siblings_win_and_nothing_where_drafting_costs() -> None:
@@ -64,6 +129,13 @@ def test_a_tree_where_later_siblings_win_and_nothing_where_drafting_costs() -> N
         TreeShape.chain(shape.depth), [0.3, 0.3, 0.25, 0.2])
     assert best_shape([0.05, 0.01], step_cost=1.0).size == 0  # ar
     assert all(s.size <= 32 for s in candidate_shapes())
+
+
+def test_every_candidate_is_named_and_read_back() -> None:
+    """A round's shape is named in its ``RoundSettled`` and the bench's rows: a deep
+    spine (``spine:4x4x4x4x4x4``, whose full tree would hold 5460 nodes) too."""
+    for s in candidate_shapes():
+        assert TreeShape.parse(s.label).parents == s.parents
 
 
 def test_walk_ranks_and_the_estimates() -> None:

@@ -23,7 +23,6 @@ from .methods import DeviceState, Method, RejectState, Space, Verdict, get_metho
 from .methods.base import ID_BYTES, Reply
 from .methods.round import draft_token, resolve_locally, verify_block
 from .methods.tree import (
-    PARENT_BYTES,
     RowsAt,
     TreeShape,
     device_state,
@@ -144,8 +143,9 @@ def simulate_tree_round(
     :func:`xcosd.models.tree_scoring.score_tree` scores them). The tokens are the
     accepted path's, then the bonus or the resolved rejection's; ``accepted`` is the
     path's length, ``drafted`` the tree's size; ``distinct``: siblings drawn without
-    replacement (else i.i.d.). Downlink: the verdict names the
-    path's nodes (a u16 each) beside the chain's count and payload."""
+    replacement (else i.i.d.). Downlink: the verdict as the wire has it, its count
+    naming the node the walk stopped at (``n`` = node + 1, 0 for the context: the
+    path follows from the shape), so it costs what a chain's verdict does."""
     m = method if isinstance(method, Method) else get_method(method, **options)
     space = common if isinstance(common, Space) else Space.from_mask(common)
     drafted = draft_tree(m, shape, draft_rows, space, rng, row_codec, distinct=distinct)
@@ -156,10 +156,9 @@ def simulate_tree_round(
     msgs = [("up", "tree", up)]
     v = verify_tree(m, p, tree, space, rng)
     path = [ids[n] for n in v.path]
-    path_bytes = PARENT_BYTES * len(v.path)
     if v.reject is None:
-        verdict = Verdict(len(v.path), v.reply)
-        down = verdict.nbytes() + path_bytes
+        verdict = Verdict(v.node + 1, v.reply)
+        down = verdict.nbytes()
         msgs.append(("down", "verdict", down))
         return RoundResult([*path, verdict.reply.token], len(path), shape.size, up,  # type: ignore[union-attr]
                            down, 1, messages=msgs, path=v.path)
@@ -168,7 +167,6 @@ def simulate_tree_round(
     res.tokens[:0] = path
     res.accepted, res.drafted = len(path), shape.size
     res.uplink_bytes += up
-    res.downlink_bytes += path_bytes
     res.path = v.path
     return res
 

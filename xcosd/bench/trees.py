@@ -1,20 +1,34 @@
-"""``xcosd bench trees``: draft trees next to chains on real models, in one run.
+"""``xcosd bench trees``: draft trees next to chains and ``ar``, through the protocol.
 
-Each (pair, warper, shape) generates the same seeded prompts with tree rounds
-(:func:`xcosd.simulate.simulate_tree_round`: the device's draws from its model's TLI
-rows, the committed branching rows, the cloud's walk over the target's rows from
-:func:`~xcosd.models.tree_scoring.score_tree`, the method's own rejection exchange
-with its follow-ups); a chain is the tree ``chain:D``, so both run the same code. Per
-shape: tokens per round trip (a round's verdict and every follow-up each count one),
-target calls per token, payload bytes up and down per round, the edge's measured
-draft compute per round and the cloud's per call, and modeled tokens/s (each
-message ``RTT/2 + 8 * bytes / rate`` plus the measured compute) at every rate and
-RTT, with ``ar`` (one target call and one round trip a token) beside them. A second
-model replaces the cloud's measured time with a GPU-like fixed cost per call.
+Each (pair, warper, row) generates the same seeded prompts through the edge's and the
+cloud's state machines in process (:class:`~xcosd.nodes.pump.Pump`: every message in
+its wire form and metered as it would cross a ZeroMQ link, the cloud's scheduler
+scoring a tree with ``score_tree``, the edge's :class:`~xcosd.nodes.drafter.Drafter`
+drafting it). The rows, in one run:
 
-This is the methods' round in process (the session protocol carries chains only):
-the bytes are payload bytes before framing, and the round trips are the ones the
-protocol would make for the same messages.
+* ``ar``: the target alone;
+* ``chain``: the chain policy, what a session runs by default (``tree=None``: the
+  draft length of ``xcosd/protocol/draft_length.py`` at its default cost);
+* ``auto``: the tree policy as a session runs it (``tree="auto"``: ``RankRates`` and
+  its default costs, ``xcosd/protocol/tree_shape.py``);
+* fixed shapes (``chain:D``, ``W1xW2x...``, ``spine:W1xW2x...``);
+* ``chain:measured`` and ``auto:measured``: both policies given the costs this run
+  measured for the GPU-like deployment (below), as ``draft_cost="auto"`` would
+  measure them on such a link.
+
+Per row: tokens per round trip and round trips per token (a round trip is a target
+call, i.e. a round's verdict, or a follow-up), target calls per token, wire bytes up
+and down per round and per token, the edge's measured compute per round (drafting,
+packing, settling) and the cloud's per call, and modeled tokens/s (the link model of
+``xcosd bench methods`` over each generation's message sequence, plus the measured
+compute) at every rate and RTT; the GPU-like column replaces the cloud's measured
+time with a fixed cost per target call at ``gpu_rtt_ms``. Each round's shape, walk,
+uplink bytes and compute are noted as the messages pass (the block carries its
+parents, the verdict's count names the node the walk stopped at): the per-rank
+acceptance the tree policy estimates, and what a node costs (least squares over the
+rounds: the edge's compute against depth and nodes, the uplink bytes against nodes
+and committed rows), from which :meth:`~xcosd.protocol.tree_shape.TreeCosts.measured`
+gives the measured rows' costs.
 """
 
 from __future__ import annotations
@@ -27,15 +41,26 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidDistribution
-from ..methods import Space, get_method
-from ..methods.tli import restrict_kept_support, restrict_to_common
-from ..methods.tree import TreeShape
+from ..methods import get_method
+from ..methods.tree import DraftTree, TreeShape
 from ..models.base import LanguageModel
-from ..models.tree_scoring import rows_after, score_tree
-from ..protocol.tree_shape import RANKS, best_shape, walk_ranks
-from ..sampling import SamplingParams, sample_index, warp, warp_kept
-from ..simulate import simulate_tree_round
+from ..nodes.pump import Generation, Pump
+from ..nodes.stats import merge
+from ..protocol import Message, VerdictMsg
+from ..protocol.draft_length import DEFAULT_COST
+from ..protocol.edge import EdgeSession
+from ..protocol.tree_shape import (
+    NODE_BYTES,
+    RANKS,
+    TreeCosts,
+    best_shape,
+    candidate_shapes,
+    expected_tokens,
+    round_cost,
+    walk_ranks,
+)
+from ..sampling import SamplingParams
+from ..transport import sequence_latency
 from ..vocab import VocabMap
 from .grid import RATES_MBPS, WARPERS
 from .report import OUT_DIR, machine, table
@@ -54,7 +79,12 @@ PROMPTS = (
     "She looked at the map and said",
     "A list of the largest rivers:",
 )
-SHAPES = ("chain:1", "chain:2", "chain:4", "4", "8", "4x1", "4x2", "8x1", "spine:4x2x2")
+#: the session policies among the rows (the rest are fixed shapes)
+POLICIES = ("chain", "auto")
+SHAPES = ("chain", "auto", "chain:2", "chain:4", "chain:8", "2", "4", "2x1x1", "4x1",
+          "spine:4x2x2", "8x1")
+#: the rows with the measured costs, run after the rest (they need their measurements)
+MEASURED = ("chain:measured", "auto:measured")
 
 
 @dataclass
@@ -74,172 +104,194 @@ class TreesConfig:
     #: the GPU-like cloud: this many ms a target call, at ``gpu_rtt_ms``
     gpu_call_ms: float = 4.0
     gpu_rtt_ms: float = 50.0
+    #: run the policies with this run's measured costs too (:data:`MEASURED`)
+    measured: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
+        from .methods import PAIRS
+
         for s in self.shapes:
-            TreeShape.parse(s)
+            if s not in POLICIES:
+                TreeShape.parse(s)
         for w in self.warpers:
             if w not in WARPERS:
                 raise ValueError(f"unknown warper {w!r}; known: {', '.join(WARPERS)}")
+        for p in self.pairs:
+            if p not in PAIRS:
+                raise ValueError(f"unknown pair {p!r}; known: {', '.join(PAIRS)}")
         get_method(self.method)
 
 
 @dataclass
-class _Tally:
-    tokens: int = 0
-    rounds: int = 0
-    trips: int = 0
-    messages: int = 0
-    up: int = 0
-    down: int = 0
-    draft_s: float = 0.0
-    cloud_s: float = 0.0
-    accepted: int = 0
-    drafted: int = 0
-    #: per sibling rank: children tested there, and accepted
-    rank_tested: list[int] = field(default_factory=lambda: [0] * RANKS)
-    rank_accepted: list[int] = field(default_factory=lambda: [0] * RANKS)
+class _Round:
+    """One round as its messages showed it."""
+
+    depth: int
+    nodes: int
+    rows: int
+    up: int
+    edge_s: float
+    cloud_s: float
 
 
-class _Side:
-    """One prompt's generation: the target's and the draft's sessions, kept in step
-    with the emitted target tokens."""
+class _Watch(Pump):
+    """The pump, noting each round's shape and walk (from the block's parents and the
+    verdict's count), its block's wire bytes and both sides' compute."""
 
-    def __init__(self, draft: LanguageModel, target: LanguageModel, vmap: VocabMap,
-                 params: SamplingParams, prompt: str, shape: TreeShape) -> None:
-        self.draft, self.target, self.vmap, self.params = draft, target, vmap, params
-        self.shape = shape
-        self.t_sess = target.start(target.tokenize(prompt))
-        self.d_sess = draft.start(draft.tokenize(prompt))
-        self.draft_s = 0.0
-        self.cloud_s = 0.0
+    def __init__(self, target: LanguageModel, draft: LanguageModel, vmap: VocabMap) -> None:
+        super().__init__(target, draft, vmap=vmap)
+        self.rounds: list[_Round] = []
+        self.walks: list[tuple[int, bool]] = []
+        self._edge_s = 0.0
 
-    def draft_ids(self, tid: int) -> list[int]:
-        d = int(self.vmap.target_to_draft[tid])
-        if d >= 0:
-            return [d]
-        data = self.vmap.target.piece(tid)
-        return self.vmap.draft.encode_bytes(data) if data else []
+    def next_draft(self, es: EdgeSession) -> Message:
+        st = self._stats
+        t0 = st.draft_compute_s
+        msg = super().next_draft(es)
+        self._edge_s = st.draft_compute_s - t0
+        return msg
 
-    def tli(self, row: np.ndarray) -> np.ndarray:
-        try:
-            if self.params.identity:
-                return restrict_to_common(row, self.vmap.common_draft_index)
-            return restrict_kept_support(warp_kept(row, self.params), self.vmap.common_draft_ids,
-                                         self.vmap.draft_to_common)[0]
-        except InvalidDistribution:
-            return warp(restrict_to_common(row, self.vmap.common_draft_index), self.params)
+    def to_cloud(self, msg: Message) -> list[Message]:
+        block = getattr(msg, "draft", None)
+        if block is None:  # not a round's block: a follow-up, a close, the handshake
+            return super().to_cloud(msg)
+        st = self._stats
+        up, edge, cloud = st.uplink_bytes, st.draft_compute_s, st.cloud_compute_s
+        replies = super().to_cloud(msg)
+        if isinstance(block, DraftTree):
+            shape, rows = TreeShape(tuple(int(p) for p in block.parents)), len(block.rows)
+        else:
+            shape, rows = TreeShape.chain(block.length), 0
+        self.rounds.append(_Round(shape.depth, shape.size, rows, st.uplink_bytes - up,
+                                  self._edge_s + st.draft_compute_s - edge,
+                                  st.cloud_compute_s - cloud))
+        for m in replies:
+            if isinstance(m, VerdictMsg):
+                n = m.accepted
+                path = shape.path(n - 1) if isinstance(block, DraftTree) else list(range(n))
+                self.walks += walk_ranks(shape, path)
+        return replies
 
-    def draft_rows(self, nodes: list[int], ids: list[int]) -> list[np.ndarray]:
-        """A depth's rows in one call (one forward for a transformers draft)."""
-        t0 = time.perf_counter()
-        spelled = [self.draft_ids(t) for t in ids]
-        rows = rows_after(self.draft, self.d_sess, self.shape.parents, spelled, nodes)
-        out = [self.tli(row) for row in rows]
-        self.draft_s += time.perf_counter() - t0
+
+def _link(rate_mbps: float, rtt_ms: float) -> Any:
+    from .methods import link_for
+
+    return link_for(rate_mbps, rtt_ms)
+
+
+def run_row(pump: _Watch, label: str, params: SamplingParams, cfg: TreesConfig, prompts: int,
+            tokens: int, costs: dict[str, Any] | None = None) -> tuple[dict[str, Any],
+                                                                        list[_Round]]:
+    """One row over the prompts (one untimed generation first, as ``bench methods``
+    does: the first call of each code path pays for cold caches). Its summary, and its
+    rounds (for the cost fit)."""
+    method = "ar" if label == "ar" else cfg.method
+    policy = label.split(":")[0] if label in MEASURED else label
+    tree: TreeShape | str | None = (None if label == "ar" or policy == "chain" else
+                                    "auto" if policy == "auto" else TreeShape.parse(label))
+    draft_cost = DEFAULT_COST if costs is None or label not in MEASURED else costs["step"]
+
+    def generate(prompt: str, n: int, seed: int) -> Generation:
+        es = pump.session(method, prompt=prompt, max_new_tokens=n, params=params, seed=seed,
+                          tree=tree, tree_row_codec=cfg.row_codec, draft_cost=draft_cost)
+        if costs is not None and label in MEASURED:
+            es.tree_rates.costs = TreeCosts(costs["node"], costs["row"])
+        return pump.drive(es)
+
+    generate(PROMPTS[0], min(8, tokens), cfg.seed * 1000 + 999)
+    pump.rounds, pump.walks = [], []
+    gens = [generate(p, tokens, cfg.seed * 1000 + i) for i, p in enumerate(PROMPTS[:prompts])]
+    return _summary(label, gens, pump, cfg), pump.rounds
+
+
+def _summary(label: str, gens: list[Generation], pump: _Watch, cfg: TreesConfig
+             ) -> dict[str, Any]:
+    st = merge([g.stats for g in gens])
+    tok, rounds = max(1, st.tokens), max(1, st.rounds)
+    trips = st.target_calls + st.extra_round_trips
+    tested, accepted = [0] * RANKS, [0] * RANKS
+    for i, ok in pump.walks:
+        k = min(i, RANKS - 1)
+        tested[k] += 1
+        accepted[k] += ok
+    modeled = {}
+    for rate in cfg.rates_mbps:
+        for rtt in cfg.rtts_ms:
+            secs = sum(g.modeled_s(_link(rate, rtt)) for g in gens)
+            modeled[f"{rate:g}@{rtt:g}"] = st.tokens / secs if secs > 0 else 0.0
+    gpu_link = _link(cfg.rates_mbps[0], cfg.gpu_rtt_ms)
+    gpu_s = 0.0
+    for g in gens:
+        trace: Any = g.trace  # (direction, bytes), the directions "up" and "down"
+        gpu_s += (g.stats.draft_compute_s + g.stats.target_calls * cfg.gpu_call_ms / 1e3
+                  + sequence_latency(trace, gpu_link))
+    shapes = sorted({r.nodes for r in pump.rounds})
+    return {"shape": label, "generations": len(gens), "tokens": st.tokens,
+            "rounds": st.rounds, "target_calls": st.target_calls,
+            "extra_round_trips": st.extra_round_trips, "trips": trips,
+            "drafted": st.drafted, "accepted": st.accepted,
+            "uplink_bytes": st.uplink_bytes, "downlink_bytes": st.downlink_bytes,
+            "edge_s": st.draft_compute_s, "cloud_s": st.cloud_compute_s,
+            "rank_tested": tested, "rank_accepted": accepted,
+            "nodes_per_round": sum(r.nodes for r in pump.rounds) / max(1, len(pump.rounds)),
+            "node_counts": shapes,
+            "tokens_per_trip": st.tokens / max(1, trips),
+            "trips_per_token": trips / tok,
+            "calls_per_token": st.target_calls / tok,
+            "up_per_round": st.uplink_bytes / rounds, "down_per_round": st.downlink_bytes / rounds,
+            "up_per_token": st.uplink_bytes / tok, "down_per_token": st.downlink_bytes / tok,
+            "acceptance": st.accepted / max(1, st.drafted),
+            "edge_ms_per_round": 1e3 * st.draft_compute_s / rounds,
+            "cloud_ms_per_call": 1e3 * st.cloud_compute_s / max(1, st.target_calls),
+            "modeled_tok_s": modeled,
+            "gpu_tok_s": st.tokens / gpu_s if gpu_s > 0 else 0.0}
+
+
+def fit_costs(rounds: list[_Round], cfg: TreesConfig) -> dict[str, Any]:
+    """What a node costs, from the rounds that drafted (least squares, each
+    coefficient at least 0): the edge's seconds a round against its depth and its
+    nodes beyond one a depth, the uplink bytes against its nodes and committed rows;
+    and the policies' costs for the GPU-like deployment (its fixed part the RTT plus
+    a call, which costs the same whatever its rows, so a node costs the cloud
+    nothing there)."""
+    drafted = [r for r in rounds if r.nodes]
+    fixed_s = (cfg.gpu_rtt_ms + cfg.gpu_call_ms) / 1e3
+    if not drafted:
+        return {"step_s": 0.0, "node_s": 0.0, "node_bytes": float(NODE_BYTES),
+                "row_bytes": 0.0, "step": DEFAULT_COST, "node": DEFAULT_COST, "row": 0.0,
+                "rounds": 0, "fixed_s": fixed_s}
+
+    def lstsq(cols: list[list[float]], y: list[float]) -> list[float]:
+        a = np.array(cols, dtype=np.float64).T
+        used = [j for j in range(a.shape[1]) if np.ptp(a[:, j]) > 0 or j == 0]
+        sol = np.linalg.lstsq(a[:, used], np.array(y), rcond=None)[0]
+        out = [0.0] * a.shape[1]
+        for j, v in zip(used, sol, strict=True):
+            out[j] = max(0.0, float(v))
         return out
 
-    def target_rows(self, ids: list[int]) -> np.ndarray:
-        t0 = time.perf_counter()
-        rows = warp(score_tree(self.target, self.t_sess, self.shape.parents, ids), self.params)
-        self.cloud_s += time.perf_counter() - t0
-        return rows
-
-    def emitted(self, tokens: list[int]) -> None:
-        self.target.append(self.t_sess, tokens)
-        self.draft.append(self.d_sess, [d for t in tokens for d in self.draft_ids(t)])
-
-    def end(self) -> None:
-        self.target.end(self.t_sess)
-        self.draft.end(self.d_sess)
-
-
-def run_shape(draft: LanguageModel, target: LanguageModel, vmap: VocabMap, shape: TreeShape,
-              params: SamplingParams, cfg: TreesConfig, prompts: int, tokens: int
-              ) -> dict[str, Any]:
-    """One shape over the prompts: the tally and what it gives per token and round."""
-    space = Space.from_vocab_map(vmap)
-    method = get_method(cfg.method)
-    t = _Tally()
-    for i, prompt in enumerate(PROMPTS[:prompts]):
-        rng = np.random.default_rng([cfg.seed, i])
-        side = _Side(draft, target, vmap, params, prompt, shape)
-        made = 0
-        while made < tokens:
-            res = simulate_tree_round(method, shape, side.target_rows, side.draft_rows, space,
-                                      rng, row_codec=cfg.row_codec)
-            side.emitted(res.tokens)
-            made += len(res.tokens)
-            t.rounds += 1
-            t.trips += res.round_trips
-            t.messages += len(res.messages)
-            t.up += res.uplink_bytes
-            t.down += res.downlink_bytes
-            t.accepted += res.accepted
-            t.drafted += res.drafted
-            for i, ok in walk_ranks(shape, res.path):
-                k = min(i, RANKS - 1)
-                t.rank_tested[k] += 1
-                t.rank_accepted[k] += ok
-        t.tokens += made
-        t.draft_s += side.draft_s
-        t.cloud_s += side.cloud_s
-        side.end()
-    return _summary(shape.label, t, cfg, shape.depth)
-
-
-def run_ar(target: LanguageModel, params: SamplingParams, cfg: TreesConfig, prompts: int,
-           tokens: int) -> dict[str, Any]:
-    """``ar``: the target alone, one call and one round trip a token (its id down, 4
-    bytes; the device's ask up, 1 byte)."""
-    t = _Tally()
-    for i, prompt in enumerate(PROMPTS[:prompts]):
-        rng = np.random.default_rng([cfg.seed, i])
-        sess = target.start(target.tokenize(prompt))
-        for _ in range(tokens):
-            t0 = time.perf_counter()
-            row = warp(target.score([(sess, [])])[0][-1], params)
-            t.cloud_s += time.perf_counter() - t0
-            target.append(sess, [sample_index(row, rng)])
-            t.tokens += 1
-            t.rounds += 1
-            t.trips += 1
-            t.messages += 2
-            t.up += 1
-            t.down += 4
-        target.end(sess)
-    return _summary("ar", t, cfg, 0)
-
-
-def _modeled(t: _Tally, rate_mbps: float, rtt_ms: float, cloud_s: float) -> float:
-    secs = (t.messages * rtt_ms / 2e3 + 8.0 * (t.up + t.down) / (rate_mbps * 1e6)
-            + t.draft_s + cloud_s)
-    return t.tokens / secs if secs > 0 else 0.0
-
-
-def _summary(label: str, t: _Tally, cfg: TreesConfig, depth: int) -> dict[str, Any]:
-    tok, rounds = max(1, t.tokens), max(1, t.rounds)
-    modeled = {f"{rate:g}@{rtt:g}": _modeled(t, rate, rtt, t.cloud_s)
-               for rate in cfg.rates_mbps for rtt in cfg.rtts_ms}
-    gpu = _modeled(t, cfg.rates_mbps[0], cfg.gpu_rtt_ms, t.rounds * cfg.gpu_call_ms / 1e3)
-    return {"shape": label, "tally": asdict(t), "depth": depth,
-            "tokens_per_trip": t.tokens / max(1, t.trips),
-            "trips_per_token": t.trips / tok,
-            "calls_per_token": t.rounds / tok,
-            "up_per_round": t.up / rounds, "down_per_round": t.down / rounds,
-            "down_per_token": t.down / tok,
-            "acceptance": t.accepted / max(1, t.drafted),
-            "draft_ms_per_round": 1e3 * t.draft_s / rounds,
-            "cloud_ms_per_call": 1e3 * t.cloud_s / rounds,
-            "modeled_tok_s": modeled, "gpu_tok_s": gpu}
+    one = [1.0] * len(drafted)
+    _, step_s, node_s = lstsq([one, [r.depth for r in drafted],
+                               [r.nodes - r.depth for r in drafted]],
+                              [r.edge_s for r in drafted])
+    if not any(r.nodes > r.depth for r in drafted):
+        node_s = step_s  # no tree measured: a node as a step (TreeCosts.default)
+    _, node_b, row_b = lstsq([one, [r.nodes for r in drafted], [r.rows for r in drafted]],
+                             [float(r.up) for r in drafted])
+    costs = TreeCosts.measured(fixed_s=fixed_s, draft_node_s=node_s, node_bytes=node_b,
+                               row_bytes=row_b, up_bps=cfg.rates_mbps[0] * 1e6)
+    return {"step_s": step_s, "node_s": node_s, "node_bytes": node_b, "row_bytes": row_b,
+            "step": step_s / fixed_s, "node": costs.node, "row": costs.row,
+            "rounds": len(drafted), "fixed_s": fixed_s}
 
 
 def run_trees(cfg: TreesConfig, *, progress: bool = True) -> dict[str, Any]:
     from .methods import load_pair
 
     records: list[dict[str, Any]] = []
-    policies: list[dict[str, Any]] = []
+    fits: list[dict[str, Any]] = []
+    t_all = time.perf_counter()
     for pair in cfg.pairs:
         if pair != "embedded":
             import torch
@@ -247,84 +299,179 @@ def run_trees(cfg: TreesConfig, *, progress: bool = True) -> dict[str, Any]:
             torch.set_num_threads(1)  # one thread a model, as bench real_pair runs them
         draft, target = load_pair(pair)
         vmap = VocabMap(draft.vocab, target.vocab)
+        pump = _Watch(target, draft, vmap)
         real = pair != "embedded"
         n_p, n_t = (cfg.real_prompts, cfg.real_tokens) if real else (cfg.prompts, cfg.tokens)
         for w in cfg.warpers:
             params = WARPERS[w]
-            rows = [run_ar(target, params, cfg, n_p, n_t)]
-            shapes = [TreeShape.parse(s) for s in cfg.shapes]
-            for shape in shapes:
-                rows.append(run_shape(draft, target, vmap, shape, params, cfg, n_p, n_t))
-                _say(progress, pair, w, rows[-1])
-            pick, rates, node_cost = policy_pick(rows, cfg)
-            if pick.parents not in {s.parents for s in shapes}:
-                rows.append(run_shape(draft, target, vmap, pick, params, cfg, n_p, n_t))
-                _say(progress, pair, w, rows[-1])
-            for r in rows:
-                records.append({"pair": pair, "warper": w, **r,
-                                "policy": r["shape"] == pick.label})
-            policies.append({"pair": pair, "warper": w, "rates": rates,
-                             "node_cost": node_cost, "pick": pick.label})
-    return {"config": asdict(cfg), "machine": machine(), "records": records,
-            "policies": policies}
+            rounds: list[_Round] = []
+            rows = []
+            for label in ["ar", *cfg.shapes]:
+                row, got = run_row(pump, label, params, cfg, n_p, n_t)
+                rows.append(row)
+                rounds += got
+                _say(progress, pair, w, row)
+            costs = fit_costs(rounds, cfg)
+            if cfg.measured:
+                for label in MEASURED:
+                    row, _ = run_row(pump, label, params, cfg, n_p, n_t, costs)
+                    rows.append(row)
+                    _say(progress, pair, w, row)
+            records += [{"pair": pair, "warper": w, **r} for r in rows]
+            fits.append({"pair": pair, "warper": w, **costs,
+                         "rates": _rates(rows)})
+    return {"config": asdict(cfg), "machine": machine(), "records": records, "costs": fits,
+            "elapsed_s": time.perf_counter() - t_all}
+
+
+def _rates(rows: list[dict[str, Any]]) -> list[float]:
+    """The per-rank acceptance over every row's walks (the tree policy's estimate, had
+    it seen them all), up to the last rank tested."""
+    tested = [sum(r["rank_tested"][k] for r in rows) for k in range(RANKS)]
+    accepted = [sum(r["rank_accepted"][k] for r in rows) for k in range(RANKS)]
+    last = max((k for k in range(RANKS) if tested[k]), default=0)
+    return [a / n if n else 0.0 for a, n in zip(accepted[: last + 1], tested[: last + 1],
+                                                strict=True)]
 
 
 def _say(progress: bool, pair: str, w: str, r: dict[str, Any]) -> None:
     if progress:
         print(f"  {pair} {w} {r['shape']}: {r['trips_per_token']:.3f} trips/token, "
-              f"{r['calls_per_token']:.3f} calls/token", flush=True)
+              f"{r['calls_per_token']:.3f} calls/token, {r['nodes_per_round']:.1f} nodes/round",
+              flush=True)
 
 
-def policy_pick(rows: list[dict[str, Any]], cfg: TreesConfig
-                ) -> tuple[TreeShape, list[float], float]:
-    """The shape :func:`~xcosd.protocol.tree_shape.best_shape` picks from what the
-    run measured: the per-rank acceptance pooled over every tree run, and a node's
-    cost (the edge's measured draft time per node) over a round's fixed part (the
-    RTT of ``gpu_rtt_ms`` plus the GPU-like cloud's call, whose time per node is taken
-    as nothing beside it)."""
-    tested, accepted = [0] * RANKS, [0] * RANKS
-    per_node: list[float] = []
-    for r in rows:
-        if r["shape"] == "ar":
-            continue
-        t = r["tally"]
-        for k in range(RANKS):
-            tested[k] += t["rank_tested"][k]
-            accepted[k] += t["rank_accepted"][k]
-        nodes = t["drafted"] / max(1, t["rounds"])
-        if nodes:
-            per_node.append(r["draft_ms_per_round"] / nodes)
-    rates = [a / n if n else 0.0 for a, n in zip(accepted, tested, strict=True)]
-    last = max((k for k in range(RANKS) if tested[k]), default=0)
-    rates = rates[: last + 1]
-    fixed = cfg.gpu_rtt_ms + cfg.gpu_call_ms
-    node_cost = float(np.median(per_node)) / fixed if per_node else 0.0
-    return best_shape(rates, 0.0, node_cost), rates, node_cost
-
-
-HEADER = ["pair", "warper", "shape", "tok/trip", "trips/tok", "calls/tok", "acc",
-          "up B/round", "down B/round", "down B/tok", "draft ms/round", "cloud ms/call"]
+HEADER = ["pair", "warper", "row", "nodes/round", "tok/trip", "trips/tok", "calls/tok", "acc",
+          "up B/round", "down B/round", "up B/tok", "down B/tok", "edge ms/round",
+          "cloud ms/call"]
 
 
 def _row(r: dict[str, Any], keys: list[str]) -> list[Any]:
-    return [r["pair"], r["warper"], r["shape"], f"{r['tokens_per_trip']:.2f}",
-            f"{r['trips_per_token']:.3f}", f"{r['calls_per_token']:.3f}",
-            f"{r['acceptance']:.2f}", f"{r['up_per_round']:.0f}", f"{r['down_per_round']:.0f}",
-            f"{r['down_per_token']:.1f}", f"{r['draft_ms_per_round']:.2f}",
-            f"{r['cloud_ms_per_call']:.2f}"] + [f"{r['modeled_tok_s'][k]:.0f}" for k in keys]
+    return [r["pair"], r["warper"], r["shape"], f"{r['nodes_per_round']:.1f}",
+            f"{r['tokens_per_trip']:.2f}", f"{r['trips_per_token']:.3f}",
+            f"{r['calls_per_token']:.3f}", f"{r['acceptance']:.2f}",
+            f"{r['up_per_round']:.0f}", f"{r['down_per_round']:.0f}",
+            f"{r['up_per_token']:.0f}", f"{r['down_per_token']:.1f}",
+            f"{r['edge_ms_per_round']:.2f}", f"{r['cloud_ms_per_call']:.2f}",
+            ] + [f"{r['modeled_tok_s'][k]:.0f}" for k in keys]
+
+
+def _keys(cfg: dict[str, Any]) -> list[str]:
+    return [f"{cfg['rates_mbps'][0]:g}@{rtt:g}" for rtt in cfg["rtts_ms"]]
 
 
 def format_report(rep: dict[str, Any], *, markdown: bool = False) -> str:
-    cfg = rep["config"]
-    keys = [f"{cfg['rates_mbps'][0]:g}@{rtt:g}" for rtt in cfg["rtts_ms"]]
-    head = HEADER + [f"tok/s {k} ms" for k in keys]
-    return table([_row(r, keys) for r in rep["records"]], head, markdown=markdown)
+    keys = _keys(rep["config"])
+    head = HEADER + [f"tok/s {k} ms" for k in keys] + ["GPU-like tok/s"]
+    return table([[*_row(r, keys), f"{r['gpu_tok_s']:.0f}"] for r in rep["records"]], head,
+                 markdown=markdown)
 
 
-def _best(rep: dict[str, Any], pair: str, warper: str, chain: bool) -> dict[str, Any] | None:
+def _find(rep: dict[str, Any], pair: str, warper: str, shape: str) -> dict[str, Any] | None:
+    return next((r for r in rep["records"] if r["pair"] == pair and r["warper"] == warper
+                 and r["shape"] == shape), None)
+
+
+def _best(rep: dict[str, Any], pair: str, warper: str, chain: bool, key: str
+          ) -> dict[str, Any] | None:
+    """The fixed shape (a chain's, or a tree's) best by ``key``."""
     rows = [r for r in rep["records"] if r["pair"] == pair and r["warper"] == warper
-            and r["shape"] != "ar" and r["shape"].startswith("chain:") == chain]
-    return min(rows, key=lambda r: r["trips_per_token"]) if rows else None
+            and r["shape"] not in ("ar", *POLICIES, *MEASURED)
+            and r["shape"].startswith("chain:") == chain]
+    if not rows:
+        return None
+    if key == "trips_per_token":
+        return min(rows, key=lambda r: r[key])
+    return max(rows, key=lambda r: r[key])
+
+
+#: the goals the section judges: (pair, bound on round trips per token)
+TRIP_GOALS = {"embedded": 0.20, "real": 0.50}
+#: the GPU-like speed-up over ``ar`` the real pair should reach
+GPU_GOAL = 1.5
+
+
+def _goal_lines(rep: dict[str, Any]) -> list[str]:
+    """Each goal, judged from the records: met or not, with the numbers."""
+    out: list[str] = []
+    cfg = rep["config"]
+    for pair, bound in TRIP_GOALS.items():
+        if pair not in cfg["pairs"]:
+            continue
+        rows = [r for r in rep["records"] if r["pair"] == pair and r["warper"] == "T=1"
+                and r["shape"] != "ar"]
+        if not rows:
+            continue
+        best = min(rows, key=lambda r: r["trips_per_token"])
+        auto, chain = _find(rep, pair, "T=1", "auto"), _find(rep, pair, "T=1", "chain")
+        got = [f"`{r['shape']}` {r['trips_per_token']:.3f}" for r in (chain, auto) if r]
+        met = best["trips_per_token"] <= bound
+        out.append(
+            f"- {pair}, T=1, at most {bound:.2f} round trips per token: "
+            f"{'**met**' if met else '**not met**'}; the policies {', '.join(got)}, the "
+            f"fewest of any row `{best['shape']}` {best['trips_per_token']:.3f} "
+            f"({best['nodes_per_round']:.1f} nodes a round).")
+    if "real" in cfg["pairs"]:
+        ar = _find(rep, "real", "T=1", "ar")
+        rows = [r for r in rep["records"] if r["pair"] == "real" and r["warper"] == "T=1"
+                and r["shape"] != "ar"]
+        if ar and rows:
+            base = max(ar["gpu_tok_s"], 1e-9)
+            best = max(rows, key=lambda r: r["gpu_tok_s"])
+            pol = [r for r in (_find(rep, "real", "T=1", s) for s in MEASURED) if r]
+            ratios = ", ".join(f"`{r['shape']}` {r['gpu_tok_s'] / base:.2f}x" for r in pol)
+            met = best["gpu_tok_s"] >= GPU_GOAL * base
+            out.append(
+                f"- real, T=1, GPU-like cloud ({cfg['gpu_call_ms']:g} ms a call) at RTT "
+                f"{cfg['gpu_rtt_ms']:g} ms, at least {GPU_GOAL:g}x `ar` with the edge's "
+                f"measured compute: {'**met**' if met else '**not met**'}; `ar` "
+                f"{ar['gpu_tok_s']:.1f} tok/s, {ratios}, the best row `{best['shape']}` "
+                f"{best['gpu_tok_s'] / base:.2f}x." + _breakeven(rep, "real", "T=1"))
+    for pair in cfg["pairs"]:
+        for w in cfg["warpers"]:
+            chain = _find(rep, pair, w, "chain")
+            if chain is None:
+                continue
+            trees = [r for r in rep["records"] if r["pair"] == pair and r["warper"] == w
+                     and r["shape"] not in ("ar", "chain", "chain:measured")
+                     and not r["shape"].startswith("chain:")]
+            worse = ", ".join(f"`{r['shape']}` {r['down_per_token']:.1f}" for r in trees
+                              if r["down_per_token"] > chain["down_per_token"])
+            ups = ", ".join(f"`{r['shape']}` {r['up_per_round']:.0f} B" for r in trees)
+            out.append(
+                f"- {pair}, {w}, downlink per token no more than the chain policy's "
+                f"({chain['down_per_token']:.1f} B): "
+                + (f"**not met** by {worse}" if worse else "**met** by every tree row")
+                + f"; uplink per round: the chain policy {chain['up_per_round']:.0f} B, "
+                f"{ups}.")
+    return out
+
+
+def _breakeven(rep: dict[str, Any], pair: str, warper: str) -> str:
+    """How cheap a draft step would have to be for the policy's model, at the ranks
+    measured, to reach :data:`GPU_GOAL` over ``ar`` on the GPU-like cloud (a node
+    costing the edge what it measured beside a step, the cloud nothing)."""
+    c = next((c for c in rep.get("costs", []) if c["pair"] == pair and c["warper"] == warper),
+             None)
+    if c is None:
+        return ""
+    share = c["node_s"] / c["step_s"] if c["step_s"] > 0 else 1.0
+    shapes = candidate_shapes()
+
+    def most(step: float) -> float:
+        return max(expected_tokens(sh, c["rates"]) / round_cost(sh, step, share * step, c["row"])
+                   for sh in shapes)
+
+    if most(0.0) < GPU_GOAL:
+        return (f" At the ranks measured the model's best is {most(0.0):.2f}x `ar` even with "
+                "a free draft.")
+    lo, hi = 0.0, 1.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if most(mid) >= GPU_GOAL else (lo, mid)
+    return (f" At the ranks measured the model reaches {GPU_GOAL:g}x `ar` only with a draft "
+            f"step of at most {1e3 * lo * c['fixed_s']:.1f} ms ({lo:.3f} of a round; "
+            f"{1e3 * c['step_s']:.1f} ms measured here).")
 
 
 def section_lines(rep: Any) -> list[str]:
@@ -339,57 +486,77 @@ def section_lines(rep: Any) -> list[str]:
         sizes.append(f"real pair {cfg['real_prompts']} x {cfg['real_tokens']}")
     commands = "`" + rep.get("command", "xcosd bench trees").replace("; ", "`; `") + "`"
     out = [HEADING, "",
-           f"{commands}: seeded `{cfg['method']}`, branching "
-           f"rows as `{cfg['row_codec']}`; {', '.join(sizes)}. "
-           "Tree rounds run in process through the methods' round "
-           "(`xcosd/bench/trees.py`); a round trip is a verdict or a follow-up. Modeled "
-           f"tok/s at {cfg['rates_mbps'][0]:g} Mbit/s with the measured compute; the GPU-like "
-           f"column takes {cfg['gpu_call_ms']:g} ms a target call at RTT "
-           f"{cfg['gpu_rtt_ms']:g} ms.", ""]
-    keys = [f"{cfg['rates_mbps'][0]:g}@{rtt:g}" for rtt in cfg["rtts_ms"]]
+           f"{commands}: seeded `{cfg['method']}`, branching rows as `{cfg['row_codec']}`; "
+           f"{', '.join(sizes)}. Every row generates through the edge's and the cloud's "
+           "state machines (`xcosd/nodes/pump.py`, wire bytes as on a ZeroMQ link; "
+           "`xcosd/bench/trees.py`): `chain` is the chain policy (the default), `auto` the "
+           "tree policy as a session runs it, `*:measured` the policies given this run's "
+           "measured costs for the GPU-like deployment, the rest fixed shapes. A round "
+           "trip is a target call or a follow-up. Modeled tok/s at "
+           f"{cfg['rates_mbps'][0]:g} Mbit/s with the measured compute of both sides; the "
+           f"GPU-like column takes {cfg['gpu_call_ms']:g} ms a target call at RTT "
+           f"{cfg['gpu_rtt_ms']:g} ms with the edge's measured compute.", ""]
+    keys = _keys(cfg)
     head = HEADER + [f"tok/s RTT {k.split('@')[1]}" for k in keys] + ["GPU-like tok/s"]
     rows = [[*_row(r, keys), f"{r['gpu_tok_s']:.0f}"] for r in rep["records"]]
     out += table(rows, head, markdown=True).splitlines()
     out.append("")
-    for pair in cfg["pairs"]:
-        for w in cfg["warpers"]:
-            tree, chain = _best(rep, pair, w, False), _best(rep, pair, w, True)
-            ar = next((r for r in rep["records"] if r["pair"] == pair and r["warper"] == w
-                       and r["shape"] == "ar"), None)
-            if tree is None or chain is None or ar is None:
-                continue
-            base = max(ar["gpu_tok_s"], 1e-9)
-            out.append(
-                f"- {pair}, {w}: fewest round trips per token with a tree "
-                f"`{tree['shape']}` {tree['trips_per_token']:.3f}, with a chain "
-                f"`{chain['shape']}` {chain['trips_per_token']:.3f}; GPU-like cloud: the tree "
-                f"{tree['gpu_tok_s'] / base:.2f}x `ar`, the chain "
-                f"{chain['gpu_tok_s'] / base:.2f}x.")
-    for pol in rep.get("policies", []):
-        rates = ", ".join(f"{b:.2f}" for b in pol["rates"])
-        out.append(f"- {pol['pair']}, {pol['warper']}: per-rank acceptance measured "
-                   f"({rates}; rank 1 is a chain's), a node costing {pol['node_cost']:.3f} of "
-                   f"a GPU-like round: the policy picks `{pol['pick']}`.")
+    rates = [f"{x:g}" for x in cfg["rates_mbps"]]
+    out.append(f"Modeled tok/s of the policies and `ar` at every rate ({', '.join(rates)} "
+               "Mbit/s) and RTT (ms), with the measured compute:")
+    out.append("")
+    grid_keys = [f"{x}@{rtt:g}" for x in rates for rtt in cfg["rtts_ms"]]
+    pol_rows = [[r["pair"], r["warper"], r["shape"]]
+                + [f"{r['modeled_tok_s'][k]:.0f}" for k in grid_keys]
+                for r in rep["records"] if r["shape"] in ("ar", *POLICIES, *MEASURED)]
+    out += table(pol_rows, ["pair", "warper", "row", *grid_keys], markdown=True).splitlines()
+    out.append("")
+    out.append("The goals:")
+    out.append("")
+    out += _goal_lines(rep)
+    out.append("")
+    for c in rep.get("costs", []):
+        out += _cost_lines(c)
     out.append("")
     return out
 
 
+def _cost_lines(c: dict[str, Any]) -> list[str]:
+    """What one (pair, warper) measured of the costs and the ranks, what the policy
+    picks from them, and the most its model lets any candidate emit a round."""
+    rates = c["rates"]
+    rates_s = ", ".join(f"{b:.2f}" for b in rates)
+    pick = best_shape(rates, c["step"], c["node"], row_cost=c["row"])
+    most = max(candidate_shapes(), key=lambda s: expected_tokens(s, rates))
+    e = expected_tokens(most, rates)
+    return [
+        f"- {c['pair']}, {c['warper']}: per-rank acceptance over every walk ({rates_s}; "
+        f"rank 1 is a chain's); from {c['rounds']} rounds a draft step costs the edge "
+        f"{1e3 * c['step_s']:.2f} ms, a node beyond one a depth {1e3 * c['node_s']:.2f} ms, "
+        f"{c['node_bytes']:.0f} B a node and {c['row_bytes']:.0f} B a committed row: over a "
+        f"GPU-like round's {1e3 * c['fixed_s']:.0f} ms, a step {c['step']:.3f}, a node "
+        f"{c['node']:.3f}, a row {c['row']:.4f}, and at these rates the policy picks "
+        f"`{pick.label}`. Its model at these rates lets no candidate (at most 32 nodes) emit "
+        f"more than {e:.2f} tokens a round (`{most.label}`): at least {1 / e:.3f} round "
+        "trips per token where acceptance is as even as the model takes it."]
+
+
 def load_reports(out_dir: Path = OUT.parent) -> dict[str, Any] | None:
     """Every ``trees*.json`` in ``out_dir`` as one report (a pair may be run on its own,
-    ``--json bench/out/trees_real.json``): records and policies in file order, the
-    pairs named once, the first file's settings otherwise."""
+    ``--json bench/out/trees_real.json``): records and costs in file order, the pairs
+    named once, the first file's settings otherwise."""
     reps = [json.loads(p.read_text()) for p in sorted(out_dir.glob("trees*.json"))]
     if not reps:
         return None
     merged = dict(reps[0])
     merged["config"] = dict(reps[0]["config"])
     merged["records"] = [r for rep in reps for r in rep["records"]]
-    merged["policies"] = [p for rep in reps for p in rep.get("policies", [])]
+    merged["costs"] = [c for rep in reps for c in rep.get("costs", [])]
     pairs: list[str] = []
     for rep in reps:
         pairs += [p for p in rep["config"]["pairs"] if p not in pairs]
-        for k in ("prompts", "tokens", "real_prompts", "real_tokens"):
-            if "real" in rep["config"]["pairs"] and k.startswith("real"):
+        if "real" in rep["config"]["pairs"]:
+            for k in ("real_prompts", "real_tokens"):
                 merged["config"][k] = rep["config"][k]
     merged["config"]["pairs"] = pairs
     merged["command"] = "; ".join(str(rep.get("command", "xcosd bench trees")) for rep in reps)
@@ -402,5 +569,6 @@ def write_report(rep: dict[str, Any], path: Path = OUT) -> Path:
     return path
 
 
-__all__ = ["HEADING", "OUT", "TreesConfig", "format_report", "load_reports", "run_trees",
-           "section_lines", "write_report"]
+__all__ = ["HEADING", "MEASURED", "OUT", "POLICIES", "SHAPES", "TreesConfig", "fit_costs",
+           "format_report", "load_reports", "run_row", "run_trees", "section_lines",
+           "write_report"]

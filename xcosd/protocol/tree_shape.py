@@ -16,10 +16,18 @@ tokens a round emits is ``1 + A(root)`` with ``A(v) = sum_i P(child i of v is th
 accepted) * (1 + A(child i))`` and ``P(child i is the one) = b[i] * prod_{j<i} (1 - b[j])``
 (:func:`expected_tokens`; a chain of ``k`` gives ``1 + a + ... + a^k``, the chain
 policy's own figure, ``xcosd/protocol/draft_length.py``). A round costs a fixed part
-(the round trip and the cloud's call) plus ``step_cost`` per depth (a model that
-batches a depth's rows drafts it in one step) plus ``node_cost`` per node (its share
-of the draft's and the cloud's work and of the uplink); :func:`best_shape` picks the
-candidate maximising ``expected_tokens / cost`` (the smallest on a tie). Any rule of
+(the round trip and the cloud's call) plus ``step_cost`` per depth (a chain's draft
+step: a model that batches a depth's rows drafts it in one step), ``node_cost`` per
+node beyond the one a depth a chain has, and ``row_cost`` per branching node (its
+committed row on the uplink): :class:`TreeCosts`, measured (:meth:`TreeCosts.measured`:
+the node's uplink bytes at the link's rate and the draft's and the cloud's compute
+per node) or, with nothing measured, a node costing what a draft step does (about
+what the embedded n-gram draft pays, more than a draft that batches a depth's rows
+pays; with siblings free the pick would always be as wide as allowed, and later
+siblings, accepted a fraction as often as a chain's drafts, rarely pay for that). So a
+chain costs exactly what the chain policy charges it, and where later siblings do not
+pay the pick is the chain policy's length, ``ar`` included. :func:`best_shape` picks
+the candidate maximising ``expected_tokens / cost`` (the smallest on a tie). Any rule of
 this kind keeps the law exact: the shape is fixed from past verdicts before anything
 of the round is drawn (``docs/METHODS.md``, "Draft trees"). Pure: the caller hands it
 what it measured.
@@ -29,25 +37,38 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..methods.tree import TreeShape
+from .draft_length import PRIOR_RATE
+from .draft_length import STEP as CHAIN_STEP
 
 #: ranks estimated (a later sibling uses the last rank's estimate)
 RANKS = 8
-#: each observation's weight in a rank's estimate
-STEP = 0.1
+#: each observation's weight in a rank's estimate: the chain policy's, so that where
+#: the pick is a chain its length follows the acceptance as the chain policy's does
+STEP = CHAIN_STEP
 #: the most nodes of a tree a cloud verifies by default (``ServerLimits.max_tree``):
 #: the policy's candidates have at most 32, and a tree's rows and nodes fit a frame
 DEFAULT_MAX_TREE = 64
 #: the estimates before any verdict: a chain's acceptance, then much less for later
 #: siblings (a tree has to earn its width)
-PRIOR = (0.5, 0.1)
+PRIOR = (PRIOR_RATE, 0.1)
+#: a tree node's own uplink bytes: its target id (i32), ``q(x)`` (f32), its parent (i16)
+NODE_BYTES = 10
 
 
 def candidate_shapes(max_nodes: int = 32) -> list[TreeShape]:
     """The shapes :func:`best_shape` chooses among: chains of 0..16 (0: ``ar``), one
     level of 2..8 candidates, spines, and full trees of two and three levels, each of
     at most ``max_nodes`` nodes."""
+    return list(_candidates(max_nodes))
+
+
+@lru_cache(maxsize=8)
+def _candidates(max_nodes: int) -> tuple[TreeShape, ...]:
+    """:func:`candidate_shapes`, built once: a session asks every round, and the
+    shapes' children and depths are computed once with them."""
     out = [TreeShape.chain(k) for k in range(17)]
     for w in (2, 3, 4, 6, 8):
         out.append(TreeShape.full((w,)))
@@ -62,42 +83,85 @@ def candidate_shapes(max_nodes: int = 32) -> list[TreeShape]:
         if s.size <= max_nodes and s.parents not in seen:
             seen.add(s.parents)
             keep.append(s)
-    return keep
+    return tuple(keep)
 
 
 def expected_tokens(shape: TreeShape, rates: Sequence[float]) -> float:
     """Expected tokens a round of ``shape`` emits when the ``i``-th child tested at
     any node is accepted with probability ``rates[i]`` (the last rate for later
     ranks) given that the earlier ones were rejected."""
-
-    def rate(i: int) -> float:
-        return float(rates[min(i, len(rates) - 1)])
-
-    def accepted(node: int) -> float:
+    b = [float(x) for x in rates]
+    last = len(b) - 1
+    kids = shape.children
+    # A(node) from the leaves up: a parent comes before its children
+    a = [0.0] * len(kids)  # a[node + 1]
+    for v in range(len(kids) - 1, -1, -1):
         total, left = 0.0, 1.0
-        for i, c in enumerate(shape.children[node + 1]):
-            b = rate(i)
-            total += left * b * (1.0 + accepted(c))
-            left *= 1.0 - b
-        return total
+        for i, c in enumerate(kids[v]):
+            bi = b[i if i < last else last]
+            total += left * bi * (1.0 + a[c + 1])
+            left *= 1.0 - bi
+        a[v] = total
+    return 1.0 + a[0]
 
-    return 1.0 + accepted(-1)
+
+def branching(shape: TreeShape) -> int:
+    """The nodes (the context included) with two children or more: those whose
+    committed row crosses the uplink."""
+    return sum(1 for kids in shape.children if len(kids) >= 2)
 
 
-def round_cost(shape: TreeShape, step_cost: float, node_cost: float) -> float:
+@dataclass(frozen=True)
+class TreeCosts:
+    """What a tree costs beyond a chain of its depth, in units of a round's fixed part
+    (the round trip plus the cloud's call): ``node`` for each node beyond the one a
+    depth, ``row`` for each branching node's committed row."""
+
+    node: float = 0.0
+    row: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.node < 1e6 and 0.0 <= self.row < 1e6):
+            raise ValueError(f"tree costs must be >= 0, got {self.node}, {self.row}")
+
+    @classmethod
+    def measured(cls, *, fixed_s: float, draft_node_s: float = 0.0,
+                 cloud_node_s: float = 0.0, node_bytes: float = NODE_BYTES,
+                 row_bytes: float = 0.0, up_bps: float = 100e6) -> TreeCosts:
+        """From what a node costs in seconds: the draft's and the cloud's compute for
+        one more node, and its bytes (``node_bytes`` each node, ``row_bytes`` each
+        branching node's row) at ``up_bps``; over ``fixed_s``, the round's fixed
+        seconds."""
+        if fixed_s <= 0:
+            raise ValueError(f"a round's fixed part must be > 0 s, got {fixed_s}")
+        node = max(0.0, draft_node_s) + max(0.0, cloud_node_s) + 8.0 * node_bytes / up_bps
+        return cls(node / fixed_s, 8.0 * max(0.0, row_bytes) / up_bps / fixed_s)
+
+    @classmethod
+    def default(cls, step_cost: float) -> TreeCosts:
+        """With nothing measured: a node costs a draft step (see the module
+        docstring), a row nothing beside it."""
+        return cls(max(0.0, float(step_cost)), 0.0)
+
+
+def round_cost(shape: TreeShape, step_cost: float, node_cost: float = 0.0,
+               row_cost: float = 0.0) -> float:
     """A round's cost in units of its fixed part: 1 + a step per depth + a share per
-    node."""
-    return 1.0 + step_cost * shape.depth + node_cost * shape.size
+    node beyond one a depth + a share per branching node's row (a chain's cost is
+    the chain policy's, ``1 + k * step_cost``)."""
+    return (1.0 + step_cost * shape.depth + node_cost * (shape.size - shape.depth)
+            + row_cost * branching(shape))
 
 
 def best_shape(rates: Sequence[float], step_cost: float, node_cost: float = 0.0,
-               candidates: Iterable[TreeShape] | None = None) -> TreeShape:
+               candidates: Iterable[TreeShape] | None = None, row_cost: float = 0.0
+               ) -> TreeShape:
     """The candidate maximising ``expected_tokens / round_cost`` (the first, i.e. the
     smaller, on a tie; chains come first among the candidates)."""
     best: TreeShape | None = None
     best_v = -1.0
     for s in candidate_shapes() if candidates is None else candidates:
-        v = expected_tokens(s, rates) / round_cost(s, step_cost, node_cost)
+        v = expected_tokens(s, rates) / round_cost(s, step_cost, node_cost, row_cost)
         if v > best_v + 1e-12:
             best, best_v = s, v
     assert best is not None
@@ -126,15 +190,23 @@ class RankRates:
     """Moving estimates of the per-rank acceptance (see the module docstring)."""
 
     rates: list[float] = field(default_factory=lambda: [PRIOR[0]] + [PRIOR[1]] * (RANKS - 1))
+    #: what a tree costs beyond a chain, where measured; ``None``: :meth:`TreeCosts.default`
+    costs: TreeCosts | None = None
 
     def observe(self, ranks: Iterable[tuple[int, bool]]) -> None:
         for i, ok in ranks:
             k = min(int(i), RANKS - 1)
             self.rates[k] += STEP * ((1.0 if ok else 0.0) - self.rates[k])
 
-    def best(self, step_cost: float, node_cost: float = 0.0) -> TreeShape:
-        return best_shape(self.rates, step_cost, node_cost)
+    def best(self, step_cost: float, node_cost: float | None = None,
+             row_cost: float | None = None) -> TreeShape:
+        """:func:`best_shape` at these estimates: the costs given, else :attr:`costs`,
+        else a node costing a draft step."""
+        costs = self.costs or TreeCosts.default(step_cost)
+        return best_shape(self.rates, step_cost,
+                          costs.node if node_cost is None else node_cost,
+                          row_cost=costs.row if row_cost is None else row_cost)
 
 
-__all__ = ["DEFAULT_MAX_TREE", "RANKS", "RankRates", "best_shape", "candidate_shapes", "expected_tokens",
-           "round_cost", "walk_ranks"]
+__all__ = ["DEFAULT_MAX_TREE", "NODE_BYTES", "RANKS", "RankRates", "TreeCosts", "best_shape",
+           "branching", "candidate_shapes", "expected_tokens", "round_cost", "walk_ranks"]
