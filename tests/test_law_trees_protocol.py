@@ -76,6 +76,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 #: the shapes of tests/test_law_trees.py, and the policy's own pick each round
 TREES: dict[str, TreeShape | str] = {**SHAPES, "auto": "auto"}
+#: the policy's draft cost for ``tree="auto"``: a draft step nearly free (a fast edge,
+#: a slow link), where trees pay, so the policy's rounds are trees and change shape
+AUTO_COSTS: dict[str, dict[str, Any]] = {"auto": {"draft_cost": 0.002}}
 CODECS = ["f32", "sparse"]
 #: the branching rows' codecs (``None``: the default, sparse); sd-uplink's rows
 #: cross with its own codec whatever this says
@@ -114,7 +117,7 @@ def generate(link: Pump, variant: str, tree: TreeShape | str | None, n: int, see
         link.events.clear()
         es = link.session(name, codec=codec, prompt=PROMPT, max_new_tokens=TOKENS,
                           params=params, seed=seed + i, tree=tree, tree_row_codec=row_codec,
-                          tree_distinct=distinct, **opts)
+                          tree_distinct=distinct, **AUTO_COSTS.get(str(tree), {}), **opts)
         es.__class__ = cls
         seqs[i] = link.drive(es).token_ids
         walks.verified(link.events)
@@ -352,18 +355,28 @@ def dev_link() -> Iterator[Pump]:
 def test_tree_law_next_to_a_torch_target(dev_link: Pump, monkeypatch: pytest.MonkeyPatch,
                                          faults: bool) -> None:
     """The cloud verifying next to a torch model's rows (the CPU device; the same code
-    runs on a GPU): tree rounds are scored with ``score_tree`` and verified on the
-    host (their follow-ups answered there, a redone one rebuilt there), the chain
-    rounds of the same sessions on the device; N = 1,500 (TV about 0.08 at one
+    runs on a GPU): tree rounds are scored with ``score_tree_tensors`` and walked on
+    the device (``xcosd.accel.verify``: residuals there, their follow-ups answered from
+    a rejection kept there, a redone one rebuilt there), like the chain rounds of the
+    same sessions; nothing is verified on the host. N = 1,500 (TV about 0.08 at one
     step), clean and through the fault injector."""
+    import xcosd.accel.verify as accel_verify
+
     on_host: list[bool] = []  # per round verified on the host: was it a tree's
-    verify = scheduler._verify
+    walked: list[object] = []
+    verify, walk = scheduler._verify, accel_verify._verify_tree
 
     def spy(session: Any, *a: Any, **kw: Any) -> Any:
         on_host.append(isinstance(session.draft, DraftTree))
         return verify(session, *a, **kw)
 
+    def walk_spy(rd: Any, rw: Any) -> Any:
+        out = walk(rd, rw)
+        walked.append(out.reject)
+        return out
+
     monkeypatch.setattr(scheduler, "_verify", spy)
+    monkeypatch.setattr(accel_verify, "_verify_tree", walk_spy)
     variant, shape = "xcosd-e-K1M3", TREES["ragged"]
     if faults:
         seqs, walks, faulty = generate_faulty(dev_link, variant, shape, N_ACCEL, seed=61_000)
@@ -373,8 +386,10 @@ def test_tree_law_next_to_a_torch_target(dev_link: Pump, monkeypatch: pytest.Mon
     report = check_law(seqs, exact_law(dev_link, variant, "f32", T1))
     assert report.ok, f"trees next to a torch target (faults: {faults}): {report}"
     assert walks.exercised(), walks
-    assert all(on_host) and len(on_host) >= walks.tree_rounds, "a chain verified on the host"
-    assert walks.shapes[None] > 0  # the chain rounds: on the device
+    assert not on_host, "a round verified on the host"
+    assert len(walked) >= walks.tree_rounds
+    assert all(isinstance(r, accel_verify.DeviceReject) for r in walked if r is not None)
+    assert walks.shapes[None] > 0  # the chain rounds: on the device too
 
 
 # -- a cloud that verifies no trees ----------------------------------------------------
