@@ -404,9 +404,10 @@ def run_methods(args: argparse.Namespace) -> int:
 
 def _add_trees(bsub: Any) -> None:
     p = bsub.add_parser("trees", help="draft trees next to chains and ar on real models",
-                        description="Each shape generates the same seeded prompts through the "
-                                    "protocol (state machines, wire bytes): tokens per round trip, target calls, "
-                                    "bytes, compute, modeled tok/s; the shape the tree policy "
+                        description="Each shape generates the same seeded prompts through "
+                                    "the protocol (state machines, wire bytes): tokens per "
+                                    "round trip, target calls, bytes, compute, modeled "
+                                    "tok/s; the shape the tree policy "
                                     "picks from the measured acceptance is run too.")
     p.add_argument("--pairs", default="embedded", help="comma list: embedded, real")
     p.add_argument("--shapes", default=None,
