@@ -21,6 +21,7 @@ import asyncio
 import signal
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -127,14 +128,12 @@ async def _bind(target: object, endpoint: str, transport: str) -> xcosd.CloudNod
         await asyncio.sleep(0.01)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("transport", ["zmq", "tcp"])
-async def test_cloud_restarts_keep_the_law(transport: str) -> None:
-    """The cloud is killed and started again three times while N_FAULTS generations
-    run on one edge (xcosd-e with K = 1, M = 3: follow-ups are common, so restarts
-    meet rounds whose verdict was already seen), over a link that also loses and
-    duplicates 3 % of messages each way. The law holds. Built to catch TV 0.1 at one
-    step (test_law_power.py) and any lost or repeated token."""
+async def through_restarts(transport: str, link: LinkSpec,
+                           settings: Callable[[int], dict[str, Any]]
+                           ) -> tuple[list[xcosd.GenerationResult], int, int]:
+    """N_FAULTS generations on one edge (generation ``i`` with ``settings(i)``) over
+    ``link``, the cloud killed and started again on its endpoint three times, each
+    after N_FAULTS // 2 rounds: (results, restarts, the edge's resumes)."""
     target, draft = pair()
     cloud = await _bind(target, "tcp://127.0.0.1:0", transport)
     endpoint = cloud.endpoint
@@ -147,15 +146,14 @@ async def test_cloud_restarts_keep_the_law(transport: str) -> None:
         if rounds % (N_FAULTS // 2) == 0:
             restart.set()
 
-    link = LinkSpec.of(loss=0.03, duplicate=0.03, seed=7)
     restarts = 0
     try:
         async with xcosd.EdgeNode(draft=draft, connect=endpoint, transport=transport,
                                   heartbeat_s=0.05, timeout_s=HANG_S, connect_timeout_s=HANG_S,
                                   resend_after_s=0.5, link=link, on_round=on_round) as edge:
             gen = asyncio.gather(*[
-                edge.generate(PROMPT, max_new_tokens=TOKENS, seed=70_000 + i, method="xcosd-e",
-                              K=1, M=3, draft_len=DRAFT_LEN) for i in range(N_FAULTS)])
+                edge.generate(PROMPT, max_new_tokens=TOKENS, **settings(i))
+                for i in range(N_FAULTS)])
             while not gen.done():
                 waiter = asyncio.ensure_future(restart.wait())
                 await asyncio.wait({gen, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -169,6 +167,21 @@ async def test_cloud_restarts_keep_the_law(transport: str) -> None:
             resumes = edge.resumes
     finally:
         await cloud.close()
+    return results, restarts, resumes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["zmq", "tcp"])
+async def test_cloud_restarts_keep_the_law(transport: str) -> None:
+    """The cloud is killed and started again three times while N_FAULTS generations
+    run on one edge (xcosd-e with K = 1, M = 3: follow-ups are common, so restarts
+    meet rounds whose verdict was already seen), over a link that also loses and
+    duplicates 3 % of messages each way. The law holds. Built to catch TV 0.1 at one
+    step (test_law_power.py) and any lost or repeated token."""
+    results, restarts, resumes = await through_restarts(
+        transport, LinkSpec.of(loss=0.03, duplicate=0.03, seed=7),
+        lambda i: {"seed": 70_000 + i, "method": "xcosd-e", "K": 1, "M": 3,
+                   "draft_len": DRAFT_LEN})
     seqs = np.array([r.token_ids for r in results], dtype=np.int64)
     assert seqs.shape == (N_FAULTS, TOKENS)
     assert restarts == 3 and resumes >= 3

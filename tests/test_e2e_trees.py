@@ -30,9 +30,8 @@ from xcosd.transport import LinkSpec
 from xcosd.vocab import VocabMap
 
 from .helpers.law import bigram_law, check_law, committed_row
-from .helpers.waits import HANG_S
 from .session_pairs import closed_sessions_settle, pair
-from .test_e2e_exactness import N_FAULTS, _bind
+from .test_e2e_exactness import N_FAULTS, through_restarts
 
 PROMPT = "c"
 TOKENS = 5
@@ -104,40 +103,10 @@ async def test_cloud_restarts_under_tree_rounds_keep_the_law() -> None:
     generations run (xcosd-e with K = 1, M = 3: follow-ups are common, so restarts
     meet tree rounds whose verdict was already seen and are completed by a redone
     round), over a link losing and duplicating 3 % of messages each way."""
-    target, draft = pair()
-    cloud = await _bind(target, "tcp://127.0.0.1:0", "zmq")
-    endpoint = cloud.endpoint
-    rounds = 0
-    restart = asyncio.Event()
-
-    def on_round(_obs: object) -> None:
-        nonlocal rounds
-        rounds += 1
-        if rounds % (N_FAULTS // 2) == 0:
-            restart.set()
-
-    restarts = 0
-    try:
-        async with xcosd.EdgeNode(draft=draft, connect=endpoint, heartbeat_s=0.05,
-                                  timeout_s=HANG_S, connect_timeout_s=HANG_S,
-                                  resend_after_s=0.5,
-                                  link=LinkSpec.of(loss=0.03, duplicate=0.03, seed=11),
-                                  on_round=on_round) as edge:
-            gen = asyncio.gather(*[
-                edge.generate(PROMPT, max_new_tokens=TOKENS, seed=90_000 + i, method="xcosd-e",
-                              K=1, M=3, tree=("3x1", "2x2")[i % 2]) for i in range(N_FAULTS)])
-            while not gen.done():
-                waiter = asyncio.ensure_future(restart.wait())
-                await asyncio.wait({gen, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                if restart.is_set() and restarts < 3 and not gen.done():
-                    restart.clear()
-                    await cloud.close()
-                    cloud = await _bind(target, endpoint, "zmq")
-                    restarts += 1
-            results = await gen
-    finally:
-        await cloud.close()
+    results, restarts, _ = await through_restarts(
+        "zmq", LinkSpec.of(loss=0.03, duplicate=0.03, seed=11),
+        lambda i: {"seed": 90_000 + i, "method": "xcosd-e", "K": 1, "M": 3,
+                   "tree": ("3x1", "2x2")[i % 2]})
     st = [r.stats for r in results]
     assert restarts == 3 and sum(s.resumes for s in st) > N_FAULTS // 2
     assert sum(s.tree_rounds for s in st) > N_FAULTS and sum(s.resends for s in st) > 0

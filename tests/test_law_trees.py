@@ -43,7 +43,7 @@ from xcosd.sampling import SamplingParams, sample_index, warp
 from xcosd.simulate import simulate_tree_round
 from xcosd.vocab import VocabMap
 
-from .helpers.law import bigram_law, check_law, committed_row, markov_law
+from .helpers.law import bigram_law, check_law, committed_row, support_law
 from .session_pairs import DRAFT_EOS, DRAFT_TOKENS, BigramModel, pair, real_pair
 
 TOKENS = 4
@@ -311,19 +311,6 @@ def real() -> TreeLink:
     return TreeLink(target, draft, vmap, [])
 
 
-def real_law(link: TreeLink, params: SamplingParams, n: int) -> np.ndarray:
-    """The exact law over the target's support (its 8 tokens, in support order)."""
-    t = link.target
-    size = t.vocab.size
-
-    def row(v: np.ndarray) -> np.ndarray:
-        full = np.zeros(size, dtype=np.float32)
-        full[t.support] = v
-        return np.asarray(warp(full, params), dtype=np.float64)[t.support]
-
-    return markov_law(row(t.start_row), np.stack([row(r) for r in t.rows]), n)
-
-
 @pytest.mark.parametrize(("variant", "warper", "shape"), [
     ("xcosd", "T1", "ragged"),
     pytest.param("xcosd-e", "topk", "ragged", marks=pytest.mark.slow),
@@ -343,5 +330,5 @@ def test_tree_law_real_vocabularies(real: TreeLink, variant: str, warper: str,
     index[real.target.support] = np.arange(real.target.support.shape[0])
     mapped = index[seqs[:, :3]]
     assert (mapped >= 0).all()
-    report = check_law(mapped, real_law(real, params, 3))
+    report = check_law(mapped, support_law(real.target, params, 3))
     assert report.ok, f"{variant}/{warper}/{shape}: {report}"

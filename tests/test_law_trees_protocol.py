@@ -48,7 +48,7 @@ from xcosd.protocol.messages import Redo
 from xcosd.sampling import SamplingParams, warp
 
 from .helpers.faults import Faults, FaultyLink
-from .helpers.law import bigram_law, check_law, committed_row, markov_law
+from .helpers.law import bigram_law, check_law, committed_row, support_law
 from .helpers.tree_walks import Walks, watching
 from .session_pairs import DRAFT_EOS, DRAFT_TOKENS, BigramModel, pair, real_pair
 from .test_law import RedrawnRound
@@ -192,19 +192,6 @@ def real_link() -> Pump:
     return Pump(target, draft, vmap=vmap)
 
 
-def real_law(target: Any, params: SamplingParams) -> np.ndarray:
-    """The law of :data:`TOKENS` tokens over the target's support (in support order):
-    the prompt is outside it, so the first row is the start row."""
-    size = target.vocab.size
-
-    def row(v: np.ndarray) -> np.ndarray:
-        full = np.zeros(size, dtype=np.float32)
-        full[target.support] = v
-        return np.asarray(warp(full, params), dtype=np.float64)[target.support]
-
-    return markov_law(row(target.start_row), np.stack([row(r) for r in target.rows]), TOKENS)
-
-
 @pytest.mark.parametrize(("variant", "warper", "shape"), [
     ("xcosd", "T1", "ragged"),
     pytest.param("sd-uplink", "topp", "deep", marks=pytest.mark.slow),
@@ -222,7 +209,7 @@ def test_tree_law_real_vocabularies(real_link: Pump, variant: str, warper: str,
     index[target.support] = np.arange(target.support.shape[0])
     mapped = index[seqs]
     assert (mapped >= 0).all(), "a token off the target's support"
-    report = check_law(mapped, real_law(target, params))
+    report = check_law(mapped, support_law(target, params, TOKENS))
     assert report.ok, f"{variant}/{warper}/{shape} on o200k <- cl100k: {report}"
     assert walks.exercised(), walks
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +69,22 @@ def committed_row(method: str, codec: str, p: np.ndarray, space: Space) -> np.nd
     out[space.common_ids] = c.commit(p32[space.common_ids])
     out[space.other_ids] = p32[space.other_ids]  # theta_o crosses as the float32 sum
     return _normalise(out)
+
+
+def support_law(target: Any, params: Any, n: int) -> np.ndarray:
+    """The exact law of ``n`` tokens of a Markov target over its ``support`` (in
+    support order; ``start_row`` and ``rows`` over the support, as the real-vocabulary
+    pairs of ``tests/session_pairs.py`` have them), each row warped by ``params``."""
+    from xcosd.sampling import warp
+
+    size = target.vocab.size
+
+    def row(v: np.ndarray) -> np.ndarray:
+        full = np.zeros(size, dtype=np.float32)
+        full[target.support] = v
+        return np.asarray(warp(full, params), dtype=np.float64)[target.support]
+
+    return markov_law(row(target.start_row), np.stack([row(r) for r in target.rows]), n)
 
 
 def markov_law(start_row: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
