@@ -229,8 +229,8 @@ NAMED: tuple[NamedPatch, ...] = (
         "check_limits refuses a message of exactly max_bytes"),
     NamedPatch(
         "tree-residual-not-updated", "xcosd/methods/tree.py",
-        "r = r if nxt is None else nxt",
-        "r = r if nxt is None else r",
+        "return r if nxt is None else nxt",
+        "return r",
         "a draft tree's next sibling is tested against the row the rejected one was, "
         "not the residual it left"),
     NamedPatch(

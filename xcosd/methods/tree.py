@@ -405,6 +405,14 @@ def residual(r_star: np.ndarray, q_common: np.ndarray, space: Space) -> np.ndarr
     return (r / total).astype(np.float32)
 
 
+def next_row(r: np.ndarray, q_common: np.ndarray, space: Space) -> np.ndarray:
+    """The row the next sibling is tested against once one drawn from ``q_common`` was
+    rejected against ``r``: the residual it left (``r`` itself where rounding left the
+    residual no mass)."""
+    nxt = residual(r, q_common, space)
+    return r if nxt is None else nxt
+
+
 def check_tree(draft: DraftTree, space: Space) -> None:
     """What a peer's tree must be before anything is scored: as many parents, ids and
     values, parents before their children, at most :data:`MAX_NODES` nodes, every id in
@@ -486,8 +494,7 @@ def verify_tree(method: Method, p: Rows, draft: DraftTree, space: Space,
                 accepted = c
                 break
             if k + 1 < len(kids):
-                nxt = residual(r, qs[node][k], space)
-                r = r if nxt is None else nxt
+                r = next_row(r, qs[node][k], space)
         if accepted is None:
             state = _reject_state(draft, node, r, qs)
             return TreeVerified(path, node, method.on_reject(state, space, rng), state, tested)
@@ -524,8 +531,7 @@ def rebuild_tree_reject(method: Method, p: Rows, draft: DraftTree, node: int, sp
     r = np.asarray(method.commit_row(np.asarray(p[node + 1], dtype=np.float32), space),
                    dtype=np.float32)
     for k in range(len(kids) - 1):
-        nxt = residual(r, qs[node][k], space)
-        r = r if nxt is None else nxt
+        r = next_row(r, qs[node][k], space)
     state = _reject_state(draft, node, r, qs)
     state.candidate_rounds = int(candidate_rounds)
     state.fallback_sent = bool(fallback_sent)
@@ -547,6 +553,7 @@ __all__ = [
     "device_state",
     "draft_tree",
     "draw_child",
+    "next_row",
     "rebuild_tree_reject",
     "residual",
     "rows_needed",
