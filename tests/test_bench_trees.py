@@ -74,7 +74,7 @@ def test_measured_costs_and_the_section(rep: dict) -> None:
     assert c["rounds"] > 0 and c["step_s"] > 0 and c["node_s"] >= 0
     assert c["step"] == pytest.approx(c["step_s"] / c["fixed_s"])
     assert c["fixed_s"] == pytest.approx(0.054)
-    assert c["row_bytes"] > 50  # a topk:32 row
+    assert c["row_bytes"] > 50  # a head:64 row
     assert len(c["rates"]) >= 2 and all(0 <= b <= 1 for b in c["rates"])
     text = "\n".join(section_lines(rep))
     assert text.startswith("## Draft trees")

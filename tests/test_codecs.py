@@ -4,6 +4,8 @@ idempotent, exact codecs are exact, and malformed payloads raise CodecError."""
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +18,8 @@ from xcosd.methods.distance import total_variation, tv_distance
 from xcosd.sampling import SamplingParams, warp
 
 NAMES = ["f32", "f16", "bf16", "q8", "q8:lin", "q8:sqrt", "sparse", "topk:1", "topk:7",
-         "topk:50", "f32+zstd", "f16+zstd", "q8+zstd", "sparse+zstd", "topk:50+zstd:9"]
+         "topk:50", "head:1", "head:7", "head:50", "f32+zstd", "f16+zstd", "q8+zstd",
+         "sparse+zstd", "topk:50+zstd:9", "head:50+zstd"]
 EXACT = {"f32", "sparse", "f32+zstd", "sparse+zstd"}
 VOCAB = 151_936  # Qwen2.5's vocabulary size
 
@@ -169,7 +172,7 @@ def test_wrong_length_and_junk_are_rejected(name: str) -> None:
             c.decode(bad, 64)
     with pytest.raises(CodecError):
         c.decode(data, 63 if "zstd" not in name and "sparse" not in name
-                 and "topk" not in name else 1)
+                 and "topk" not in name and "head" not in name else 1)
 
 
 @pytest.mark.parametrize("name", ["f32", "f16", "bf16"])
@@ -216,6 +219,28 @@ def test_sparse_payloads_are_checked() -> None:
             c.decode(b, 10)
     with pytest.raises(CodecError):  # topk refuses more than K entries
         get_codec("topk:1").decode(pairs(4, [1, 2], [0.5, 0.5], "<u4"), 10)
+
+
+def test_head_keeps_the_tail_mass_flat_and_checks_its_value() -> None:
+    c = get_codec("head:2")
+    v = np.array([0.1, 0.5, 0.05, 0.3, 0.05, 0.0], dtype=np.float32)
+    com = c.commit(v)
+    # the head exactly; the other four positions share the tail's 0.2 evenly
+    assert com[[1, 3]].tolist() == [np.float32(0.5), np.float32(0.3)]
+    assert np.all(com[[0, 2, 4, 5]] == np.float32(0.2 / 4))
+    assert len(c.encode(v)) == len(get_codec("topk:2").encode(v)) + 4
+    # a row with no more non-zeros than K has no tail: topk's row
+    w = np.array([0.0, 0.6, 0.0, 0.4], dtype=np.float32)
+    assert bits(c.commit(w)) == bits(get_codec("topk:2").commit(w))
+    head = get_codec("topk:2").encode(v)
+    for tail in (float("nan"), float("inf"), -0.1, 0.31):  # 0.31 > the head's least value
+        with pytest.raises(CodecError):
+            c.decode(head + struct.pack("<f", tail), 6)
+    # a head of every position leaves no tail, nor does a head of fewer than K entries
+    for row in ([0.6, 0.4], [0.0, 1.0, 0.0, 0.0]):
+        x = np.array(row, dtype=np.float32)
+        with pytest.raises(CodecError, match="no encoder sends"):
+            c.decode(get_codec("topk:2").encode(x) + struct.pack("<f", 0.1), x.size)
 
 
 def test_q8_payloads_are_checked() -> None:

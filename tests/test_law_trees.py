@@ -73,9 +73,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 #: the exact codecs of the target's rows (trees refuse lossy ones)
 CODECS = ["f32", "sparse"]
-#: the draft rows' codecs: exact, and a committed top-k (the draft then proposes from
-#: its committed row, which changes proposals, never the law)
-ROW_CODECS = ["f32", "sparse", "topk:3"]
+#: the draft rows' codecs: exact, a committed top-k, and a top-k with a flat tail (the
+#: draft then proposes from its committed row, which changes proposals, never the law)
+ROW_CODECS = ["f32", "sparse", "topk:3", "head:3"]
 
 N_METHOD = 2_000
 N_COVER = 1_000

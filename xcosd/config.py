@@ -77,8 +77,10 @@ class GenerationConfig:
       by the draft-length policy above. A cloud that verifies no trees (its
       ``max_tree`` is 0) gets chains; one that verifies smaller trees gets the shape
       pruned to its limit. ``tree_row_codec``: how the draft rows the cloud's
-      residuals need cross (``sparse`` by default: exact; ``topk:K`` sends fewer
-      bytes and the draft proposes from its K likeliest tokens, still exact);
+      residuals need cross (``head:64`` by default: a row of at most 64 non-zeros
+      whole, else its 64 likeliest tokens and the rest's mass spread flat, the
+      row the draft then proposes from; ``sparse`` sends every non-zero, hundreds
+      of KB for a dense T = 1 row; the law is exact whatever the codec);
       ``tree_distinct=False`` draws siblings i.i.d. instead of without replacement.
     * ``do_sample=False`` is greedy decoding (temperature, top-k and top-p are then
       ignored); ``temperature`` (0: greedy too), ``top_k`` (0: off), ``top_p`` (1: off).

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ..methods import get_method
-from ..methods.tree import DraftTree, TreeShape
+from ..methods.tree import DEFAULT_ROW_CODEC, DraftTree, TreeShape
 from ..models.base import LanguageModel
 from ..nodes.pump import Generation, Pump
 from ..nodes.stats import merge
@@ -94,7 +94,7 @@ class TreesConfig:
     warpers: list[str] = field(default_factory=lambda: ["T=1"])
     method: str = "xcosd-e"
     #: the branching rows' codec (the draft proposes from the row it commits)
-    row_codec: str = "topk:32"
+    row_codec: str = DEFAULT_ROW_CODEC
     prompts: int = 8
     tokens: int = 64
     real_prompts: int = 3

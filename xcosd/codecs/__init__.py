@@ -1,7 +1,7 @@
 """Probability-vector codecs and the registry that finds them by name.
 
 Names: ``f32``, ``f16``, ``bf16``, ``q8`` (= ``q8:log``; also ``q8:lin``,
-``q8:sqrt``), ``sparse``, ``topk:K``, any of them followed by ``+zstd`` or
+``q8:sqrt``), ``sparse``, ``topk:K``, ``head:K``, any of them followed by ``+zstd`` or
 ``+zstd:LEVEL``. ``get_codec`` returns a fresh codec whose ``.name`` is the
 canonical spelling.
 """
@@ -14,7 +14,7 @@ from ..errors import CodecError
 from .base import F32, Codec
 from .halves import BF16, F16
 from .q8 import Q8
-from .sparse import Sparse, TopK
+from .sparse import Head, Sparse, TopK
 from .zstd import Zstd
 
 _REGISTRY: dict[str, Callable[[], Codec]] = {
@@ -32,17 +32,17 @@ _REGISTRY: dict[str, Callable[[], Codec]] = {
 def _base(name: str) -> Codec:
     if name in _REGISTRY:
         return _REGISTRY[name]()
-    if name.startswith("topk:"):
-        k = name.removeprefix("topk:")
+    kind, colon, k = name.partition(":")
+    if colon and kind in ("topk", "head"):
         if not k.isdigit() or int(k) < 1:
-            raise CodecError(f"topk:K needs a positive integer K, got {name!r}")
-        return TopK(int(k))
+            raise CodecError(f"{kind}:K needs a positive integer K, got {name!r}")
+        return TopK(int(k)) if kind == "topk" else Head(int(k))
     raise CodecError(f"unknown codec {name!r}; known: {codec_names()}")
 
 
 def get_codec(name: str) -> Codec:
     """A codec by its registry name (``f32``, ``f16``, ``bf16``, ``q8``, ``sparse``,
-    ``topk:K``, any of them followed by ``+zstd``)."""
+    ``topk:K``, ``head:K``, any of them followed by ``+zstd``)."""
     base, plus, stage = name.strip().partition("+")
     codec = _base(base)
     if not plus:
@@ -55,8 +55,8 @@ def get_codec(name: str) -> Codec:
 
 def codec_names() -> list[str]:
     """The base names (``topk:K`` for any K; each also with ``+zstd``)."""
-    return [*sorted(_REGISTRY), "topk:K"]
+    return [*sorted(_REGISTRY), "topk:K", "head:K"]
 
 
-__all__ = ["BF16", "F16", "F32", "Q8", "Codec", "Sparse", "TopK", "Zstd", "codec_names",
+__all__ = ["BF16", "F16", "F32", "Q8", "Codec", "Head", "Sparse", "TopK", "Zstd", "codec_names",
            "get_codec"]

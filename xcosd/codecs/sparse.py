@@ -1,4 +1,4 @@
-"""Index/value codecs: ``sparse`` (every non-zero, exact) and ``topk:K``.
+"""Index/value codecs: ``sparse`` (every non-zero, exact), ``topk:K`` and ``head:K``.
 
 After top-k or top-p warping a row has few non-zeros, and sending their indices
 and float32 values is exact and far smaller than the dense row. Layout::
@@ -19,6 +19,18 @@ the complemented index, so every key is distinct and the K largest keys are the
 K largest values with ties to the lowest index: a 4-gram row, whose entries
 mostly share a handful of backed-off values, costs what any other row does (a
 partition of the values themselves slows down 30-50x on such duplicates).
+
+``head:K`` sends what ``topk:K`` sends plus one float32: the mean of the entries it
+leaves out, which the committed row holds at every position outside the head.
+Where a draft's row is a proposal (a draft tree's branching rows: the draft samples
+from the row it commits), truncating it to its top ``K`` moves all the tail's mass
+onto the head, and a draft whose tail the target shares (a smoothed n-gram's, or
+any row at a high temperature) loses that much acceptance at every branching node;
+the flat tail keeps the head's values and the tail's total, for 4 more bytes.
+Layout: ``topk:K``'s, then ``f32 tail``. The tail value is the float64 mean of the
+left-out entries rounded once to float32, so a committed row commits to itself:
+its tail entries are that one value, whose float64 sum over ``n - K`` positions is
+exact and whose mean is the value again.
 """
 
 from __future__ import annotations
@@ -241,3 +253,63 @@ class TopK(Codec):
 
     def max_encoded_size(self, n: int) -> int:
         return _HEAD.size + 8 * min(n, self.k)
+
+
+_TAIL = struct.Struct("<f")
+
+
+class Head(TopK):
+    """``topk:K``'s head, and the rest of the row as one flat float32 value (the mean
+    of the entries left out) at every position outside it."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.name = f"head:{k}"
+
+    def _split(self, v32: np.ndarray) -> tuple[np.ndarray, np.float32]:
+        """The head's ascending indices and the tail's float32 value."""
+        idx = self.keep(v32)
+        rest = v32.size - idx.size
+        if rest == 0:
+            return idx, np.float32(0.0)
+        out = np.ones(v32.size, dtype=bool)
+        out[idx] = False
+        tail = np.float32(float(np.sum(v32[out], dtype=np.float64)) / rest)
+        if idx.size:  # rounding never lifts the tail above the head's least value
+            tail = min(tail, v32[idx].min())
+        return idx, np.float32(tail)
+
+    def encode(self, v: np.ndarray) -> bytes:
+        v32 = check_input(v, self.name)
+        idx, tail = self._split(v32)
+        return encode_pairs(idx, v32[idx]) + _TAIL.pack(tail)
+
+    def decode(self, data: Buffer, n: int) -> np.ndarray:
+        mv = memoryview(data).cast("B")
+        if mv.nbytes < _HEAD.size + _TAIL.size:
+            raise CodecError(f"{self.name}: {mv.nbytes} bytes is shorter than the header")
+        where, vals = decode_pairs(mv[: mv.nbytes - _TAIL.size], n, self.name)
+        if vals.size > self.k:
+            raise CodecError(f"{self.name}: {vals.size} entries, at most {self.k} allowed")
+        (tail,) = _TAIL.unpack_from(mv, mv.nbytes - _TAIL.size)
+        tail = np.float32(tail)
+        if not (np.isfinite(tail) and tail >= 0):
+            raise CodecError(f"{self.name}: the tail value must be finite and >= 0")
+        # a tail only follows a full head (fewer non-zeros than K leave none), and
+        # never above the head's least value
+        if tail > 0 and (vals.size == n or vals.size < self.k or tail > vals.min()):
+            raise CodecError(f"{self.name}: a tail value no encoder sends")
+        out = _scatter(where, vals, n)
+        if tail > 0:
+            out[out == 0] = tail  # every head value is > 0
+        return out
+
+    def commit(self, v: np.ndarray) -> np.ndarray:
+        v32 = check_input(v, self.name)
+        idx, tail = self._split(v32)
+        out = np.full(v32.shape[0], tail, dtype=np.float32)
+        out[idx] = v32[idx]
+        return out
+
+    def max_encoded_size(self, n: int) -> int:
+        return super().max_encoded_size(n) + _TAIL.size

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..gc_tuning import many_sessions_gc
+from ..methods.tree import DEFAULT_ROW_CODEC
 from ..protocol.draft_length import DEFAULT_CONFIDENCE, DEFAULT_COST
 from .options import (
     UsageError,
@@ -415,8 +416,9 @@ def _add_trees(bsub: Any) -> None:
                         "(default: a set of chains and trees)")
     p.add_argument("--warpers", default="T=1", help="comma list of warpers (as bench methods)")
     p.add_argument("--method", default="xcosd-e", help="a lossless drafting method")
-    p.add_argument("--row-codec", default="topk:32",
-                   help="the branching rows' codec (the draft proposes from what it commits)")
+    p.add_argument("--row-codec", default=DEFAULT_ROW_CODEC,
+                   help="the branching rows' codec (the draft proposes from what it "
+                        f"commits; default {DEFAULT_ROW_CODEC}, a session's)")
     p.add_argument("--prompts", type=int, default=8, help="embedded pair's prompts")
     p.add_argument("--tokens", type=int, default=64, help="tokens per embedded prompt")
     p.add_argument("--real-prompts", type=int, default=3)

@@ -250,8 +250,9 @@ def add_generation_args(p: argparse.ArgumentParser, *, method: bool = True,
                         "spine:4x2x2, chain:4, or auto (the tree policy picks each round's "
                         "shape, chains included); default: chains by the adaptive length")
     p.add_argument("--tree-row-codec", type=codec_name, default=d.tree_row_codec,
-                   metavar="CODEC", help="how a tree's draft rows cross (default sparse; "
-                                         "topk:K sends fewer bytes, exact either way)")
+                   metavar="CODEC", help="how a tree's draft rows cross (default head:64: "
+                                         "64 entries and a flat tail; sparse sends a "
+                                         "row whole; exact either way)")
     p.add_argument("--tree-iid", action="store_true",
                    help="draw a node's children i.i.d. (default: without replacement)")
     p.add_argument("--no-speculate", action="store_true",

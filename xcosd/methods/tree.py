@@ -59,10 +59,12 @@ from .commit import committed_full, decoded_full
 PARENT_BYTES = 2
 #: the most nodes one tree may hold (a parent index fits a u16)
 MAX_NODES = 1024
-#: the row codec a tree's branching rows cross with by default: exact and a few
-#: hundred bytes for a top-k / top-p draft row; a dense T = 1 row is better sent as
-#: ``topk:K`` (the draft then proposes from its K likeliest tokens)
-DEFAULT_ROW_CODEC = "sparse"
+#: the row codec a tree's branching rows cross with by default: ``sparse``'s bits
+#: (exact) for a row of at most 64 non-zeros (greedy, top-k, a confident top-p), and
+#: for a dense T = 1 row its 64 likeliest tokens plus its tail's mass spread flat, at
+#: most 529 bytes where ``sparse`` sends ``8 |V_C|`` (hundreds of KB); the draft
+#: proposes from what it sends, so this is the proposal's shape, never the law's
+DEFAULT_ROW_CODEC = "head:64"
 
 
 # ------------------------------------------------------------------------- shape
