@@ -42,9 +42,11 @@ from xcosd.methods.base import RequestKind
 from xcosd.methods.tree import DraftTree, TreeShape
 from xcosd.nodes import scheduler
 from xcosd.nodes.pump import Pump
-from xcosd.protocol import DraftMsg, EdgeSession, Error, Message, VerdictMsg
+from xcosd.protocol import DraftMsg, EdgeSession, Error, Message, VerdictMsg, tree_shape
 from xcosd.protocol.cloud import CloudPhase
+from xcosd.protocol.draft_length import DEFAULT_COST
 from xcosd.protocol.messages import Redo
+from xcosd.protocol.tree_shape import PROBE_EVERY, RankRates, TreeCosts, probe_shape
 from xcosd.sampling import SamplingParams, warp
 
 from .helpers.faults import Faults, FaultyLink
@@ -107,9 +109,10 @@ def exact_law(link: Pump, variant: str, codec: str, params: SamplingParams) -> n
 def generate(link: Pump, variant: str, tree: TreeShape | str | None, n: int, seed: int, *,
              codec: str = "f32", params: SamplingParams = T1, row_codec: str | None = None,
              distinct: bool = True, session_cls: type[EdgeSession] = EdgeSession,
-             ) -> tuple[np.ndarray, Walks]:
+             costs: dict[str, Any] | None = None) -> tuple[np.ndarray, Walks]:
     """``n`` generations of :data:`TOKENS` tokens through the pump, each round a tree
-    of ``tree`` where the cloud verifies trees: (sequences, what their walks did)."""
+    of ``tree`` where the cloud verifies trees: (sequences, what their walks did).
+    ``costs``: the session's draft-cost options (default :data:`AUTO_COSTS`')."""
     name, opts = VARIANTS[variant]
     walks = Walks()
     cls = watching(walks, session_cls)
@@ -118,7 +121,8 @@ def generate(link: Pump, variant: str, tree: TreeShape | str | None, n: int, see
         link.events.clear()
         es = link.session(name, codec=codec, prompt=PROMPT, max_new_tokens=TOKENS,
                           params=params, seed=seed + i, tree=tree, tree_row_codec=row_codec,
-                          tree_distinct=distinct, **AUTO_COSTS.get(str(tree), {}), **opts)
+                          tree_distinct=distinct,
+                          **(AUTO_COSTS.get(str(tree), {}) if costs is None else costs), **opts)
         es.__class__ = cls
         seqs[i] = link.drive(es).token_ids
         walks.verified(link.events)
@@ -192,6 +196,40 @@ def test_tree_law_through_the_protocol(link: Pump, variant: str, shape: str, war
     label = f"{variant}/{shape}/{warper}/{codec}/rows {row_codec}/distinct {distinct}"
     assert report.ok, f"{label}: {report}"
     assert walks.exercised(params.greedy), (label, walks)
+
+
+# -- the tree policy's probes -----------------------------------------------------------
+
+
+def test_the_tree_policy_probes_keep_the_law(link: Pump, monkeypatch: pytest.MonkeyPatch
+                                             ) -> None:
+    """``tree="auto"`` at the default draft cost picks chains here; with a probe due at
+    every chain pick, each round drafts the chain's probe (a second child at every
+    node): the law holds (N = 600) and the probes' walks took the residual path."""
+    monkeypatch.setattr(tree_shape, "PROBE_EVERY", 1)
+    assert RankRates().best(DEFAULT_COST).is_chain
+    seqs, walks = generate(link, "xcosd-e", "auto", N_COVER, seed=40_000, costs={})
+    report = check_law(seqs, exact_law(link, "xcosd-e", "f32", T1))
+    assert report.ok, f"probes: {report}"
+    assert walks.exercised(), walks
+
+
+def test_the_tree_policy_probes_later_ranks_and_drafting(link: Pump) -> None:
+    """Where the tree policy picks chains it still drafts a probe now and then, which
+    measures rank 2; where it picks nothing the chain policy's probes still draft
+    (the tree policy alone never drafted again: nothing to measure acceptance by)."""
+    probes = {probe_shape(TreeShape.chain(k)).label for k in range(1, 17)}
+    es = link.session("xcosd-e", prompt=PROMPT, max_new_tokens=400, params=T1, seed=7,
+                      tree="auto")
+    es.tree_rates.costs = TreeCosts(node=5.0)  # no tree pays: the picks are chains
+    g = link.drive(es)
+    assert g.stats.rounds > 2 * PROBE_EVERY, g.stats.rounds
+    assert g.stats.tree_rounds >= 1 and set(g.stats.shapes) <= probes, g.stats.shapes
+    assert g.stats.tree_rounds <= g.stats.rounds // PROBE_EVERY + 1
+    es = link.session("xcosd-e", prompt=PROMPT, max_new_tokens=400, params=T1, seed=7,
+                      tree="auto", draft_cost=5.0)
+    g = link.drive(es)
+    assert g.stats.tree_rounds == 0 and 0 < g.stats.drafted < g.stats.rounds, g.stats
 
 
 # -- the real vocabularies -------------------------------------------------------------

@@ -13,12 +13,15 @@ from xcosd.methods.tree import TreeShape
 from xcosd.protocol.draft_length import DEFAULT_COST, PRIOR_RATE, STEP, DraftLength, best_length
 from xcosd.protocol.tree_shape import (
     NODE_BYTES,
+    PROBE_EVERY,
     RankRates,
     TreeCosts,
     best_shape,
     branching,
     candidate_shapes,
     expected_tokens,
+    policy_shapes,
+    probe_shape,
     round_cost,
     walk_ranks,
 )
@@ -90,7 +93,8 @@ def test_tree_costs_from_bytes_and_compute() -> None:
 
 
 def test_the_default_costs_keep_a_session_on_chains() -> None:
-    """As ``EdgeSession.round_shape`` asks (``best(step_cost)``): at the prior and at
+    """As ``EdgeSession.round_shape`` asks (``pick(step_cost)``, which is ``best`` but
+    for its probes): at the prior and at
     the acceptance measured on the embedded pair a node costs a step and the pick is
     the chain policy's; with nodes free it would be a wide tree, which does not pay
     there (``docs/RESULTS.md``, "Draft trees")."""
@@ -108,6 +112,43 @@ def test_the_default_costs_keep_a_session_on_chains() -> None:
     assert not rates.best(DEFAULT_COST).is_chain
     rates.costs = TreeCosts(5.0, 0.0)
     assert rates.best(DEFAULT_COST).is_chain
+
+
+def test_a_chain_pick_is_probed_for_later_ranks_until_a_walk_tests_them() -> None:
+    """Only a tree's walks measure the later ranks: one chain pick in PROBE_EVERY is
+    drafted as its probe, a chain with a second child at each node, unless a walk
+    tested a later rank meanwhile; a pick of nothing (``ar``) is not probed here (the
+    chain policy's probes draft then)."""
+    rates = RankRates()
+    chain = rates.best(DEFAULT_COST)
+    assert chain.is_chain and chain.depth > 0
+    probe = probe_shape(chain)
+    assert probe.parents == TreeShape.spine((2,) * chain.depth).parents
+    assert probe.depth == chain.depth and probe.size == 2 * chain.depth
+    # under the model a probe commits at least what its chain would
+    assert expected_tokens(probe, rates.rates) > expected_tokens(chain, rates.rates)
+    picks = [rates.pick(DEFAULT_COST) for _ in range(2 * PROBE_EVERY)]
+    assert [i for i, s in enumerate(picks) if not s.is_chain] == [PROBE_EVERY - 1,
+                                                                  2 * PROBE_EVERY - 1]
+    assert picks[PROBE_EVERY - 1].parents == probe.parents
+    assert all(s.parents == chain.parents for s in picks if s.is_chain)
+    # a walk that tested rank 2 puts the next probe off by a full interval
+    for _ in range(PROBE_EVERY - 2):
+        assert rates.pick(DEFAULT_COST).is_chain
+    rates.observe(walk_ranks(TreeShape.spine((2, 1)), []))  # ranks 1 and 2 rejected
+    assert all(rates.pick(DEFAULT_COST).is_chain for _ in range(PROBE_EVERY - 1))
+    assert not rates.pick(DEFAULT_COST).is_chain
+    # a tree pick is not a chain's: no probe, and the count does not move
+    rates.rates, rates.costs = [0.3, 0.3, 0.25, 0.2], TreeCosts(0.001, 0.0)
+    before = rates.unprobed
+    assert not rates.pick(DEFAULT_COST).is_chain and rates.unprobed == before
+    # nothing to probe where drafting does not pay
+    rates.rates, rates.costs = [0.05, 0.01], None
+    assert all(rates.pick(1.0).size == 0 for _ in range(3 * PROBE_EVERY))
+    # every probe is a shape a metric names
+    names = {s.label for s in policy_shapes()}
+    assert {probe_shape(TreeShape.chain(k)).label for k in range(1, 17)} <= names
+    assert len(names) == len(policy_shapes())
 
 
 def test_a_chain_estimate_moves_as_the_chain_policy_s() -> None:

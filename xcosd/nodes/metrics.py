@@ -77,7 +77,7 @@ from ..http import ConnectionLimits, HttpServer
 from ..http.exposition import metrics_response
 from ..protocol.errors import CODES
 from ..protocol.messages import MESSAGE_TYPES
-from ..protocol.tree_shape import DEFAULT_MAX_TREE, candidate_shapes
+from ..protocol.tree_shape import DEFAULT_MAX_TREE, policy_shapes
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,9 @@ DIRECTIONS = ("up", "down")
 #: object (a ``str`` subclass, an enum member), so what prints is from the fixed set
 _TYPE_CANON = {t: t for t in MESSAGE_TYPE_LABELS}
 _CODE_CANON = {c: c for c in ERROR_CODE_LABELS}
-#: the tree shapes a metric names: those the tree policy chooses among (an edge may
-#: send any shape; the others count as :data:`OTHER`)
-TREE_SHAPE_LABELS = frozenset(s.label for s in candidate_shapes(DEFAULT_MAX_TREE))
+#: the tree shapes a metric names: those the tree policy chooses among and its probes
+#: (an edge may send any shape; the others count as :data:`OTHER`)
+TREE_SHAPE_LABELS = frozenset(s.label for s in policy_shapes(DEFAULT_MAX_TREE))
 _SHAPE_CANON = {s: s for s in TREE_SHAPE_LABELS}
 
 

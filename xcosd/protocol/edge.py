@@ -532,8 +532,12 @@ class EdgeSession:
         anything of the round is drawn, so any choice keeps the law."""
         if self.tree is None or not self.method.drafts or self.max_tree < 2:
             return None
-        shape = (self.tree if isinstance(self.tree, TreeShape)
-                 else self.tree_rates.best(self.drafting.cost))
+        if isinstance(self.tree, TreeShape):
+            shape = self.tree
+        else:
+            shape = self.tree_rates.pick(self.drafting.cost)
+            if shape.size == 0:  # drafting does not pay: the chain policy's, probes and all
+                return None
         return shape.pruned(max(self.remaining - 1, 0), self.max_tree)
 
     @property
@@ -786,7 +790,7 @@ class EdgeSession:
             # the draft model keeps the accepted drafts and the token's draft spelling
             self._edit(self._drafted - n, self._draft_ids(token, other))
             self.drafting.settled(draft.length, n)
-            if self._shape is not None:
+            if self.tree is not None:  # the chain policy's rounds too (its probes)
                 self.tree_rates.observe(walk_ranks(TreeShape.chain(draft.length),
                                                    list(range(n))))
             rejected = n < draft.length

@@ -27,10 +27,12 @@ pays; with siblings free the pick would always be as wide as allowed, and later
 siblings, accepted a fraction as often as a chain's drafts, rarely pay for that). So a
 chain costs exactly what the chain policy charges it, and where later siblings do not
 pay the pick is the chain policy's length, ``ar`` included. :func:`best_shape` picks
-the candidate maximising ``expected_tokens / cost`` (the smallest on a tie). Any rule of
-this kind keeps the law exact: the shape is fixed from past verdicts before anything
-of the round is drawn (``docs/METHODS.md``, "Draft trees"). Pure: the caller hands it
-what it measured.
+the candidate maximising ``expected_tokens / cost`` (the smallest on a tie). Only a
+tree's walks measure the later ranks, so :meth:`RankRates.pick`, what a session asks,
+drafts a chain pick's probe (:func:`probe_shape`) one round in :data:`PROBE_EVERY`
+while no walk tests them. Any rule of this kind keeps the law exact: the shape is
+fixed from past verdicts and round counts before anything of the round is drawn
+(``docs/METHODS.md``, "Draft trees"). Pure: the caller hands it what it measured.
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ DEFAULT_MAX_TREE = 64
 PRIOR = (PRIOR_RATE, 0.1)
 #: a tree node's own uplink bytes: its target id (i32), ``q(x)`` (f32), its parent (i16)
 NODE_BYTES = 10
+#: where the pick is a chain that drafts, one round in this many drafts its probe
+#: (:func:`probe_shape`) unless a walk tested a later rank meanwhile: only a tree's
+#: walks measure the later ranks, and from the prior alone a tree that would pay is
+#: never tried (the chain policy probes a length of 0 the same way)
+PROBE_EVERY = 16
 
 
 def candidate_shapes(max_nodes: int = 32) -> list[TreeShape]:
@@ -84,6 +91,25 @@ def _candidates(max_nodes: int) -> tuple[TreeShape, ...]:
             seen.add(s.parents)
             keep.append(s)
     return tuple(keep)
+
+
+def probe_shape(chain: TreeShape) -> TreeShape:
+    """A chain with a second child at each of its nodes (``spine:2x...x2``, as deep):
+    a walk that stops short of the end tests rank 2 where it stops, and commits at
+    least what the chain would have; ``depth`` more nodes and rows."""
+    return TreeShape.spine((2,) * chain.depth) if chain.depth else chain
+
+
+def policy_shapes(max_nodes: int = DEFAULT_MAX_TREE) -> list[TreeShape]:
+    """Every shape :meth:`RankRates.pick` may return: the candidates and the probes of
+    their chains (a metric names these)."""
+    out = candidate_shapes(max_nodes)
+    seen = {s.parents for s in out}
+    for probe in (probe_shape(s) for s in list(out) if s.is_chain and s.depth):
+        if probe.size <= max_nodes and probe.parents not in seen:
+            seen.add(probe.parents)
+            out.append(probe)
+    return out
 
 
 def expected_tokens(shape: TreeShape, rates: Sequence[float]) -> float:
@@ -192,11 +218,30 @@ class RankRates:
     rates: list[float] = field(default_factory=lambda: [PRIOR[0]] + [PRIOR[1]] * (RANKS - 1))
     #: what a tree costs beyond a chain, where measured; ``None``: :meth:`TreeCosts.default`
     costs: TreeCosts | None = None
+    #: chain picks since a walk last tested a later rank (a probe is due at
+    #: :data:`PROBE_EVERY`)
+    unprobed: int = 0
 
     def observe(self, ranks: Iterable[tuple[int, bool]]) -> None:
         for i, ok in ranks:
             k = min(int(i), RANKS - 1)
             self.rates[k] += STEP * ((1.0 if ok else 0.0) - self.rates[k])
+            if k:
+                self.unprobed = 0
+
+    def pick(self, step_cost: float) -> TreeShape:
+        """A round's shape: :meth:`best`, or where that is a chain that drafts and no
+        walk tested a later rank for :data:`PROBE_EVERY` of them, its probe
+        (:func:`probe_shape`). A function of past verdicts and round counts, fixed
+        before anything of the round is drawn, as any shape rule must be."""
+        shape = self.best(step_cost)
+        if not shape.is_chain or shape.depth == 0:
+            return shape
+        self.unprobed += 1
+        if self.unprobed < PROBE_EVERY:
+            return shape
+        self.unprobed = 0
+        return probe_shape(shape)
 
     def best(self, step_cost: float, node_cost: float | None = None,
              row_cost: float | None = None) -> TreeShape:
@@ -208,5 +253,6 @@ class RankRates:
                           row_cost=costs.row if row_cost is None else row_cost)
 
 
-__all__ = ["DEFAULT_MAX_TREE", "NODE_BYTES", "RANKS", "RankRates", "TreeCosts", "best_shape",
-           "branching", "candidate_shapes", "expected_tokens", "round_cost", "walk_ranks"]
+__all__ = ["DEFAULT_MAX_TREE", "NODE_BYTES", "PROBE_EVERY", "RANKS", "RankRates", "TreeCosts",
+           "best_shape", "branching", "candidate_shapes", "expected_tokens", "policy_shapes",
+           "probe_shape", "round_cost", "walk_ranks"]
