@@ -152,6 +152,42 @@ async def test_tree_shapes_reach_the_cloud_metrics() -> None:
     assert float(line.split()[-1]) == stats["tree_shapes"]["3x1"]
 
 
+async def test_the_tree_policy_learns_across_a_node_s_generations(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With measured costs (``draft_cost="auto"``, the default unseeded) each
+    generation with ``tree="auto"`` starts from the last one's per-rank estimates, as
+    the chain policy's length does, so 4-token generations (far fewer rounds than a
+    probe's interval) still measure the later ranks. A seeded one with a set cost
+    neither takes nor hands on anything."""
+    from xcosd.protocol.tree_shape import RankRates
+
+    adopted: list[tuple[list[float], int]] = []
+    adopt = RankRates.adopt
+
+    def spy(self: RankRates, other: RankRates) -> None:
+        adopted.append((list(other.rates), other.unprobed))
+        adopt(self, other)
+
+    monkeypatch.setattr(RankRates, "adopt", spy)
+    target, draft = pair()
+    async with (xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud,
+                xcosd.EdgeNode(draft=draft, connect=cloud.endpoint,
+                               link=LinkSpec.of(rtt_s=0.02)) as edge):
+        trees = 0
+        ended: list[tuple[list[float], int]] = []
+        for _ in range(24):
+            r = await edge.generate(PROMPT, max_new_tokens=4, draft_cost="auto", tree="auto")
+            trees += r.stats.tree_rounds
+            learned = edge._learned_ranks
+            assert learned is not None
+            ended.append((list(learned.rates), learned.unprobed))
+        # each generation after the first started from what the one before ended with
+        assert adopted == ended[:-1] and trees > 0
+        assert learned.rates[1] != RankRates().rates[1]  # rank 2 measured on the way
+        await edge.generate(PROMPT, max_new_tokens=4, seed=3, tree="auto")
+        assert len(adopted) == 23 and edge._learned_ranks is learned
+
+
 def test_a_tree_setting_is_checked_where_it_is_given() -> None:
     with pytest.raises(ValueError, match="tree shape"):
         xcosd.GenerationConfig(tree="3by2")

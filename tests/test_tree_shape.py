@@ -151,6 +151,26 @@ def test_a_chain_pick_is_probed_for_later_ranks_until_a_walk_tests_them() -> Non
     assert len(names) == len(policy_shapes())
 
 
+def test_a_policy_adopts_what_an_earlier_one_learned() -> None:
+    """A node's next generation (measured costs) starts from the last one's per-rank
+    estimates and its count towards a probe, so generations shorter than the probe
+    interval still probe; its own costs, where set, stay."""
+    old = RankRates()
+    for _ in range(PROBE_EVERY - 3):
+        old.pick(DEFAULT_COST)
+    old.observe(walk_ranks(TreeShape.chain(4), [0, 1]))
+    new = RankRates()
+    new.adopt(old)
+    assert new.rates == old.rates and new.rates is not old.rates
+    assert new.unprobed == old.unprobed == PROBE_EVERY - 3
+    assert [new.pick(DEFAULT_COST).is_chain for _ in range(3)] == [True, True, False]
+    old.observe([(1, True)])
+    assert new.rates[1] != old.rates[1]  # a copy: the old one's verdicts are its own
+    mine = RankRates(costs=TreeCosts(0.5, 0.0))
+    mine.adopt(RankRates(costs=TreeCosts(0.01, 0.0)))
+    assert mine.costs == TreeCosts(0.5, 0.0)
+
+
 def test_a_chain_estimate_moves_as_the_chain_policy_s() -> None:
     """A chain round's verdict moves rank 1's estimate as it moves the chain policy's
     acceptance, so where the pick is a chain it is the chain policy's length."""

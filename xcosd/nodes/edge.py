@@ -80,6 +80,7 @@ from ..protocol.messages import (
     VerdictMsg,
     from_wire,
 )
+from ..protocol.tree_shape import RankRates
 from ..sampling import SamplingParams
 from ..transport import LinkConnection, LinkSpec, Meter, connect, sequence_latency
 from ..transport.addresses import Addresses, resolve, split_endpoints
@@ -357,6 +358,8 @@ class EdgeNode:
         #: the draft-length policy of the last generation that measured its costs
         #: (draft_cost="auto"): the next such generation starts from it
         self._learned: DraftLength | None = None
+        #: the tree policy of the last such generation with tree="auto"
+        self._learned_ranks: RankRates | None = None
         self._ids = itertools.count(1)
         #: render requests (tokenize, chat_prompt) waiting for their answer, by number
         self._render_ids = itertools.count(1)
@@ -991,6 +994,8 @@ class EdgeNode:
             tree_distinct=cfg.tree_distinct)
         if self._learned is not None:  # draft_cost="auto": what the last one measured
             es.drafting.adopt(self._learned)
+            if es.drafting.measure and es.tree == "auto" and self._learned_ranks is not None:
+                es.tree_rates.adopt(self._learned_ranks)
         return es
 
     async def _in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -1046,6 +1051,8 @@ class EdgeNode:
             inbox.close()
             if es.drafting.measure and es.drafting.step_s is not None:
                 self._learned = es.drafting
+                if es.tree == "auto":
+                    self._learned_ranks = es.tree_rates
             if es.opens and self._connected and self._conn is not None:
                 with contextlib.suppress(Exception):
                     await self._send(es.close(), st, None)

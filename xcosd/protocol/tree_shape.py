@@ -229,6 +229,16 @@ class RankRates:
             if k:
                 self.unprobed = 0
 
+    def adopt(self, other: RankRates) -> None:
+        """Start from what ``other`` (an earlier generation's policy) learned: its
+        estimates and the chain picks since its last probe (generations shorter
+        than the interval still probe). The caller adopts only where costs are
+        measured, so a seeded generation's shapes stay its own."""
+        self.rates = list(other.rates)
+        self.unprobed = other.unprobed
+        if self.costs is None:
+            self.costs = other.costs
+
     def pick(self, step_cost: float) -> TreeShape:
         """A round's shape: :meth:`best`, or where that is a chain that drafts and no
         walk tested a later rank for :data:`PROBE_EVERY` of them, its probe
