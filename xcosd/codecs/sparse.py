@@ -240,10 +240,15 @@ class TopK(Codec):
         idx = self.keep(v32)
         return encode_pairs(idx, v32[idx])
 
-    def decode(self, data: Buffer, n: int) -> np.ndarray:
+    def pairs(self, data: Buffer, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`decode_pairs`, refusing more than ``k`` entries."""
         where, vals = decode_pairs(data, n, self.name)
         if vals.size > self.k:
             raise CodecError(f"{self.name}: {vals.size} entries, at most {self.k} allowed")
+        return where, vals
+
+    def decode(self, data: Buffer, n: int) -> np.ndarray:
+        where, vals = self.pairs(data, n)
         return _scatter(where, vals, n)
 
     def commit(self, v: np.ndarray) -> np.ndarray:
@@ -288,9 +293,7 @@ class Head(TopK):
         mv = memoryview(data).cast("B")
         if mv.nbytes < _HEAD.size + _TAIL.size:
             raise CodecError(f"{self.name}: {mv.nbytes} bytes is shorter than the header")
-        where, vals = decode_pairs(mv[: mv.nbytes - _TAIL.size], n, self.name)
-        if vals.size > self.k:
-            raise CodecError(f"{self.name}: {vals.size} entries, at most {self.k} allowed")
+        where, vals = self.pairs(mv[: mv.nbytes - _TAIL.size], n)
         (tail,) = _TAIL.unpack_from(mv, mv.nbytes - _TAIL.size)
         tail = np.float32(tail)
         if not (np.isfinite(tail) and tail >= 0):
