@@ -96,6 +96,12 @@ class GenerationConfig:
     * ``timeout_s``: the whole generation's deadline (``None``: none beyond the
       node's own deadline on every wait); past it ``generate`` raises
       :class:`TimeoutError` and the session is closed.
+    * ``max_uplink_bytes``: the most wire bytes the generation may send the cloud
+      (``None``: no bound). A message that would pass it is not sent: the
+      generation ends with :class:`~xcosd.errors.BudgetError` instead, so a
+      setting that makes the edge send a lot (a vector-sending method, long
+      drafts) costs the device's link at most this (the HTTP API sets it per
+      request: ``docs/API.md``).
     * ``K``, ``M`` (``xcosd-e``), ``hr_presample`` (``xcosd``, ``xcosd-e``),
       ``threshold`` (``uhlm``): the method's own options; ``None`` keeps the method's
       default, and setting one the method does not take is an error.
@@ -121,6 +127,7 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
     timeout_s: float | None = None
+    max_uplink_bytes: int | None = None
     K: int | None = None
     M: int | None = None
     hr_presample: bool | None = None
@@ -228,6 +235,8 @@ class GenerationConfig:
                 isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float)
                 or not self.timeout_s > 0 or not math.isfinite(self.timeout_s)):
             raise ValueError(f"timeout_s must be a finite number > 0, got {self.timeout_s!r}")
+        if self.max_uplink_bytes is not None:
+            _check_int("max_uplink_bytes", self.max_uplink_bytes, 1)
         given = self.method_options()
         wrong = sorted(set(given) - takes)
         if wrong:

@@ -63,6 +63,8 @@ class ErrorCode(StrEnum):
     ADDRESS_IN_USE = "address_in_use"
     ENDPOINT = "endpoint"
     CURVE = "curve"
+    #: a generation reached the bytes it may send (``GenerationConfig.max_uplink_bytes``)
+    BUDGET = "budget"
 
 
 class XcosdError(Exception):
@@ -114,6 +116,13 @@ class BusyError(XcosdError):
     """The cloud is at a configured limit; retry later."""
 
     code = ErrorCode.BUSY
+
+
+class BudgetError(XcosdError):
+    """A generation would send the cloud more bytes than it may
+    (``GenerationConfig.max_uplink_bytes``): it ends before that message goes."""
+
+    code = ErrorCode.BUDGET
 
 
 class ModelError(XcosdError):

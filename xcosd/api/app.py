@@ -30,6 +30,14 @@ What it guarantees:
 * **A client that goes away costs nothing.** Each generation runs as a task that
   is cancelled the moment the client disconnects (streamed or not), which closes
   its session on the cloud at once.
+* **A door with a lock.** Given API keys, every route but ``/health`` (and
+  ``/metrics`` where the operator opens it) answers 401 to a request without one
+  of them as its bearer token, before its body is read (:mod:`xcosd.api.keys`).
+* **A request picks only what the operator allows.** The ``xcosd`` object's
+  method, codec, draft length and tree are checked against a
+  :class:`~xcosd.api.policy.RequestPolicy` (400 naming the field), and every
+  generation's bytes to the cloud are bounded by it (its
+  ``GenerationConfig.max_uplink_bytes``) and counted per key.
 * **Errors are OpenAI's error objects** with the right status (400, 404, 405,
   413, 415, 429, 503, 504), and nothing a request does stops the others. A stream
   starts once its request is accepted (not at its first token); an error after
@@ -42,7 +50,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -57,12 +65,14 @@ from ..errors import ErrorCode, XcosdError
 from ..http.exposition import metrics_response
 from ..nodes.arrivals import Arrival
 from ..nodes.edge import EdgeNode
-from ..nodes.stats import GenerationResult
+from ..nodes.stats import GenerationResult, GenerationStats
 from . import responses as R
 from .errors import APIError, invalid
 from .guard import REQUEST_ID, RequestGuard, internal_error, internal_error_response
 from .json_body import decode_json
+from .keys import CLIENT, ApiKeys, KeyGate
 from .metrics import EdgeMetrics
+from .policy import RequestPolicy
 from .requests import ChatRequest, CompletionRequest, RequestLimits, parse_chat, parse_completion
 from .stop import StopTrim
 
@@ -77,7 +87,10 @@ STATUS_FOR_CODE: dict[str, int] = {
     ErrorCode.CONNECT: 503, ErrorCode.TRANSPORT: 503, ErrorCode.HANDSHAKE: 503,
     ErrorCode.VERSION: 503, ErrorCode.VOCAB: 503,
     ErrorCode.MODEL: 502, ErrorCode.INTERNAL: 502,
+    ErrorCode.BUDGET: 400,
 }
+#: the OpenAI error ``code`` of a code whose own name would not say enough
+API_CODE_FOR: dict[str, str] = {ErrorCode.BUDGET: "uplink_budget_exceeded"}
 
 
 def api_error_for(exc: BaseException) -> APIError:
@@ -92,7 +105,7 @@ def api_error_for(exc: BaseException) -> APIError:
         status = STATUS_FOR_CODE.get(code, 500)
         headers = {"Retry-After": "1"} if status in (429, 503) else None
         msg = ("the cloud is unreachable: " if status == 503 else "") + exc.message
-        return APIError(status, msg, None, code, headers)
+        return APIError(status, msg, None, API_CODE_FOR.get(code, code), headers)
     log.error("request %s: generation failed", REQUEST_ID.get(), exc_info=exc)
     return internal_error(type(exc).__name__)
 
@@ -105,14 +118,18 @@ class _Generation:
     """One request's generation, running as a task: text pieces arrive on a queue
     (``None`` once it ended); :meth:`cancel` ends it and closes its cloud session."""
 
-    def __init__(self, run: Callable[[Callable[[str], None]],
+    def __init__(self, run: Callable[[Callable[[str], None], GenerationStats],
                                      Coroutine[Any, Any, GenerationResult]],
                  arrived: float, mark: Arrival) -> None:
         self.arrived = arrived
         self.first_at: float | None = None
+        #: counted into as it runs: what it sent, even if it fails
+        self.stats = GenerationStats()
+        #: the name of the API key its request came with
+        self.client = CLIENT.get()
         self.pieces: asyncio.Queue[str | None] = asyncio.Queue()
         self.task: asyncio.Task[GenerationResult] = asyncio.get_running_loop().create_task(
-            run(self._on_text))
+            run(self._on_text, self.stats))
         self.task.add_done_callback(lambda _t: self.pieces.put_nowait(None))
         # its first open drops the mark; a generation cancelled before it ran does here
         self.task.add_done_callback(lambda _t: mark.sent())
@@ -202,19 +219,28 @@ class OpenAIApp:
     ``aliases``: more ids accepted for it. ``limits``: what one request may ask for
     (:class:`~xcosd.api.requests.RequestLimits`). ``max_in_flight``: generations at
     once (429 past it). ``config``: the defaults a request's settings update
-    (default: the edge's own)."""
+    (default: the edge's own). ``api_keys``: the keys a request must carry as its
+    bearer token (none: the API is open, for loopback use); ``open_metrics``:
+    ``/metrics`` answers without a key too. ``policy``: what a request may pick
+    of the protocol and the bytes it may cost (:class:`RequestPolicy`)."""
 
     def __init__(self, edge: EdgeNode, *, model: str | None = None,
                  aliases: tuple[str, ...] = (), limits: RequestLimits | None = None,
                  max_in_flight: int = 64, retry_after_s: int = 1,
                  config: GenerationConfig | None = None,
-                 max_body_bytes: int | None = None) -> None:
+                 max_body_bytes: int | None = None,
+                 api_keys: ApiKeys | Iterable[str] | None = None, open_metrics: bool = False,
+                 policy: RequestPolicy | None = None) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.edge = edge
         self._model = model
         self.aliases = frozenset(aliases)
         self.limits = limits or RequestLimits()
+        self.policy = policy or RequestPolicy()
+        keys = (api_keys if isinstance(api_keys, ApiKeys) or api_keys is None
+                else ApiKeys(api_keys))
+        self.api_keys = keys if keys else None
         self.max_in_flight = max_in_flight
         self.retry_after_s = retry_after_s
         self.config = config
@@ -236,7 +262,12 @@ class OpenAIApp:
             exception_handlers={HTTPException: self._http_error,
                                 Exception: internal_error_response})
         self.app.router.redirect_slashes = False  # a path is the route or a 404
-        self._guarded = RequestGuard(self.app)
+        gated: Any = self.app
+        if self.api_keys is not None:
+            gated = KeyGate(self.app, self.api_keys,
+                            ("/health", "/metrics") if open_metrics else ("/health",),
+                            self.metrics.unauthorized)
+        self._guarded = RequestGuard(gated)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._guarded(scope, receive, send)
@@ -380,6 +411,7 @@ class OpenAIApp:
         named = self._model is not None or self.edge.target_name is not None
         if named and not self._serves(req.model):
             raise self._unknown_model(req.model)
+        self.policy.check(req)
         cfg = self._config(req)
         if self.in_flight >= self.max_in_flight:
             raise APIError(429, f"{self.in_flight} requests are in flight, the most this "
@@ -400,15 +432,19 @@ class OpenAIApp:
                 # for tokenize): the generation starts now, its length in tokens
                 # (usage, the limit) is learned beside it, off the first token's path
                 text = req.prompt
-                gen = _Generation(lambda on_text: self.edge.generate(
-                    text, config=cfg, on_text=on_text, arrival=mark), arrived, mark)
+                bounded = self._bounded(cfg, len(text.encode("utf-8", "surrogatepass")))
+                gen = _Generation(lambda on_text, st: self.edge.generate(
+                    text, config=bounded, on_text=on_text, arrival=mark, stats=st),
+                    arrived, mark)
             prompt = await unless_disconnected(request.receive,
                                                self._prompt_ids(req, gen, mark))
             if prompt is None:  # the client left while the prompt was prepared
                 return Response(status_code=499)
             if gen is None:
-                gen = _Generation(lambda on_text: self.edge.generate(
-                    prompt, config=cfg, on_text=on_text, arrival=mark), arrived, mark)
+                bounded = self._bounded(cfg, 4 * len(prompt))
+                gen = _Generation(lambda on_text, st: self.edge.generate(
+                    prompt, config=bounded, on_text=on_text, arrival=mark, stats=st),
+                    arrived, mark)
             if req.stream:
                 response = await self._stream(request, req, chat, gen, len(prompt))
                 handed_over = isinstance(response, _EventStream)
@@ -423,6 +459,11 @@ class OpenAIApp:
                 await gen.cancel()  # a refusal or a client gone: its session closes
             if not handed_over:
                 self._done()
+
+    def _bounded(self, cfg: GenerationConfig, prompt_bytes: int) -> GenerationConfig:
+        """``cfg`` with the policy's bound on the bytes its generation sends."""
+        return cfg.replace(max_uplink_bytes=self.policy.uplink_budget(cfg.max_new_tokens,
+                                                                      prompt_bytes))
 
     def _done(self) -> None:
         self.in_flight -= 1
@@ -487,6 +528,7 @@ class OpenAIApp:
                res: GenerationResult | None) -> None:
         self.metrics.generation(reason, prompt_tokens, res.stats if res is not None else None,
                                 gen.ttft_s, time.perf_counter() - gen.arrived)
+        self.metrics.client(gen.client, gen.stats)
 
     async def _stream(self, request: Request, req: CompletionRequest | ChatRequest, chat: bool,
                       gen: _Generation, prompt_tokens: int) -> Response:
@@ -516,16 +558,27 @@ class OpenAIApp:
         reason = "abort"
         res: GenerationResult | None = None
 
+        # vLLM's continuous_usage_stats: each chunk carries the usage so far (only
+        # with include_usage, as vLLM reads it)
+        continuous = req.include_usage and req.continuous_usage
+
+        def counted(chunk: dict[str, Any]) -> bytes:
+            if continuous:
+                chunk["usage"] = R.usage(prompt_tokens, gen.stats.tokens)
+            return R.sse(chunk)
+
         def piece(text: str) -> bytes:
             if chat:
-                return R.sse(R.chat_chunk(cid, created, model, {"content": text},
-                                          include_usage=usage_null))
-            return R.sse(R.completion_chunk(cid, created, model, text, include_usage=usage_null))
+                return counted(R.chat_chunk(cid, created, model, {"content": text},
+                                            include_usage=usage_null))
+            return counted(R.completion_chunk(cid, created, model, text,
+                                              include_usage=usage_null))
 
         try:
             if chat:
-                yield R.sse(R.chat_chunk(cid, created, model, {"role": "assistant", "content": ""},
-                                         include_usage=usage_null))
+                yield counted(R.chat_chunk(cid, created, model,
+                                           {"role": "assistant", "content": ""},
+                                           include_usage=usage_null))
             item = await gen.pieces.get() if isinstance(first, _Wait) else first
             ended = item is None
             while not ended:
@@ -562,7 +615,7 @@ class OpenAIApp:
                 last = R.completion_chunk(cid, created, model, "", reason,
                                           include_usage=usage_null)
             last["xcosd"] = info
-            yield R.sse(last)
+            yield counted(last)
             if req.include_usage:
                 yield R.sse(R.usage_chunk(cid, created, model, chat,
                                           R.usage(prompt_tokens, len(res.token_ids)), info))

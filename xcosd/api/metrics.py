@@ -6,8 +6,9 @@ Names follow vLLM's where one exists (``vllm:time_to_first_token_seconds`` is
 ``xcosd_edge_time_to_first_token_seconds`` here, ``vllm:spec_decode_num_accepted_tokens``
 is ``xcosd_edge_spec_decode_num_accepted_tokens_total``), so a dashboard built for
 one reads the other. Label values come only from fixed sets (the endpoint's name,
-a finish reason of :data:`FINISH_REASONS`, an HTTP status class): nothing a client
-sends becomes a label, so no client can grow the number of series.
+a finish reason of :data:`FINISH_REASONS`, an HTTP status class, the name of an
+API key the operator gave): nothing a client sends becomes a label, so no client
+can grow the number of series.
 """
 
 from __future__ import annotations
@@ -137,12 +138,33 @@ class EdgeMetrics:
         self.latency = Histogram(p + "e2e_request_latency_seconds",
                                  "request arrival to the generation's end",
                                  buckets=LATENCY_BUCKETS, registry=r)
+        self.refused = Counter(p + "http_unauthorized", "requests refused for want of a "
+                               "right API key (401), before any work", registry=r)
+        self.client_uplink = Counter(p + "client_uplink_bytes", "wire bytes sent to the cloud "
+                                     "for each API key's requests ('-': no keys)", ["client"],
+                                     registry=r)
+        self.client_downlink = Counter(p + "client_downlink_bytes", "wire bytes received "
+                                       "from the cloud for each API key's requests",
+                                       ["client"], registry=r)
+        self.client_generations = Counter(p + "client_generations", "generations run for "
+                                          "each API key", ["client"], registry=r)
         for reason in FINISH_REASONS:  # every series exists from the start, at 0
             self.generations.labels(reason)
 
     def request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint if endpoint in ENDPOINTS else "other",
                              status_class(status)).inc()
+
+    def unauthorized(self, path: str) -> None:
+        """Count a request refused by the API-key check (``path``: not a label)."""
+        self.refused.inc()
+
+    def client(self, name: str, st: GenerationStats) -> None:
+        """Meter one generation of the API key ``name``: every byte it moved, also
+        when it failed or its client left."""
+        self.client_generations.labels(name).inc()
+        self.client_uplink.labels(name).inc(st.uplink_bytes)
+        self.client_downlink.labels(name).inc(st.downlink_bytes)
 
     def generation(self, finish_reason: str, prompt_tokens: int, st: GenerationStats | None,
                    ttft_s: float | None, latency_s: float) -> None:

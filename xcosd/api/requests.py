@@ -19,7 +19,15 @@ JSON body into a :class:`CompletionRequest` / :class:`ChatRequest`, or raise
   modulo 2**64), ``stop`` a string or up to :attr:`RequestLimits.max_stop` strings,
   ``ignore_eos`` (vLLM's: the target's end tokens do not end the output, which runs
   to ``max_tokens``; the tokens drawn are the same; absent, the server's setting).
-* **Sizes are bounded.** ``max_tokens`` (or chat's ``max_completion_tokens``) at
+* **vLLM's extensions are taken at their neutral values.** Tools built for vLLM
+  send its sampling extensions (``min_tokens``, ``repetition_penalty``,
+  ``skip_special_tokens``, ``include_stop_str_in_output`` ...: :data:`VLLM_NEUTRAL`)
+  even when they change nothing; each is accepted at the value that leaves the
+  target's law and the text as they are, and refused (400 naming it) at any
+  other. ``stream_options.continuous_usage_stats`` (vLLM's too) puts the usage so
+  far on every chunk of a stream.
+* **Sizes are bounded.** ``max_tokens`` (or ``max_completion_tokens``, which wins
+  where both are given) at
   most :attr:`RequestLimits.max_tokens`, prompt text and messages at most
   :attr:`RequestLimits.max_prompt_chars` characters (413 past it), stop strings
   short.
@@ -43,6 +51,46 @@ IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
 #: chat roles and the role the target's template is given (OpenAI's newer
 #: ``developer`` role is its ``system`` role under another name)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+#: vLLM's request extensions, each with the values at which it changes nothing
+#: here (the law, the text, the usage) and why any other is refused
+VLLM_NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
+    "min_tokens": ((0,), "a minimum length changes the target's law"),
+    "repetition_penalty": ((1, 1.0), "penalties change the target's law"),
+    "length_penalty": ((1, 1.0), "no beam search"),
+    "min_p": ((0, 0.0), "min-p sampling is not implemented"),
+    "use_beam_search": ((False,), "no beam search"),
+    "skip_special_tokens": ((True,), "special tokens are left out of the text"),
+    "spaces_between_special_tokens": ((True,), "special tokens are left out of the text"),
+    "include_stop_str_in_output": ((False,), "stop strings are left out of the text"),
+    "stop_token_ids": (([],), "only the target's own end tokens and stop strings end a "
+                             "generation"),
+    "bad_words": (([],), "a banned word changes the target's law"),
+    "allowed_token_ids": ((), "a token mask changes the target's law"),
+    "truncate_prompt_tokens": ((), "prompts are never truncated"),
+    "prompt_logprobs": ((), "the verified rows stay on the cloud"),
+    "detokenize": ((True,), "the text is always returned"),
+    "return_tokens_as_token_ids": ((False,), "tokens are returned as text (and as ids in "
+                                             "the 'xcosd' object)"),
+    "guided_json": ((), "no constrained decoding"),
+    "guided_regex": ((), "no constrained decoding"),
+    "guided_choice": ((), "no constrained decoding"),
+    "guided_grammar": ((), "no constrained decoding"),
+    "guided_decoding_backend": ((), "no constrained decoding"),
+    "logits_processors": ((), "a processor changes the target's law"),
+    "priority": ((0,), "requests are served as they come"),
+}
+#: vLLM's chat extensions, as :data:`VLLM_NEUTRAL`
+VLLM_CHAT_NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
+    "add_generation_prompt": ((True,), "the target's template always opens the answer"),
+    "continue_final_message": ((False,), "the target's template always opens an answer"),
+    "echo": ((False,), "the prompt is not echoed"),
+    "chat_template": ((), "the target's own chat template is used"),
+    "chat_template_kwargs": ((), "the target's own chat template is used as it is"),
+    "documents": ((), "the target's own chat template is used as it is"),
+}
+#: vLLM's fields that cannot change the output: accepted and not used
+VLLM_IGNORED = frozenset({"request_id"})
 
 #: the ``xcosd`` object's keys
 XCOSD_KEYS = frozenset({"method", "codec", "draft_len", "tree"})
@@ -82,6 +130,8 @@ class Sampling:
     ignore_eos: bool | None
     stream: bool
     include_usage: bool
+    #: vLLM's ``continuous_usage_stats``: the usage so far on every chunk
+    continuous_usage: bool
     #: the ``xcosd`` object's settings, ``None`` where not given
     method: str | None
     codec: str | None
@@ -226,18 +276,18 @@ def _unknown(body: Mapping[str, Any], known: frozenset[str]) -> None:
 
 
 #: the fields both endpoints read
-_COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-                     "ignore_eos", "stream", "stream_options", "n", "presence_penalty",
-                     "frequency_penalty", "logit_bias", "logprobs", "xcosd"}) | IGNORED_FIELDS
+_COMMON = frozenset({"model", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+                     "top_k", "seed", "stop", "ignore_eos", "stream", "stream_options", "n",
+                     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "xcosd"}
+                    ) | IGNORED_FIELDS | VLLM_IGNORED | frozenset(VLLM_NEUTRAL)
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools",
+CHAT_FIELDS = _COMMON | {"messages", "top_logprobs", "tools",
                          "tool_choice", "parallel_tool_calls", "functions", "function_call",
                          "response_format", "modalities", "audio", "prediction",
-                         "reasoning_effort"}
+                         "reasoning_effort"} | frozenset(VLLM_CHAT_NEUTRAL)
 
 
-def _sampling(body: Mapping[str, Any], limits: RequestLimits, max_tokens_key: str
-              ) -> dict[str, Any]:
+def _sampling(body: Mapping[str, Any], limits: RequestLimits) -> dict[str, Any]:
     model = body.get("model")
     if model is None:
         raise invalid("you must provide a model parameter", "model", "missing_required_parameter")
@@ -248,24 +298,27 @@ def _sampling(body: Mapping[str, Any], limits: RequestLimits, max_tokens_key: st
             if not _is_int(body[key]):
                 raise invalid(f"'{key}' must be an integer", key, "invalid_type")
             raise unsupported(key, why)
+    for key, (neutral, why) in VLLM_NEUTRAL.items():
+        _neutral(body, key, why, *neutral)
     _neutral(body, "presence_penalty", "penalties change the target's law", 0, 0.0)
     _neutral(body, "frequency_penalty", "penalties change the target's law", 0, 0.0)
     if body.get("logit_bias") not in (None, {}):
         raise unsupported("logit_bias", "a bias changes the target's law")
     stream = _bool(body, "stream", False)
     opts = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous_usage = False
     if opts is not None:
         if not stream:
             raise invalid("'stream_options' is only allowed when 'stream' is true",
                           "stream_options")
         if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"}:
-            raise invalid("'stream_options' takes 'include_usage'", "stream_options")
+            raise invalid("'stream_options' takes 'include_usage' and "
+                          "'continuous_usage_stats'", "stream_options")
         include_usage = _bool(opts, "include_usage", False)
-        if _bool(opts, "continuous_usage_stats", False):
-            raise unsupported("stream_options.continuous_usage_stats", "usage comes at the end")
-    max_tokens = _integer(body, max_tokens_key, None, 1, limits.max_tokens)
-    if max_tokens is None and max_tokens_key != "max_tokens":
+        continuous_usage = _bool(opts, "continuous_usage_stats", False)
+    # OpenAI's newer name wins where both are given (as OpenAI's chat takes them)
+    max_tokens = _integer(body, "max_completion_tokens", None, 1, limits.max_tokens)
+    if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", None, 1, limits.max_tokens)
     seed = _integer(body, "seed", None, -(1 << 63), (1 << 64) - 1)
     x = _xcosd(body)
@@ -278,7 +331,7 @@ def _sampling(body: Mapping[str, Any], limits: RequestLimits, max_tokens_key: st
         seed=None if seed is None else seed % (1 << 64),
         stop=_stop(body, limits),
         ignore_eos=None if body.get("ignore_eos") is None else _bool(body, "ignore_eos", False),
-        stream=stream, include_usage=include_usage,
+        stream=stream, include_usage=include_usage, continuous_usage=continuous_usage,
         method=x.get("method"), codec=x.get("codec"), draft_len=x.get("draft_len"),
         tree=x.get("tree"))
 
@@ -296,7 +349,7 @@ def parse_completion(body: Any, limits: RequestLimits = RequestLimits()) -> Comp
     """``POST /v1/completions``'s body."""
     body = _check_body(body)
     _unknown(body, COMPLETION_FIELDS)
-    common = _sampling(body, limits, "max_tokens")
+    common = _sampling(body, limits)
     _neutral(body, "echo", "the prompt is not echoed", False)
     _neutral(body, "best_of", "one candidate per request", 1)
     _neutral(body, "suffix", "no insertion mode")
@@ -335,7 +388,9 @@ def parse_chat(body: Any, limits: RequestLimits = RequestLimits()) -> ChatReques
     """``POST /v1/chat/completions``'s body."""
     body = _check_body(body)
     _unknown(body, CHAT_FIELDS)
-    common = _sampling(body, limits, "max_completion_tokens")
+    common = _sampling(body, limits)
+    for key, (neutral, why) in VLLM_CHAT_NEUTRAL.items():
+        _neutral(body, key, why, *neutral)
     if body.get("logprobs") not in (None, False):
         raise unsupported("logprobs", "the verified rows stay on the cloud")
     _neutral(body, "top_logprobs", "the verified rows stay on the cloud", 0)

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from ..nodes.stats import GenerationStats
+from .policy import is_lossless
 
 
 def completion_id(chat: bool) -> str:
@@ -41,6 +42,9 @@ def xcosd_info(st: GenerationStats, token_ids: list[int] | None = None) -> dict[
         "mean_acceptance_length": st.mean_acceptance_length,
         "uplink_bytes": st.uplink_bytes, "downlink_bytes": st.downlink_bytes,
         "resumes": st.resumes,
+        # a lossy method's output is not the target's: the operator allowed it, and
+        # the client is told
+        "lossless": is_lossless(st.method),
     }
     if token_ids is not None:
         out["token_ids"] = token_ids

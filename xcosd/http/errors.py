@@ -18,6 +18,7 @@ from typing import Any
 #: the error ``type`` each status gets, as OpenAI's API names them
 TYPE_FOR_STATUS = {
     400: "invalid_request_error",
+    401: "invalid_request_error",
     404: "not_found_error",
     405: "invalid_request_error",
     408: "invalid_request_error",

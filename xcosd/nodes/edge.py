@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from ..config import GenerationConfig
-from ..errors import ProtocolError, TransportError, XcosdError
+from ..errors import BudgetError, ProtocolError, TransportError, XcosdError
 from ..methods import FullVectorReply, HybridReply, Method, Space, get_method
 from ..methods.tree import DraftTree
 from ..models.base import ContextModel, LanguageModel
@@ -70,6 +70,7 @@ from ..protocol.edge import (
 from ..protocol.errors import exception_for
 from ..protocol.messages import (
     CHAT_ROLES,
+    Close,
     Error,
     Message,
     Open,
@@ -77,6 +78,7 @@ from ..protocol.messages import (
     Pong,
     Render,
     Rendered,
+    SessionMessage,
     VerdictMsg,
     from_wire,
 )
@@ -353,6 +355,8 @@ class EdgeNode:
         self._changed = asyncio.Event()
         self._control: asyncio.Queue[Message] = asyncio.Queue()
         self._inboxes: dict[int, Inbox] = {}
+        #: each running session's uplink bound (GenerationConfig.max_uplink_bytes)
+        self._budgets: dict[int, tuple[int, GenerationStats]] = {}
         #: each live generation's draft model session, by session id
         self._drafters: dict[int, Drafter] = {}
         #: the draft-length policy of the last generation that measured its costs
@@ -790,7 +794,7 @@ class EdgeNode:
                        stop_strings: str | Sequence[str] | None = None,
                        seed: int | None = None, on_text: Callable[[str], None] | None = None,
                        timeout_s: float | None = None, ignore_eos: bool | None = None,
-                       arrival: Arrival | None = None,
+                       arrival: Arrival | None = None, stats: GenerationStats | None = None,
                        **method_options: Any) -> GenerationResult:
         """Generate up to ``max_new_tokens`` target tokens after ``prompt``.
 
@@ -807,13 +811,15 @@ class EdgeNode:
         past the target's end tokens to ``max_new_tokens`` (vLLM's name).
         ``arrival``: the mark a server took when this generation's request arrived
         (``arrivals.arrived()``): the first open goes with those of the requests that
-        arrived beside it (:class:`~xcosd.nodes.arrivals.Arrivals`)."""
+        arrived beside it (:class:`~xcosd.nodes.arrivals.Arrivals`). ``stats``: a
+        fresh :class:`GenerationStats` to count into, readable while the generation
+        runs and after it failed (what a server meters per client)."""
         cfg = self._config_for(config, max_new_tokens=max_new_tokens, method=method,
                                codec=codec, draft_len=draft_len, do_sample=do_sample,
                                temperature=temperature, top_k=top_k, top_p=top_p,
                                stop=stop, stop_strings=stop_strings, seed=seed,
                                timeout_s=timeout_s, ignore_eos=ignore_eos, **method_options)
-        return await self._generate(prompt, cfg, on_text, arrival)
+        return await self._generate(prompt, cfg, on_text, arrival, stats)
 
     async def tokenize(self, text: str, *, timeout_s: float | None = None) -> list[int]:
         """``text`` as the target's token ids, tokenised by the cloud's target: the
@@ -1008,16 +1014,18 @@ class EdgeNode:
 
     async def _generate(self, prompt: Prompt, cfg: GenerationConfig,
                         on_text: Callable[[str], None] | None,
-                        arrival: Arrival | None = None) -> GenerationResult:
+                        arrival: Arrival | None = None,
+                        stats: GenerationStats | None = None) -> GenerationResult:
         try:
-            return await self._generation(prompt, cfg, on_text, arrival)
+            return await self._generation(prompt, cfg, on_text, arrival, stats)
         finally:
             if arrival is not None:  # it ended before its open: none waits for it
                 arrival.sent()
 
     async def _generation(self, prompt: Prompt, cfg: GenerationConfig,
                           on_text: Callable[[str], None] | None,
-                          arrival: Arrival | None) -> GenerationResult:
+                          arrival: Arrival | None,
+                          stats: GenerationStats | None = None) -> GenerationResult:
         if self._closed:
             raise TransportError("the edge node is closed", code="closed")
         if not self._connected:
@@ -1026,9 +1034,12 @@ class EdgeNode:
         es = self._session(s, prompt, cfg)
         prompt_ids = self._prompt_ids(prompt)
         watch = _StopStrings(cfg.stop_strings, on_text)
-        st = GenerationStats(method=es.method.name, codec=es.method.codec.name)
+        st = stats if stats is not None else GenerationStats()
+        st.method, st.codec = es.method.name, es.method.codec.name
         trace: list[tuple[str, int]] = []
         inbox = self._inboxes[s] = Inbox()
+        if cfg.max_uplink_bytes is not None:
+            self._budgets[s] = (cfg.max_uplink_bytes, st)
         t0 = time.perf_counter()
         speculate = cfg.resolved_speculate()
         try:
@@ -1048,6 +1059,7 @@ class EdgeNode:
                         await self._open(es, inbox, st, trace, prompt_ids)
         finally:
             self._inboxes.pop(s, None)
+            self._budgets.pop(s, None)
             inbox.close()
             if es.drafting.measure and es.drafting.step_s is not None:
                 self._learned = es.drafting
@@ -1092,16 +1104,28 @@ class EdgeNode:
             # generation would wait for an answer that never comes: fail it here
             raise ProtocolError(f"a {msg.TYPE} message of {size} bytes exceeds the cloud's "
                                 f"limit of {welcome.limits.max_message}", code="too_large")
+        n = size + self._overhead(frames)
+        self._within_budget(msg, n)
         try:
             await conn.send(frames)
         except TransportError as e:
             self._lose(epoch, str(e))
             raise _ConnectionLost(epoch) from e
         self._last_tx = time.monotonic()
-        n = size + self._overhead(frames)
         st.count("up", msg.TYPE, n)
         if trace is not None:
             trace.append(("up", n))
+
+    def _within_budget(self, msg: Message, n: int) -> None:
+        """Refuse to send ``msg`` (``n`` wire bytes) where its session would pass its
+        uplink bound; a ``close`` always goes (it frees the cloud's session)."""
+        if not isinstance(msg, SessionMessage) or isinstance(msg, Close):
+            return
+        bound = self._budgets.get(msg.s)
+        if bound is not None and bound[1].uplink_bytes + n > bound[0]:
+            raise BudgetError(f"session {msg.s}: a {msg.TYPE} message of {n} bytes would take "
+                              f"the bytes sent to the cloud past this generation's bound of "
+                              f"{bound[0]} (sent so far: {bound[1].uplink_bytes})")
 
     async def _next(self, es: EdgeSession, inbox: Inbox, st: GenerationStats,
                     trace: list[tuple[str, int]]) -> Message:
@@ -1290,6 +1314,7 @@ class EdgeNode:
                     delay = await self._busy_pause(st, delay, since)
                     await self._send(es.resend(), st, trace)
                 elif isinstance(ev, TokensEmitted):
+                    st.tokens += len(ev.token_ids)  # so far; the end sets the output's
                     if on_text is not None and ev.text:
                         on_text(ev.text)
                 elif isinstance(ev, RoundSettled):
