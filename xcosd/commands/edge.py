@@ -18,6 +18,10 @@ background (for as long as it takes, unless ``--connect-timeout`` is given),
 answers ``/health`` with 503 ``connecting`` meanwhile and holds each request up to
 ``--cloud-wait`` seconds before a 503; the same after a lost connection, until it
 connects again.
+
+With ``--http`` the API is behind ``--api-key`` (or ``--api-key-file``, or the
+``XCOSD_API_KEY`` environment variable) and a request picks only the methods,
+codecs and sizes ``--allow-methods`` and its friends allow (docs/API.md).
 """
 
 from __future__ import annotations
@@ -28,6 +32,13 @@ import json
 import sys
 from typing import Any
 
+from .api_access import (
+    add_api_access_args,
+    api_keys,
+    check_api_access,
+    request_policy,
+    warn_if_open,
+)
 from .http_limits import add_http_limit_args, connection_limits
 from .options import (
     UsageError,
@@ -92,6 +103,7 @@ def add_parser(sub: Any) -> None:
                         "call; never longer than the cloud's least recent call time "
                         "(default: EdgeNode's open_hold_s, 25 ms; 0: never wait)")
     add_http_limit_args(p)
+    add_api_access_args(p)
     p.add_argument("--concurrent", action="store_true", help="run all prompts at once")
     p.add_argument("--no-stream", action="store_true", help="print each text when done")
     p.add_argument("--json", action="store_true",
@@ -123,6 +135,7 @@ def check(args: argparse.Namespace) -> None:
     if args.http is not None and (args.prompts or args.prompts_file):
         raise UsageError("--http serves requests: give no prompts")
     generation_config(args)
+    check_api_access(args)
     check_curve_client(args)
     check_model(args.draft, "--draft")
     check_device(args, "draft-")
@@ -194,8 +207,11 @@ async def _serve_http(args: argparse.Namespace) -> int:
         limits = RequestLimits(max_tokens=args.max_tokens_limit,
                                default_max_tokens=min(args.max_new_tokens or 256,
                                                       args.max_tokens_limit))
+        keys = api_keys(args)
         api = OpenAIApp(edge, model=args.model_name, limits=limits,
-                        max_in_flight=args.max_in_flight)
+                        max_in_flight=args.max_in_flight, api_keys=keys,
+                        open_metrics=args.open_metrics, policy=request_policy(args))
+        warn_if_open(args, keys)
         async with HttpServer(api, host, port, limits=connection_limits(args),
                               name="xcosd-edge-http") as http:
             name = repr(args.model_name) if args.model_name else "the cloud's target"
