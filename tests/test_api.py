@@ -31,7 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import xcosd
 from xcosd.api import OpenAIApp, RequestLimits
 from xcosd.http import ConnectionLimits, HttpServer
-from xcosd.methods import Space
+from xcosd.api.policy import RequestPolicy
+from xcosd.methods import METHODS, Space
 from xcosd.models import default_pair
 from xcosd.models.base import ModelWrapper
 from xcosd.sampling import SamplingParams, warp
@@ -148,8 +149,8 @@ async def test_token_id_prompts_and_the_xcosd_settings() -> None:
 async def test_a_request_may_ask_for_draft_trees() -> None:
     """``xcosd.tree`` reaches the generation: its rounds draft trees (the cloud counts
     them by shape), and a seeded request is the edge's own generation with that
-    shape, token for token."""
-    async with served() as s:
+    shape, token for token (the operator lets a request ask for trees)."""
+    async with served(policy=RequestPolicy(max_tree_nodes=8)) as s:
         r = await s.client.completions.create(model=s.model, prompt="c", max_tokens=12, seed=4,
                                               extra_body={"xcosd": {"tree": "3x1"}})
         own = await s.edge.generate("c", max_new_tokens=12, seed=4, tree="3x1")
@@ -646,7 +647,9 @@ PROMPT, TOKENS, N = "c", 2, 2_000
 async def _first_tokens(method: str, leavers: int = 0) -> np.ndarray:
     """N generations' tokens through HTTP; beside them, ``leavers`` streamed
     generations whose clients disconnect after their first chunk."""
-    async with served(max_in_flight=64) as s:
+    # every method a request may pick, the lossy ones too: the law tells them apart
+    every = RequestPolicy(methods=frozenset(METHODS), lossy=True)
+    async with served(max_in_flight=64, policy=every) as s:
         sem = asyncio.Semaphore(48)
         xcosd_settings = {"xcosd": {"method": method, "draft_len": 4}}
 

@@ -9,14 +9,16 @@ sets what a request may pick (:class:`RequestPolicy`; ``xcosd edge serve
 What a request does not pick is the operator's own setting, always allowed.
 
 By default a request may pick only the lossless methods whose bytes per token do
-not grow with a vocabulary (:data:`DEFAULT_METHODS`): each drafted token costs 8
-payload bytes up (its id and its draft probability), a verdict a few bytes down,
-and a rejection at most a vector over the common vocabulary down (``xcosd``; a
-fallback of ``xcosd-e``). ``sd-uplink`` (vectors up) and ``straightforward`` (a
-vector over the target's whole vocabulary down per rejection) are the operator's
-to allow; a lossy method (``uhlm``, ``target-resample``, ``greedy-resample``)
-needs ``lossy=True`` as well, and every response says whether its method was
-lossless.
+not grow with a vocabulary (:data:`DEFAULT_METHODS`, ``ar`` and ``xcosd-e``): each
+drafted token costs 8 payload bytes up (its id and its draft probability), a
+verdict a few bytes down, a rejection of ``xcosd-e`` its K candidates (8 bytes
+each) down and, on the rare fallback, a vector over the common vocabulary.
+``sd-uplink`` (a vector over the common vocabulary up per drafted token: 6.6 MB
+for one 16-draft round on the embedded pair), ``xcosd`` and ``straightforward``
+(a vector down per rejection: 2.5 MB for 32 tokens on that pair) are the
+operator's to allow; a lossy method (``uhlm``, ``target-resample``,
+``greedy-resample``) needs ``lossy=True`` as well, and every response says
+whether its method was lossless.
 
 Whatever is allowed, one generation sends the cloud at most
 :meth:`RequestPolicy.uplink_budget` wire bytes: the edge does not send the message
@@ -36,7 +38,7 @@ from .requests import Sampling
 
 #: the methods a request may pick by default: lossless, bytes per token bounded
 #: independently of the vocabularies
-DEFAULT_METHODS = frozenset({"ar", "xcosd", "xcosd-e"})
+DEFAULT_METHODS = frozenset({"ar", "xcosd-e"})
 #: the codecs a request may pick by default (a codec changes the bytes of a vector,
 #: never the law: docs/METHODS.md, "The commit rule")
 DEFAULT_CODECS = frozenset({"f32", "f16", "bf16", "q8"})

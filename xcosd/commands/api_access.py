@@ -32,7 +32,7 @@ def add_api_access_args(p: argparse.ArgumentParser) -> None:
                    help="serve /metrics without a key (default: behind the key, as /v1 is)")
     g.add_argument("--allow-methods", default=None, type=split, metavar="M1,M2",
                    help="the methods a request may pick in its 'xcosd' object (default: "
-                        "ar,xcosd,xcosd-e: lossless, bytes per token bounded)")
+                        "ar,xcosd-e: lossless, bytes per token bounded)")
     g.add_argument("--allow-codecs", default=None, type=split, metavar="C1,C2",
                    help="the codecs a request may pick (default: f32,f16,bf16,q8)")
     g.add_argument("--allow-lossy", action="store_true",
