@@ -30,8 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import xcosd
 from xcosd.api import OpenAIApp, RequestLimits
-from xcosd.http import ConnectionLimits, HttpServer
 from xcosd.api.policy import RequestPolicy
+from xcosd.http import ConnectionLimits, HttpServer
 from xcosd.methods import METHODS, Space
 from xcosd.models import default_pair
 from xcosd.models.base import ModelWrapper

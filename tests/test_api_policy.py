@@ -23,7 +23,6 @@ import pytest
 
 from xcosd.api.policy import DEFAULT_METHODS, RequestPolicy, tree_nodes
 from xcosd.api.requests import VLLM_CHAT_NEUTRAL, VLLM_NEUTRAL
-
 from xcosd.models import default_pair
 
 from .test_api import metric, served
