@@ -1,7 +1,9 @@
 """``xcosd keys``: CURVE key pairs and device allowlists for the ZeroMQ transport.
 
 * ``xcosd keys generate DIR --name NAME`` writes ``DIR/NAME.key`` (public) and
-  ``DIR/NAME.key_secret`` (both keys, mode 0600).
+  ``DIR/NAME.key_secret`` (both keys, created with mode 0600). Files already
+  there are refused unless ``--force``; a link at either path is never followed
+  (:meth:`xcosd.transport.curve.KeyPair.save`).
 * ``xcosd keys show FILE`` prints the public key of a key file.
 * ``xcosd keys allow ALLOWDIR FILE [--name NAME]`` copies a device's public key
   into the cloud's allowlist directory (``serve --curve-allow ALLOWDIR``).
@@ -25,7 +27,8 @@ def add_parser(sub: Any) -> None:
     g = ks.add_parser("generate", help="write NAME.key and NAME.key_secret into DIR")
     g.add_argument("dir", help="directory for the key files (created if missing)")
     g.add_argument("--name", default="xcosd", help="file name stem")
-    g.add_argument("--force", action="store_true", help="overwrite existing files")
+    g.add_argument("--force", action="store_true",
+                   help="replace existing files (a link there is replaced, not followed)")
     g.add_argument("--json", action="store_true", help="print JSON")
     s = ks.add_parser("show", help="print the public key of a key file")
     s.add_argument("file", type=existing_file, help="a NAME.key or NAME.key_secret file")
@@ -33,22 +36,21 @@ def add_parser(sub: Any) -> None:
     a.add_argument("allow_dir", help="the cloud's allowlist directory (serve --curve-allow)")
     a.add_argument("file", type=existing_file, help="the device's NAME.key or NAME.key_secret")
     a.add_argument("--name", help="name in the allowlist (default: the file's stem)")
+    a.add_argument("--force", action="store_true", help="replace a key of that name")
     for leaf in (g, s, a):
         add_verbose(leaf)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import TransportError
-    from ..transport.curve import KeyPair
+    from ..transport.curve import KeyFileExists, KeyPair
 
     if args.keys_command == "generate":
-        d = Path(args.dir)
-        targets = [d / f"{args.name}.key", d / f"{args.name}.key_secret"]
-        if not args.force and any(t.exists() for t in targets):
-            raise TransportError(f"{targets[0]} exists; pass --force to overwrite",
-                                 code="curve")
-        pub, sec = KeyPair.generate().save(d, args.name)
+        try:
+            pub, sec = KeyPair.generate().save(Path(args.dir), args.name,
+                                               overwrite=args.force)
+        except KeyFileExists as e:
+            raise KeyFileExists(f"{e.message}; pass --force to replace it") from None
         info = {"public_key": KeyPair.load(pub).public.decode(), "public_file": str(pub),
                 "secret_file": str(sec)}
         if args.json:
@@ -61,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     keys = KeyPair(KeyPair.load(args.file).public)
     name = args.name or Path(args.file).name.split(".")[0]
-    pub, _ = keys.save(args.allow_dir, name)
+    try:
+        pub, _ = keys.save(args.allow_dir, name, overwrite=args.force)
+    except KeyFileExists as e:
+        raise KeyFileExists(f"{e.message}; pass --force to replace it") from None
     print(f"allowed {keys.public.decode()} as {pub}")
     return 0

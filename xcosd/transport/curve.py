@@ -7,12 +7,18 @@ handshake encrypts and authenticates the link; the ZAP handler
 keys, and a server with CURVE on speaks to no plaintext peer at all.
 
 Key files use ZeroMQ's certificate format (``NAME.key`` holds the public key,
-``NAME.key_secret`` both), so ``zmq.auth`` tools read them too.
+``NAME.key_secret`` both), so ``zmq.auth`` tools read them too. A key file is
+created with its final mode from the start (0600 for a secret: no moment where
+another user can read it) and never through a link someone planted at its path:
+a file already there is refused, or, asked to overwrite, replaced by a new file
+renamed over the path (the link itself goes, not what it points to).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +34,13 @@ ZAP_DOMAIN = "xcosd"
 #: ZAP domain of a broker's back end: its own allowlist, of replica keys, so a
 #: device key never admits a replica nor a replica key a device
 REPLICA_ZAP_DOMAIN = "xcosd-replicas"
+
+
+class KeyFileExists(TransportError):
+    """A key file would be written where a file (or a link) already is."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="curve")
 
 
 def _z85(key: bytes | str) -> bytes:
@@ -66,18 +79,23 @@ class KeyPair:
             raise TransportError(f"cannot read key file {p}: {e}", code="curve") from None
         return cls(_z85(pub), _z85(sec) if sec else None)
 
-    def save(self, directory: str | os.PathLike[str], name: str) -> tuple[Path, Path | None]:
+    def save(self, directory: str | os.PathLike[str], name: str, *,
+             overwrite: bool = False) -> tuple[Path, Path | None]:
         """Write ``NAME.key`` (and ``NAME.key_secret`` when the secret is known,
-        readable by the owner only)."""
+        readable by the owner only). A file already at either path is refused
+        (:class:`TransportError`, code ``curve``) unless ``overwrite``; a link at
+        either path is never followed."""
         d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
         pub_path = d / f"{name}.key"
-        _write_cert(pub_path, self.public, None)
-        if self.secret is None:
-            return pub_path, None
-        sec_path = d / f"{name}.key_secret"
-        _write_cert(sec_path, self.public, self.secret)
-        os.chmod(sec_path, 0o600)
+        sec_path = d / f"{name}.key_secret" if self.secret is not None else None
+        if not overwrite:  # neither is written if either is there
+            for p in (pub_path, sec_path):
+                if p is not None and os.path.lexists(p):
+                    raise KeyFileExists(f"{p} exists; refusing to overwrite it")
+        _write_cert(pub_path, self.public, None, overwrite)
+        if sec_path is not None:
+            _write_cert(sec_path, self.public, self.secret, overwrite)
         return pub_path, sec_path
 
     def require_secret(self) -> bytes:
@@ -86,12 +104,39 @@ class KeyPair:
         return self.secret
 
 
-def _write_cert(path: Path, public: bytes, secret: bytes | None) -> None:
+#: how a key file is opened: a new file only, never through a link
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _write_cert(path: Path, public: bytes, secret: bytes | None, overwrite: bool) -> None:
+    """Write a certificate at ``path``, created with its mode (0600 with a secret,
+    0644 without); with ``overwrite``, written beside it and renamed over it."""
     lines = ["#   ZeroMQ CURVE certificate (xcosd)", "metadata", "curve",
              f'    public-key = "{public.decode()}"']
     if secret is not None:
         lines.append(f'    secret-key = "{secret.decode()}"')
-    path.write_text("\n".join(lines) + "\n")
+    data = ("\n".join(lines) + "\n").encode()
+    mode = 0o600 if secret is not None else 0o644
+    target = path.with_name(f".{path.name}.{secrets.token_hex(8)}") if overwrite else path
+    try:
+        fd = os.open(target, _CREATE, mode)
+    except FileExistsError:
+        raise KeyFileExists(f"{path} exists; refusing to overwrite it") from None
+    except OSError as e:
+        raise TransportError(f"cannot create key file {path}: {e.strerror}", code="curve") from None
+    try:
+        os.fchmod(fd, mode)  # the umask may have taken bits a public key file needs
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if overwrite:
+            os.replace(target, path)  # replaces a link at path, never what it points to
+    except BaseException:
+        if overwrite:
+            with contextlib.suppress(OSError):
+                os.unlink(target)
+        raise
 
 
 def load_allowlist(directory: str | os.PathLike[str]) -> set[bytes]:
