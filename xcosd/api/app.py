@@ -85,7 +85,7 @@ STATUS_FOR_CODE: dict[str, int] = {
     ErrorCode.BAD_TOKEN: 400, ErrorCode.TOO_LARGE: 413,
     ErrorCode.CLOSED: 503, ErrorCode.UNREACHABLE: 503, ErrorCode.REFUSED: 503,
     ErrorCode.CONNECT: 503, ErrorCode.TRANSPORT: 503, ErrorCode.HANDSHAKE: 503,
-    ErrorCode.VERSION: 503, ErrorCode.VOCAB: 503,
+    ErrorCode.VERSION: 503, ErrorCode.VOCAB: 503, ErrorCode.CURVE: 503,
     ErrorCode.MODEL: 502, ErrorCode.INTERNAL: 502,
     ErrorCode.BUDGET: 400,
 }

@@ -19,6 +19,10 @@ and limits; one that exits is started again. ``--join`` runs one CloudNode on th
 end (replica keys from ``--backend-curve-allow``; its own replicas get a key made
 at start); a replica that joins one gives ``--join-curve-secret`` and
 ``--join-curve-server-key``.
+
+The allow directory is read again on SIGHUP and whenever it changes
+(:mod:`xcosd.commands.allow_reload`): a key file removed ends that device's live
+connections and sessions at once, with a typed error to it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any
 from ..gc_tuning import many_sessions_gc
 from ..protocol.tree_shape import DEFAULT_MAX_TREE
 from ..transport.fds import raise_fd_limit
+from .allow_reload import reloading_allow
 from .options import (
     UsageError,
     add_device_args,
@@ -129,7 +134,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--curve-secret", default=None, type=existing_file,
                    help="server key file (NAME.key_secret): turns CURVE on")
     p.add_argument("--curve-allow", default=None, type=existing_dir,
-                   help="directory of allowed device keys")
+                   help="directory of allowed device keys (read again on SIGHUP and when it "
+                        "changes: a key removed ends that device's sessions)")
     p.add_argument("--curve-allow-any", action="store_true",
                    help="encrypt without authenticating devices")
     p.add_argument("--metrics-port", type=nonneg_int, default=None,
@@ -207,6 +213,13 @@ def curve_server(args: argparse.Namespace) -> Any:
 
     keys = KeyPair.load(args.curve_secret)
     allow = load_allowlist(args.curve_allow) if args.curve_allow else set()
+    if not args.curve_allow and not args.curve_allow_any:
+        print("warning: --curve-secret without --curve-allow admits no device (give the "
+              "directory of their keys, or --curve-allow-any to encrypt without "
+              "authenticating them)", file=sys.stderr, flush=True)
+    elif args.curve_allow and not allow:
+        print(f"warning: the allow directory {args.curve_allow} holds no key yet: no device "
+              "is admitted until one is added", file=sys.stderr, flush=True)
     return CurveServer(keys, allow, allow_any=args.curve_allow_any)
 
 
@@ -338,10 +351,11 @@ async def _run_node(args: argparse.Namespace, target: Any, methods: tuple[str, .
     """One CloudNode, served until ``stop`` (or ``drain``, then drained); its stats."""
     from ..nodes import CloudNode
 
-    async with CloudNode(
+    curve = None if replica else curve_server(args)
+    async with reloading_allow(curve, args.curve_allow), CloudNode(
             target=target, bind=args.join if replica else args.bind,
             transport="replica" if replica else args.transport, link=link_from_args(args),
-            curve=join_curve_client(args) if replica else curve_server(args),
+            curve=join_curve_client(args) if replica else curve,
             max_batch=args.max_batch,
             max_batch_tokens=args.max_batch_tokens, merge_batches=not args.no_merge,
             stream_verdicts=not args.no_stream,
@@ -511,13 +525,14 @@ async def _broker(args: argparse.Namespace) -> int:
     from ..nodes import Broker
 
     back_curve = backend_curve_server(args)
+    curve = curve_server(args)
     with own_replica_keys(back_curve) as keys:
-        async with _stopping() as stop, Broker(
+        async with _stopping() as stop, reloading_allow(curve, args.curve_allow), Broker(
                 front=args.bind, back=args.backend or "tcp://127.0.0.1:0",
                 replica_timeout_s=args.replica_timeout,
                 edge_timeout_s=max(60.0, 2 * args.timeout),
                 max_message_bytes=int(args.max_message_mb * (1 << 20)),
-                curve=curve_server(args), back_curve=back_curve) as broker:
+                curve=curve, back_curve=back_curve) as broker:
             print(f"broker: edges connect to {broker.endpoint}, replicas join at "
                   f"{broker.back_endpoint}; starting {args.replicas} replicas of {args.target}",
                   file=sys.stderr, flush=True)

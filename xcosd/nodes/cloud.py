@@ -65,7 +65,7 @@ from typing import Any
 
 import msgpack
 
-from ..errors import ProtocolError, TransportError, XcosdError
+from ..errors import ErrorCode, ProtocolError, TransportError, XcosdError
 from ..models.base import LanguageModel
 from ..protocol import pack
 from ..protocol.cloud import (
@@ -86,6 +86,7 @@ from ..protocol.cloud import (
 from ..protocol.messages import (
     MAX_HEADER_BYTES,
     DraftMsg,
+    Error,
     Hello,
     Message,
     Open,
@@ -311,12 +312,16 @@ class CloudNode:
         self._metrics: Any = None
         self._closed = False
         self._started_at = 0.0
+        #: the typed errors being sent to peers whose key was revoked
+        self._farewells: set[asyncio.Task[None]] = set()
         self.counters: dict[str, Any] = {
             "sessions_opened": 0, "sessions_closed": 0, "sessions_timed_out": 0,
             "sessions_failed": 0, "sessions_idle_reaped": 0, "rounds": 0, "draft_tokens": 0,
             "accepted_tokens": 0, "emitted_tokens": 0, "follow_ups": 0, "messages": 0,
             "errors_sent": 0, "dropped": 0, "dropped_outbox": 0, "dropped_flood": 0,
             "refused_flood": 0, "follow_ups_held": 0, "peers_dropped": 0, "internal_errors": 0,
+            #: peers cut off because their CURVE key was revoked
+            "peers_revoked": 0,
             "renders": 0, "tree_rounds": 0,
             "errors_by_code": {},
             #: tree rounds by shape (TreeShape.label)
@@ -510,6 +515,9 @@ class CloudNode:
     def _take_in(self, peer: bytes, frames: list[bytes] | None) -> None:
         now = time.monotonic()
         p = self._peers.get(peer)
+        if frames is None and self._listener is not None and self._listener.revoked(peer):
+            self._cut_off(peer, p)
+            return
         if p is None:
             if frames is None:
                 return  # a peer we hold nothing for went away
@@ -527,6 +535,33 @@ class CloudNode:
             p.inbox.append((frames, n))
             p.inbox_bytes += n
         self._mark_ready(p)
+
+    def _cut_off(self, peer: bytes, p: _Peer | None) -> None:
+        """``peer``'s CURVE key was revoked (xcosd/transport/revocation.py): each of
+        its sessions is told so with a typed error (code ``curve``), then the
+        connection itself, and the peer is dropped now, its waiting messages
+        unread; its sessions end as a disconnected peer's do. The listener hears
+        it no more."""
+        self.counters["peers_revoked"] += 1
+        why = "this device's key was revoked by the cloud's operator"
+        sessions = sorted(p.conn.sessions) if p is not None else []
+        farewell = [pack(Error(ErrorCode.CURVE, why, s=s)) for s in sessions]
+        farewell.append(pack(Error(ErrorCode.CURVE, why)))
+        log.info("peer %s: its key was revoked; ending %d sessions", bytes(peer).hex(),
+                 len(sessions))
+        if p is not None:
+            self._drop_peer(peer, CloseReason.DISCONNECTED)
+        task = asyncio.get_running_loop().create_task(self._send_farewell(peer, farewell))
+        self._farewells.add(task)
+        task.add_done_callback(self._farewells.discard)
+
+    async def _send_farewell(self, peer: bytes, farewell: Sequence[_Frames]) -> None:
+        listener = self._listener
+        with contextlib.suppress(Exception):  # gone already: nothing left to tell
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                for frames in farewell:
+                    assert listener is not None
+                    await listener.send(peer, frames)
 
     def _overflow(self, p: _Peer, frames: _Frames) -> None:
         """A message past its peer's queue bound: a draft is refused ``busy`` (the

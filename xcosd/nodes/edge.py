@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from ..config import GenerationConfig
-from ..errors import BudgetError, ProtocolError, TransportError, XcosdError
+from ..errors import BudgetError, ErrorCode, ProtocolError, TransportError, XcosdError
 from ..methods import FullVectorReply, HybridReply, Method, Space, get_method
 from ..methods.tree import DraftTree
 from ..models.base import ContextModel, LanguageModel
@@ -316,6 +316,9 @@ class EdgeNode:
         self.waits_expired = 0
         #: why the node last gave up looking for its cloud (``reach`` unreachable)
         self.failure: XcosdError | None = None
+        #: why the cloud cut this device off (its key revoked), until a handshake
+        #: succeeds again: a generation waiting for the cloud fails with it at once
+        self._refused: XcosdError | None = None
         self.busy_retry_s = busy_retry_s
         self.busy_timeout_s = busy_timeout_s
         self.resend_after_s = resend_after_s
@@ -560,6 +563,7 @@ class EdgeNode:
         if self.heartbeat_s is None and hs.welcome is not None:
             self.heartbeat_s = hs.welcome.limits.heartbeat_s or 1.0
         self._connected = True
+        self._refused = None
         self.address = address
         self.reach.connected_now(time.monotonic())
         log.info("edge connected to %s (cloud %s)", address, self.server_id)
@@ -710,6 +714,8 @@ class EdgeNode:
             raise TransportError("the edge node is closed", code="closed")
         if self._connected and self._epoch == seen_epoch:
             self._lose(seen_epoch, "a reconnect was asked for")
+        if self._refused is not None:
+            raise copy.copy(self._refused).with_traceback(None)
         await self._until_connected(self.cloud_wait_s)
 
     def _lose(self, epoch: int, why: str = "the connection was lost") -> None:
@@ -759,6 +765,11 @@ class EdgeNode:
             elif isinstance(msg, Error) and msg.code in LOST_CODES and self._connected:
                 # the cloud restarted and does not know us, or it is leaving
                 self._lose(epoch, f"the cloud answered {msg.code}")
+            elif isinstance(msg, Error) and msg.code == ErrorCode.CURVE and self._connected:
+                # its operator revoked this device's key: the cloud hears it no more
+                # (each session was told first); a new handshake is refused too
+                self._refused = exception_for(msg.code, msg.message)
+                self._lose(epoch, f"the cloud refused this device: {msg.message}")
             else:
                 self._control.put_nowait(msg)
 

@@ -104,7 +104,12 @@ class Listener(ABC):
         """Unbind, drop every peer, release sockets and tasks; idempotent."""
 
     async def close_peer(self, peer: bytes) -> None:  # noqa: B027 - optional
-        """Drop one peer (TCP, memory: close its connection; ZeroMQ: nothing to do)."""
+        """Drop one peer (TCP, memory: close its connection; ZeroMQ: forget its key)."""
+
+    def revoked(self, peer: bytes) -> bool:
+        """Whether ``peer`` was cut off because its key was revoked (a CURVE
+        ZeroMQ listener: xcosd/transport/revocation.py); by default never."""
+        return False
 
     def framing_overhead(self, frames: Frames) -> int:
         """Bytes this transport adds on the wire around ``frames``; see

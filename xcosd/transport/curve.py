@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,13 +151,20 @@ def load_allowlist(directory: str | os.PathLike[str]) -> set[bytes]:
 class CurveServer:
     """The cloud's CURVE settings: its key pair and the device keys it admits.
 
-    ``allow`` may change while serving (add or remove keys; new handshakes see it).
-    ``allow_any=True`` encrypts without authenticating devices.
+    ``allow`` may change while serving: :meth:`admit` a key, :meth:`revoke` one,
+    or :meth:`reload` the allow directory. A revocation takes effect at once, not
+    only at the next handshake: every listener watching this server
+    (:meth:`watch`; a CURVE :class:`~xcosd.transport.zeromq.ZmqListener` does) is
+    told the keys that left, ends their peers' connections and refuses whatever
+    they send after (docs/THREATS.md). ``allow_any=True`` encrypts without
+    authenticating devices.
     """
 
     keys: KeyPair
     allow: set[bytes] = field(default_factory=set)
     allow_any: bool = False
+    _watchers: list[Callable[[frozenset[bytes]], None]] = field(
+        default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.keys.require_secret()
@@ -175,7 +182,41 @@ class CurveServer:
         self.allow.add(_z85(key))
 
     def revoke(self, key: bytes | str) -> None:
-        self.allow.discard(_z85(key))
+        """Admit ``key`` no more, and end its peers' live connections."""
+        k = _z85(key)
+        self.allow.discard(k)
+        self._tell(frozenset({k}))
+
+    def reload(self, directory: str | os.PathLike[str]) -> tuple[int, int]:
+        """Admit exactly the keys of the ``*.key`` files in ``directory`` now (the
+        allow directory, read again: ``xcosd serve`` does on SIGHUP and when the
+        directory changes); the keys that left are revoked as :meth:`revoke`
+        does. Returns how many keys were added and removed. An unreadable
+        directory or key file raises and changes nothing."""
+        new = load_allowlist(directory)
+        gone = frozenset(self.allow - new)
+        added = len(new - self.allow)
+        self.allow = new
+        self._tell(gone)
+        return added, len(gone)
+
+    def admitted(self, key: bytes | str) -> bool:
+        """Whether a peer holding ``key`` (Z85) may still speak."""
+        k = key.encode() if isinstance(key, str) else key
+        return self.allow_any or k in self.allow
+
+    def watch(self, on_revoked: Callable[[frozenset[bytes]], None]) -> None:
+        """Call ``on_revoked(keys)`` whenever keys stop being admitted."""
+        self._watchers.append(on_revoked)
+
+    def unwatch(self, on_revoked: Callable[[frozenset[bytes]], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._watchers.remove(on_revoked)
+
+    def _tell(self, gone: frozenset[bytes]) -> None:
+        if gone and not self.allow_any:
+            for w in list(self._watchers):
+                w(gone)
 
     def callback(self, domain: str, key: bytes) -> bool:
         """ZAP credentials check (called by pyzmq's authenticator)."""

@@ -361,6 +361,9 @@ class LinkListener(Listener):
         await self._forget(peer)
         await self.inner.close_peer(peer)
 
+    def revoked(self, peer: bytes) -> bool:
+        return self.inner.revoked(peer)
+
     async def close(self) -> None:
         if self._closed:
             return

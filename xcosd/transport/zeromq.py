@@ -57,6 +57,7 @@ from .curve import ZAP_DOMAIN, CurveClient, CurveServer, apply_client, apply_ser
 from .fds import fd_limit
 from .io_threads import batch_io_threads, yield_to_io_threads
 from .meter import Meter
+from .revocation import PeerKeys, Received
 
 #: frames at least this large are sent without a copy. A zero-copy send has a
 #: fixed cost (a Frame, and pyzmq's collector thread, which takes the interpreter
@@ -151,15 +152,19 @@ def _send_parts(sock: zmq.Socket[Any], parts: Sequence[Buffer]) -> None:
         _send(sock, part, _NOBLOCK if i == last else _MORE_NOBLOCK, False)
 
 
-def _recv_parts(sock: zmq.Socket[Any]) -> list[bytes]:
+def _recv_parts(sock: zmq.Socket[Any],
+                keys: PeerKeys | None = None) -> list[bytes]:
     """One multipart message, without blocking (``zmq.Again`` when none is ready).
 
     Each part is received as a frame and copied out (``Frame.bytes``, the copy a
     copying receive makes): a frame carries its ``more`` flag, where asking the
     socket for ``RCVMORE`` costs an option lookup through pyzmq's enum per part
-    (a third of a microsecond each, on every message)."""
+    (a third of a microsecond each, on every message). ``keys``: a CURVE
+    ROUTER's, told the first frame (the peer's routing id, carrying its key)."""
     frame = _recv(sock, _NOBLOCK, False)
     parts = [frame.bytes]
+    if keys is not None:
+        keys.note(parts[0], frame)
     while frame.more:
         frame = _recv(sock, _NOBLOCK, False)
         parts.append(frame.bytes)
@@ -286,19 +291,19 @@ async def _send_when_ready(ready: Readiness, try_send: Callable[[], bool]) -> No
         delay = min(SEND_RETRY_MAX_S, delay * 2)
 
 
-#: what a listener reports: a peer's message, or ``None`` once the peer is gone
-Received = tuple[bytes, list[bytes] | None]
 
 
 async def recv_burst(sock: zmq.Socket[Any], ready: Readiness, max_n: int,
                      take: Callable[[list[bytes]], Received | None],
                      is_closed: Callable[[], bool],
-                     backlog: deque[Received] | None = None) -> list[Received]:
+                     backlog: deque[Received] | None = None,
+                     keys: PeerKeys | None = None) -> list[Received]:
     """A listener's ``recv_many``: every message ready on ``sock``, up to ``max_n``,
     each turned by ``take`` into what the node is told (``None``: nothing), after
     waiting for the first. ``backlog``: what to report before the next message is
     read (``take`` may add to it: what a message implies comes before the next).
-    One wake-up and one readiness check per burst, not per message."""
+    ``keys``: a CURVE listener's (:func:`_recv_parts`). One wake-up and one
+    readiness check per burst, not per message."""
     out: list[Received] = []
     woke: int | None = None  # what woke the wait (the caller is the only receiver)
     while True:
@@ -313,7 +318,7 @@ async def recv_burst(sock: zmq.Socket[Any], ready: Readiness, max_n: int,
                 events, woke = (_events(sock) if woke is None else woke), None
                 if not events & _POLLIN:
                     break
-                item = take(_recv_parts(sock))
+                item = take(_recv_parts(sock, keys))
                 if item is not None:
                     out.append(item)
         except zmq.Again:
@@ -551,6 +556,8 @@ class ZmqListener(Listener):
         self.meter = meter if meter is not None else Meter()
         self.curve = curve is not None
         self._auth: Any = None
+        #: each peer's CURVE key, so a revoked one is cut off (xcosd/transport/revocation.py)
+        self._keys: PeerKeys | None = None
         # a ZAP handler belongs to a context: CURVE listeners get their own
         self._ctx = _curve_context() if curve is not None else shared_context()
         self._own_ctx = curve is not None
@@ -568,6 +575,7 @@ class ZmqListener(Listener):
                 self._auth.configure_curve_callback(domain=ZAP_DOMAIN,
                                                     credentials_provider=curve)
                 apply_server(self._sock, curve)
+                self._keys = PeerKeys(curve, self._wake_receiver)
             self._sock.bind(endpoint)
             last = self._sock.getsockopt(zmq.LAST_ENDPOINT)
             self.endpoint = last.decode() if isinstance(last, bytes) else str(last)
@@ -639,19 +647,44 @@ class ZmqListener(Listener):
         return (await self.recv_many(1))[0]
 
     async def recv_many(self, max_n: int) -> list[Received]:
-        """Every message ready, up to ``max_n``, after waiting for the first."""
+        """Every message ready, up to ``max_n``, after waiting for the first. On a
+        CURVE listener, a peer whose key was revoked is reported gone (first) and
+        what it sends after is dropped."""
         assert self._ready is not None
+        keys = self._keys
         return await recv_burst(self._sock, self._ready, max_n, self._take,
-                                lambda: self._closed)
+                                lambda: self._closed,
+                                keys.backlog if keys is not None else None, keys)
+
+    def revoked(self, peer: bytes) -> bool:
+        """Whether ``peer`` was cut off because its CURVE key was revoked."""
+        return self._keys is not None and self._keys.revoked(peer)
+
+    def peer_key(self, peer: bytes) -> bytes | None:
+        """``peer``'s CURVE public key (Z85) on a CURVE listener, once it sent
+        something; ``None`` otherwise."""
+        return self._keys.key(peer) if self._keys is not None else None
+
+    def _wake_receiver(self) -> None:
+        if self._ready is not None and not self._closed:
+            self._ready.wake(_POLLIN)
 
     def _take(self, msg: list[bytes]) -> Received | None:
         if len(msg) < 2:  # a routing id and no frames: nothing to deliver
             return None
+        if self._keys is not None and self._keys.refuses(msg[0]):
+            return None  # its key was revoked: reported gone, heard no more
         frames = msg[1:]
         self.meter.record("up", frames, self.framing_overhead(frames))
         return msg[0], frames
 
+    async def close_peer(self, peer: bytes) -> None:
+        if self._keys is not None:
+            self._keys.forget(peer)
+
     def _release(self) -> None:
+        if self._keys is not None:
+            self._keys.close()
         if self._ready is not None:
             self._ready.close()
         self._sock.close(linger=0)
