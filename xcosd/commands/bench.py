@@ -51,10 +51,14 @@ from .options import (
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="load test and method benchmarks",
-                       description="Benchmarks: `load` (devices against a cloud), "
-                                   "`methods` (methods x codecs on real model rows) and "
-                                   "`soak` (devices against a cloud with faults, every "
-                                   "output checked).")
+                       description="Benchmarks: `load` (devices against a cloud; "
+                                   "`load-merge` adds up several generators' reports), "
+                                   "`methods` (methods x codecs on real model rows), "
+                                   "`scale` (throughput against 1, 2, 4 ... replicas, and a "
+                                   "kill), `soak` (devices against a cloud with faults, every "
+                                   "output checked), `http-streams` (many concurrent streams "
+                                   "through one edge's HTTP API) and `trees` (draft trees "
+                                   "next to chains and ar).")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
     bsub.required = True
     _add_load(bsub)
