@@ -159,3 +159,15 @@ def test_keys_match_only_whole_and_never_empty() -> None:
     for bad in ("", " k", "k k", "k\u00e9"):
         with pytest.raises(ValueError):
             ApiKeys([bad])
+
+
+def test_an_open_api_beyond_loopback_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from xcosd.commands.api_access import warn_if_open
+
+    for host, keys, warned in (("0.0.0.0", [], True), ("192.0.2.1", [], True),
+                               ("127.0.0.1", [], False), ("::1", [], False),
+                               ("localhost", [], False), ("0.0.0.0", ["k"], False)):
+        warn_if_open(argparse.Namespace(http=(host, 8000)), keys)
+        assert ("has no key" in capsys.readouterr().err) == warned, host

@@ -180,3 +180,22 @@ async def test_a_key_file_removed_ends_a_serving_edges_access(tmp_path: Path) ->
         after = await clients["b"].completions.create(model=model, prompt="The", max_tokens=24,
                                                       seed=5)
         assert after.choices[0].text == before.choices[0].text
+
+
+def test_a_curve_secret_without_an_allow_list_warns(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from xcosd.commands.serve import curve_server
+
+    _, secret = KeyPair.generate().save(tmp_path, "cloud")
+    empty = tmp_path / "allow"
+    empty.mkdir()
+    for allow, allow_any, warned in ((None, False, "admits no device"),
+                                     (str(empty), False, "holds no key yet"),
+                                     (None, True, None)):
+        curve = curve_server(argparse.Namespace(curve_secret=str(secret), curve_allow=allow,
+                                                curve_allow_any=allow_any))
+        err = capsys.readouterr().err
+        assert (warned in err) if warned else err == ""
+        assert curve.allow == set()
