@@ -20,12 +20,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from xcosd.api.keys import API_KEY_ENV, ApiKeys
 
 from .helpers.processes import free_port, xcosd_process
 from .helpers.waits import HANG_S
+from .test_api import metric as scraped
 from .test_edge_serve import until_health
 
 KEYS = ["sk-xcosd-" + "a1" * 16, "sk-xcosd-" + "b2" * 16, "sk-xcosd-" + "c3" * 16]
@@ -40,14 +40,6 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", "/metrics", None),
     ("GET", "/v1/nothing", None),
 ]
-
-
-def scraped(text: str, name: str, **labels: str) -> float:
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    raise KeyError(f"{name} {labels} not in the scrape")
 
 
 def last_byte_off(key: str) -> str:
