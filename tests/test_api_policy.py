@@ -23,6 +23,7 @@ import pytest
 
 from xcosd.api.policy import DEFAULT_METHODS, RequestPolicy, tree_nodes
 from xcosd.api.requests import VLLM_CHAT_NEUTRAL, VLLM_NEUTRAL
+from xcosd.config import GenerationConfig
 from xcosd.models import default_pair
 
 from .test_api import metric, served
@@ -213,3 +214,18 @@ async def test_continuous_usage_stats_and_max_completion_tokens(
             if not chat:
                 text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
                 assert text == r.choices[0].text
+
+
+async def test_a_request_may_name_the_operators_own_settings() -> None:
+    """The operator serves ``xcosd`` with drafts of 24: a request naming them is
+    served, one naming another method outside the policy is not."""
+    own = GenerationConfig(method="xcosd", draft_len=24, adaptive_draft=False)
+    async with served(config=own) as s:
+        r = await s.client.completions.create(
+            model=s.model, prompt="c", max_tokens=6, seed=2,
+            extra_body={"xcosd": {"method": "xcosd", "draft_len": 24}})
+        assert r.model_extra["xcosd"]["method"] == "xcosd"
+        with pytest.raises(openai.BadRequestError, match=r"xcosd\.method"):
+            await s.client.completions.create(
+                model=s.model, prompt="c", max_tokens=6,
+                extra_body={"xcosd": {"method": "straightforward"}})

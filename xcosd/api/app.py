@@ -411,7 +411,7 @@ class OpenAIApp:
         named = self._model is not None or self.edge.target_name is not None
         if named and not self._serves(req.model):
             raise self._unknown_model(req.model)
-        self.policy.check(req)
+        self.policy.check(req, self.config or self.edge.config)
         cfg = self._config(req)
         if self.in_flight >= self.max_in_flight:
             raise APIError(429, f"{self.in_flight} requests are in flight, the most this "

@@ -6,7 +6,8 @@ megabytes (``sd-uplink`` uploads a vector over the common vocabulary per drafted
 token) or get an output that is not the target's (a lossy method). The operator
 sets what a request may pick (:class:`RequestPolicy`; ``xcosd edge serve
 --allow-methods`` and friends); a pick outside it is a 400 naming the field.
-What a request does not pick is the operator's own setting, always allowed.
+What a request does not pick is the operator's own setting, always allowed (and a
+request may name it).
 
 By default a request may pick only the lossless methods whose bytes per token do
 not grow with a vocabulary (:data:`DEFAULT_METHODS`, ``ar`` and ``xcosd-e``): each
@@ -30,7 +31,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
+from ..config import GenerationConfig
 from ..methods import LOSSY, METHODS
 from ..protocol.draft_length import DEFAULT_CAP
 from .errors import APIError, invalid
@@ -86,17 +89,24 @@ class RequestPolicy:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
 
-    def check(self, req: Sampling) -> None:
-        """Refuse (400, the field named) a pick outside the policy."""
-        if req.method is not None and req.method not in self.methods:
-            raise _outside("xcosd.method", req.method, self.methods)
-        if req.codec is not None and req.codec not in self.codecs:
-            raise _outside("xcosd.codec", req.codec, self.codecs)
-        if req.draft_len is not None and req.draft_len > self.max_draft_len:
+    def check(self, req: Sampling, own: GenerationConfig | None = None) -> None:
+        """Refuse (400, the field named) a pick outside the policy. ``own``: the
+        operator's settings, which a request may always name."""
+        def picked(name: str) -> Any:
+            v = getattr(req, name)
+            return None if own is not None and v == getattr(own, name) else v
+
+        method, codec, draft_len, tree = (picked(k) for k in ("method", "codec", "draft_len",
+                                                               "tree"))
+        if method is not None and method not in self.methods:
+            raise _outside("xcosd.method", method, self.methods)
+        if codec is not None and codec not in self.codecs:
+            raise _outside("xcosd.codec", codec, self.codecs)
+        if draft_len is not None and draft_len > self.max_draft_len:
             raise invalid(f"'xcosd.draft_len' is at most {self.max_draft_len} on this server, "
-                          f"got {req.draft_len}", "xcosd.draft_len", "not_allowed")
-        if req.tree is not None:
-            self._check_tree(req.tree)
+                          f"got {draft_len}", "xcosd.draft_len", "not_allowed")
+        if tree is not None:
+            self._check_tree(tree)
 
     def _check_tree(self, tree: str) -> None:
         if self.max_tree_nodes == 0:

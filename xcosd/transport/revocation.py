@@ -41,7 +41,7 @@ class PeerKeys:
 
     def note(self, peer: bytes, frame: Any) -> None:
         """Learn ``peer``'s key from its message's first frame (a ``zmq.Frame``)."""
-        if peer not in self._keys:
+        if peer not in self._keys and peer not in self._revoked:
             with contextlib.suppress(Exception):  # no ZAP (a plaintext socket): no key
                 self._keys[peer] = str(frame.get("User-Id")).encode()
 
