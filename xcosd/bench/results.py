@@ -746,6 +746,12 @@ MUTATION_HEADING = "## Mutation testing"
 GPU_HEADING = "## The accelerator check"
 
 
+#: the heading of guidellm's run against an edge, kept as it is when the file is
+#: written again: guidellm is not among the project's dependencies, so ``make
+#: bench`` cannot run it (the section says how it was run)
+GUIDELLM_HEADING = "## guidellm against the edge"
+
+
 def kept_section(heading: str) -> list[str]:
     """The lines of ``heading``'s section in the current RESULTS.md (to the next
     ``## `` heading), or nothing when there is none."""
@@ -880,6 +886,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += streaming.section_lines(_load(streaming.OUT.name))
     doc += http_api.section_lines(_load(http_api.OUT.name))
     doc += http_streams.section_lines(_load(http_streams.OUT.name))
+    doc += kept_section(GUIDELLM_HEADING)
     doc += section_overlap(_load("overlap.json"))
     doc += section_kv(_load("kv_batch.json"))
     doc += section_transport(_load("transport.json"))
