@@ -199,3 +199,27 @@ def test_a_curve_secret_without_an_allow_list_warns(tmp_path: Path,
         err = capsys.readouterr().err
         assert (warned in err) if warned else err == ""
         assert curve.allow == set()
+
+
+async def test_a_changed_allow_directory_is_read_again(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a signal: a key file removed (or added) is seen at the next look,
+    and a half-written one changes nothing until it is whole."""
+    from xcosd.commands.allow_reload import reloading_allow
+
+    keys = {n: KeyPair.generate() for n in ("server", "a", "b")}
+    allow = tmp_path / "allow"
+    KeyPair(keys["a"].public).save(allow, "a")
+    curve = CurveServer(keys["server"], {keys["a"].public})
+    told: list[frozenset[bytes]] = []
+    curve.watch(told.append)
+    async with reloading_allow(curve, str(allow), poll_s=0.01):
+        (allow / "b.key").write_text("not a key\n")
+        await until(lambda: "not reloaded" in capsys.readouterr().err, "the bad file reported")
+        assert curve.admitted(keys["a"].public) and told == []
+        (allow / "b.key").unlink()
+        KeyPair(keys["b"].public).save(allow, "b")
+        (allow / "a.key").unlink()
+        await until(lambda: not curve.admitted(keys["a"].public), "a revoked")
+        assert curve.admitted(keys["b"].public)
+        assert told == [frozenset({keys["a"].public})]

@@ -40,7 +40,7 @@ def reload_now(curve: Any, directory: str | os.PathLike[str], why: str) -> None:
 
     try:
         added, removed = curve.reload(directory)
-    except (XcosdError, OSError) as e:
+    except (XcosdError, OSError, ValueError) as e:
         print(f"allow list not reloaded ({why}): {e}; the last one stays", file=sys.stderr,
               flush=True)
         return
@@ -62,8 +62,10 @@ async def reloading_allow(curve: Any, directory: str | None,
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGHUP, hup.set)
 
+    seen = _signature(d)  # as the allow list was read, not as the task first runs
+
     async def watch() -> None:
-        seen = _signature(d)
+        nonlocal seen
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(hup.wait(), poll_s)

@@ -77,6 +77,8 @@ class KeyPair:
             pub, sec = zmq.auth.load_certificate(p)
         except Exception as e:
             raise TransportError(f"cannot read key file {p}: {e}", code="curve") from None
+        if not pub:
+            raise TransportError(f"key file {p} holds no public key", code="curve")
         return cls(_z85(pub), _z85(sec) if sec else None)
 
     def save(self, directory: str | os.PathLike[str], name: str, *,
