@@ -38,8 +38,8 @@ What it guarantees:
   :class:`~xcosd.api.policy.RequestPolicy` (400 naming the field), and every
   generation's bytes to the cloud are bounded by it (its
   ``GenerationConfig.max_uplink_bytes``) and counted per key.
-* **Errors are OpenAI's error objects** with the right status (400, 404, 405,
-  413, 415, 429, 503, 504), and nothing a request does stops the others. A stream
+* **Errors are OpenAI's error objects** with the right status (400, 401, 404,
+  405, 413, 415, 429, 503, 504), and nothing a request does stops the others. A stream
   starts once its request is accepted (not at its first token); an error after
   that is an error event of the stream.
 """
