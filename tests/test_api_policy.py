@@ -229,3 +229,18 @@ async def test_a_request_may_name_the_operators_own_settings() -> None:
             await s.client.completions.create(
                 model=s.model, prompt="c", max_tokens=6,
                 extra_body={"xcosd": {"method": "straightforward"}})
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--allow-codecs", "bogus"], "unknown codec 'bogus'"),
+    (["--allow-methods", "uhlm"], "uhlm is lossy"),
+    (["--allow-methods", "nope"], "unknown method 'nope'"),
+    (["--api-key", ""], "API key key-1 is empty"),
+])
+def test_a_policy_or_key_that_cannot_work_is_refused_before_anything_loads(
+        flags: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from xcosd.cli import main
+
+    assert main(["edge", "serve", "--http", "127.0.0.1:0", *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "loading" not in err

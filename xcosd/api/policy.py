@@ -80,6 +80,14 @@ class RequestPolicy:
         unknown = sorted(set(self.methods) - set(METHODS))
         if unknown:
             raise ValueError(f"unknown method {unknown[0]!r}; known: {', '.join(METHODS)}")
+        from ..codecs import get_codec
+        from ..errors import CodecError
+
+        for c in sorted(self.codecs):
+            try:
+                get_codec(c)
+            except CodecError as e:
+                raise ValueError(e.message) from None
         lossy = sorted(set(self.methods) & set(LOSSY))
         if lossy and not self.lossy:
             raise ValueError(f"{', '.join(lossy)} {'is' if len(lossy) == 1 else 'are'} lossy: "

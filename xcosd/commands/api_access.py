@@ -78,7 +78,7 @@ def request_policy(args: argparse.Namespace) -> Any:
         return dataclasses.replace(RequestPolicy(lossy=args.allow_lossy),
                                    **{k: v for k, v in given.items() if v is not None})
     except ValueError as e:
-        raise UsageError(f"{e} (--allow-methods, --allow-lossy)") from None
+        raise UsageError(f"{e} (--allow-methods, --allow-codecs, --allow-lossy)") from None
 
 
 def check_api_access(args: argparse.Namespace) -> None:
