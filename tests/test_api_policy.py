@@ -241,6 +241,8 @@ def test_a_policy_or_key_that_cannot_work_is_refused_before_anything_loads(
         flags: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
     from xcosd.cli import main
 
-    assert main(["edge", "serve", "--http", "127.0.0.1:0", *flags]) == 2
+    with pytest.raises(SystemExit) as e:
+        main(["edge", "serve", "--http", "127.0.0.1:0", *flags])
+    assert e.value.code == 2
     err = capsys.readouterr().err
     assert said in err and "loading" not in err
