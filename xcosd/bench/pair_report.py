@@ -413,3 +413,46 @@ def measure(draft: Any, target: Any, samples: dict[str, list[Sample]], *, seed: 
         out[name] = {"trips_per_token": trips / max(1, tokens),
                      "follow_up_trips_per_token": extra / max(1, tokens)}
     return out
+
+
+HEADING = "## The pair report against measured runs"
+OUT_NAME = "pair_report.json"
+#: the goal: the predicted round trips per token within this of the measured, per warper
+GOAL_REL = 0.10
+
+
+def section_lines(rep: dict[str, Any] | None) -> list[str]:
+    """RESULTS.md's section from ``xcosd pair ... --measure --json``'s output."""
+    if rep is None or "measured" not in rep:
+        return []
+    from .report import table
+
+    m = rep["mass"]
+    rows, goal_lines = [], []
+    for name, w in rep["warpers"].items():
+        meas = rep["measured"][name]["trips_per_token"]
+        rel = w["trips_per_token"] / meas - 1.0
+        rows.append([name, f"{w['mean_ceiling']:.3f}", f"{w['bytes_ceiling']:.3f}",
+                     str(w["draft_len"]), f"{w['trips_per_token']:.3f}", f"{meas:.3f}",
+                     f"{100 * rel:+.1f} %", w["tree"]["shape"],
+                     f"{w['tree']['trips_per_token']:.3f}"])
+        goal_lines.append(f"- {name}: predicted {w['trips_per_token']:.3f}, measured {meas:.3f} "
+                          f"round trips per token ({100 * rel:+.1f} %; goal within "
+                          f"{100 * GOAL_REL:.0f} %: {'met' if abs(rel) <= GOAL_REL else 'not met'}).")
+    s = rep["sample"]
+    dup = rep["vocab"]["duplicated"]["target"]
+    return [HEADING, "",
+            f"From `xcosd pair {rep['draft']}@llama.cpp {rep['target']}@llama.cpp --measure "
+            f"--json` (bench/out/{OUT_NAME}): {s['sequences']} sample sequences of the target's "
+            f"own text per warper ({s['positions']} positions at T=1). The target spells "
+            f"{len(dup)} strings twice; V_C pairs {sum(d['written_by_tokenizer'] for d in dup)} "
+            "of them by the id its tokenizer writes. The target's mass on V_C: "
+            f"{100 * m['v_c']:.2f} %; on a twice-spelled string's other id: "
+            f"{100 * m['duplicate_not_in_v_c']:.4f} %; on V_O strings the draft spells as two "
+            f"tokens {100 * m['v_o_draft_two_tokens']:.2f} %, three or more "
+            f"{100 * m['v_o_draft_three_or_more']:.2f} %. Draft step "
+            f"{rep['draft_step_ms']:.1f} ms. Measured: seeded xcosd-e through the protocol "
+            "state machines on the same prompts and lengths (independent draws of the text).", "",
+            table(rows, ["warper", "ceiling", "by bytes", "k", "predicted trips/token",
+                         "measured", "error", "tree pick", "tree trips/token"], markdown=True),
+            "", *goal_lines, ""]

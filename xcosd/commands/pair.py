@@ -62,6 +62,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--progress", action="store_true", default=None,
                    help="draw progress on stderr (default: when stderr is a terminal)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--out", type=Path, default=None, metavar="FILE",
+                   help="also write the JSON report to FILE")
     add_verbose(p)
     p.set_defaults(func=run, check=check)
 
@@ -112,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
                      progress=show)
     if args.measure:
         info["measured"] = pr.measure(draft, target, samples, seed=args.seed + 1, progress=show)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(info, indent=2) + "\n")
     if args.json:
         print(json.dumps(info, indent=2))
     else:
