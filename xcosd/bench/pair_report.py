@@ -448,11 +448,23 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
             f"{len(dup)} strings twice; V_C pairs {sum(d['written_by_tokenizer'] for d in dup)} "
             "of them by the id its tokenizer writes. The target's mass on V_C: "
             f"{100 * m['v_c']:.2f} %; on a twice-spelled string's other id: "
-            f"{100 * m['duplicate_not_in_v_c']:.4f} %; on V_O strings the draft spells as two "
+            f"{m['duplicate_not_in_v_c']:.1e} of it; on V_O strings the draft spells as two "
             f"tokens {100 * m['v_o_draft_two_tokens']:.2f} %, three or more "
             f"{100 * m['v_o_draft_three_or_more']:.2f} %. Draft step "
             f"{rep['draft_step_ms']:.1f} ms. Measured: seeded xcosd-e through the protocol "
             "state machines on the same prompts and lengths (independent draws of the text).", "",
             table(rows, ["warper", "ceiling", "by bytes", "k", "predicted trips/token",
                          "measured", "error", "tree pick", "tree trips/token"], markdown=True),
-            "", *goal_lines, ""]
+            "", *goal_lines, *_trip_goal(rep), ""]
+
+
+#: the goal for seeded xcosd-e at T=1 on the real pair, round trips per token
+GOAL_TRIPS = 0.50
+
+
+def _trip_goal(rep: dict[str, Any]) -> list[str]:
+    got = rep["measured"].get("T=1", {}).get("trips_per_token")
+    if got is None:
+        return []
+    return [f"- seeded xcosd-e at T=1, default settings: {got:.3f} round trips per token "
+            f"(goal <= {GOAL_TRIPS:.2f}: {'met' if got <= GOAL_TRIPS else 'not met'})."]
