@@ -40,6 +40,7 @@ from ..protocol.draft_length import DEFAULT_CAP, DEFAULT_COST, DraftLength, best
 from ..protocol.tree_shape import best_shape, expected_tokens, round_cost
 from ..sampling import SamplingParams, warp
 from ..vocab import VocabMap
+from .real_pair import PROMPTS as REAL_PAIR_PROMPTS
 
 #: the warpers a report looks at
 WARPERS: dict[str, SamplingParams] = {
@@ -47,17 +48,11 @@ WARPERS: dict[str, SamplingParams] = {
     "T=0.7 top-p 0.9": SamplingParams(temperature=0.7, top_p=0.9),
     "greedy": SamplingParams(temperature=0.0),
 }
-#: sample prompts when no text is given (the target continues each)
-PROMPTS = [
-    "The history of the printing press begins",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "Here is a short recipe for a simple tomato soup:",
-    "The three laws of thermodynamics state that",
-    "Once upon a time, in a village by the sea,",
-    "To install the package, run the following command:",
-    "In 1969, the population of the city was 12,345; by 2020,",
-    "Q: What is 17 times 23?\nA:",
-]
+#: sample prompts when no text is given (the target continues each): the real-pair
+#: benches' prompts, and two where numbers and punctuation are dense
+PROMPTS = [*REAL_PAIR_PROMPTS,
+           "In 1969, the population of the city was 12,345; by 2020,",
+           "Q: What is 17 times 23?\nA:"]
 Progress = Callable[[str, int, int], None]
 
 
