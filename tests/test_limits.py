@@ -59,7 +59,6 @@ from xcosd.protocol.messages import (
     MAX_MESSAGE,
     MAX_NAME,
     MAX_OPTIONS,
-    MAX_PIECE,
     MAX_RESUME,
     MAX_STOP,
     MAX_TEXT,
@@ -393,10 +392,6 @@ FIELD_CAPS: list[tuple[str, dict[str, Any], dict[str, Any], list[bytes]]] = [
      _welcome_h(lim_draft=MAX_DRAFT + 1), []),
     ("accepted drafts: MAX_DRAFT", _verdict_h(n=MAX_DRAFT), _verdict_h(n=MAX_DRAFT + 1), []),
     ("resolved token: 2^31 - 1", _verdict_h(tok=(1 << 31) - 1), _verdict_h(tok=1 << 31), []),
-    ("V_O spellings: MAX_CANDIDATES", _verdict_h(ob=[[i, b"x"] for i in range(MAX_CANDIDATES)]),
-     _verdict_h(ob=[[i, b"x"] for i in range(MAX_CANDIDATES + 1)]), []),
-    ("one spelling: MAX_PIECE bytes", _verdict_h(ob=[[1, b"x" * MAX_PIECE]]),
-     _verdict_h(ob=[[1, b"x" * (MAX_PIECE + 1)]]), []),
     ("vmap draft size: 2^31", {"t": "vmap", "fp": "f", "dsize": 1 << 31},
      {"t": "vmap", "fp": "f", "dsize": (1 << 31) + 1}, [b"", b""]),
 ]

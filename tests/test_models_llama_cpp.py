@@ -87,6 +87,30 @@ def test_vocabularies_equal_the_transformers_paths_on_every_id(lpair) -> None:
             assert lm.chat_prompt(conv) == tm.chat_prompt(conv), name
 
 
+@pytest.mark.slow
+def test_v_c_pairs_the_ids_each_tokenizer_writes(lpair) -> None:
+    """Gemma-3 spells 110 strings twice (a piece and a byte token: ``,`` ``.`` a lone
+    space, the digits); V_C pairs the ids llama.cpp's tokenizer writes, in both
+    directions of the pair, every pair checked against the tokenizers themselves."""
+    from .helpers.spelling import check_pairs, written_ids
+
+    draft, target = lpair
+    assert len(target.vocab.duplicates) == 110 and len(target.vocab.spelled) == 110
+    for text, piece, byte in ((",", 236764, 282), (".", 236761, 284), (" ", 236743, 270),
+                              ("1", 236770, 287)):
+        assert target.vocab.duplicates[text.encode()] == (byte, piece)
+        assert target.tokenize(text) == [piece]
+    written = [written_ids(m.vocab) for m in lpair]
+    for (d, dw), (t, tw) in ((zip(lpair, written, strict=True)),
+                             (zip(lpair[::-1], written[::-1], strict=True))):
+        vmap = VocabMap(d.vocab, t.vocab)
+        assert check_pairs(vmap, dw, tw) > 45_000
+    vmap = VocabMap(draft.vocab, target.vocab)
+    for text in (",", ".", " ", "1", "\n"):
+        d = draft.tokenize(text)
+        assert len(d) == 1 and [int(vmap.draft_to_target[d[0]])] == target.tokenize(text)
+
+
 # -- rows: llama.cpp's own, whatever the batch and the rollbacks ----------------------
 
 

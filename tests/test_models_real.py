@@ -70,6 +70,29 @@ def test_real_vocabularies_and_their_common_vocabulary(pair) -> None:
 @pytest.mark.slow
 @pytest.mark.real
 @needs_real
+def test_v_c_pairs_the_ids_each_tokenizer_writes(pair) -> None:
+    """On the transformers backend too: Gemma-3's 110 strings spelled twice are paired
+    by the id its tokenizer writes (``,`` is 236764, not the byte token 282), and
+    every V_C pair, both directions, is each side's written id."""
+    from .helpers.spelling import check_pairs, written_ids
+
+    draft, target = pair
+    assert len(target.vocab.spelled) == 110 and not draft.vocab.duplicates
+    written = [written_ids(m.vocab) for m in pair]
+    for (d, dw), (t, tw) in ((zip(pair, written, strict=True)),
+                             (zip(pair[::-1], written[::-1], strict=True))):
+        assert check_pairs(VocabMap(d.vocab, t.vocab), dw, tw) > 45_000
+    vmap = VocabMap(draft.vocab, target.vocab)
+    for text in (",", ".", " ", "7", "\n"):
+        [d] = draft.tokenizer.encode(text, add_special_tokens=False)
+        assert [int(vmap.draft_to_target[d])] == target.tokenizer.encode(
+            text, add_special_tokens=False)
+
+
+@real_group
+@pytest.mark.slow
+@pytest.mark.real
+@needs_real
 def test_real_models_cache_rollback_and_batching(pair) -> None:
     import torch
 

@@ -85,7 +85,7 @@ def test_the_draft_context_stays_in_step(link: Pump, method: str) -> None:
     drafter.run(DraftNeeded(es, 0, es._drop, es._append))
     want = list(drafter.prompt_ids)
     for t in es.token_ids:
-        want += es._draft_ids(t, {})
+        want += es._draft_ids(t)
     assert drafter.session is not None and drafter.session.ids == want
     assert any(es.space.to_common[t] < 0 for t in es.token_ids)  # V_O tokens were in it
     link.to_cloud(es.close())

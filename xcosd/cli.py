@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "serve": "serve",
     "edge": "edge",
     "demo": "demo",
+    "pair": "pair",
     "bench": "bench",
 }
 

@@ -31,6 +31,8 @@ from xcosd.bench import (
     edge_runtime,
     http_api,
     http_streams,
+    live_link,
+    pair_report,
     plots,
     scale,
     streaming,
@@ -826,6 +828,14 @@ SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
                              lambda: edge_runtime.section_lines(_load(edge_runtime.OUT_NAME)),
                              (KV_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
                               MUTATION_HEADING)),
+            "live-link": (live_link.HEADING,
+                          lambda: live_link.section_lines(_load(live_link.OUT_NAME)),
+                          (KV_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
+                           MUTATION_HEADING)),
+            "pair-report": (pair_report.HEADING,
+                            lambda: pair_report.section_lines(_load(pair_report.OUT_NAME)),
+                            (KV_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
+                             MUTATION_HEADING)),
             "http-streams": (http_streams.HEADING,
                              lambda: http_streams.section_lines(_load(http_streams.OUT.name)),
                              (OVERLAP_HEADING, KV_HEADING, "## Framework overhead", "## Codecs",
@@ -883,6 +893,8 @@ def main(argv: list[str] | None = None) -> int:
     doc += trees.section_lines(trees.load_reports(OUT))
     doc += section_real_pair(_load("real_pair.json"))
     doc += edge_runtime.section_lines(_load(edge_runtime.OUT_NAME))
+    doc += pair_report.section_lines(_load(pair_report.OUT_NAME))
+    doc += live_link.section_lines(_load(live_link.OUT_NAME))
     doc += streaming.section_lines(_load(streaming.OUT.name))
     doc += http_api.section_lines(_load(http_api.OUT.name))
     doc += http_streams.section_lines(_load(http_streams.OUT.name))

@@ -103,6 +103,12 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
         # the pair on llama.cpp against torch: the draft step, ar, end to end modeled
         s.append(("edge-runtime", [PY, "-m", "xcosd.bench.edge_runtime", "--prompts", "3",
                                    "--tokens", "32", "--json", f"{out}/edge_runtime.json"]))
+        # the pair report against seeded runs, and the pair live over an emulated link
+        s.append(("pair-report", [*XCOSD, "pair", "smollm2-135m@llama.cpp", "gemma3-270m@llama.cpp",
+                                  "--threads", "1", "--prompts", "16", "--tokens", "48",
+                                  "--measure", "--json", "--out", f"{out}/pair_report.json"]))
+        s.append(("live-link", [PY, "-m", "xcosd.bench.live_link", "--json",
+                                f"{out}/live_link.json"]))
     s.append(("results", [PY, "-m", "xcosd.bench.results"]))
     return s
 

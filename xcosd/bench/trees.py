@@ -395,8 +395,9 @@ def _goal_lines(rep: dict[str, Any]) -> list[str]:
     """Each goal, judged from the records: met or not, with the numbers."""
     out: list[str] = []
     cfg = rep["config"]
-    for pair, bound in TRIP_GOALS.items():
-        if pair not in cfg["pairs"]:
+    for pair in cfg["pairs"]:
+        bound = TRIP_GOALS.get("real" if pair.startswith("real") else pair)
+        if bound is None:
             continue
         rows = [r for r in rep["records"] if r["pair"] == pair and r["warper"] == "T=1"
                 and r["shape"] != "ar"]
@@ -411,22 +412,22 @@ def _goal_lines(rep: dict[str, Any]) -> list[str]:
             f"{'**met**' if met else '**not met**'}; the policies {', '.join(got)}, the "
             f"fewest of any row `{best['shape']}` {best['trips_per_token']:.3f} "
             f"({best['nodes_per_round']:.1f} nodes a round).")
-    if "real" in cfg["pairs"]:
-        ar = _find(rep, "real", "T=1", "ar")
-        rows = [r for r in rep["records"] if r["pair"] == "real" and r["warper"] == "T=1"
+    for real in [p for p in cfg["pairs"] if p.startswith("real")]:
+        ar = _find(rep, real, "T=1", "ar")
+        rows = [r for r in rep["records"] if r["pair"] == real and r["warper"] == "T=1"
                 and r["shape"] != "ar"]
         if ar and rows:
             base = max(ar["gpu_tok_s"], 1e-9)
             best = max(rows, key=lambda r: r["gpu_tok_s"])
-            pol = [r for r in (_find(rep, "real", "T=1", s) for s in MEASURED) if r]
+            pol = [r for r in (_find(rep, real, "T=1", s) for s in MEASURED) if r]
             ratios = ", ".join(f"`{r['shape']}` {r['gpu_tok_s'] / base:.2f}x" for r in pol)
             met = best["gpu_tok_s"] >= GPU_GOAL * base
             out.append(
-                f"- real, T=1, GPU-like cloud ({cfg['gpu_call_ms']:g} ms a call) at RTT "
+                f"- {real}, T=1, GPU-like cloud ({cfg['gpu_call_ms']:g} ms a call) at RTT "
                 f"{cfg['gpu_rtt_ms']:g} ms, at least {GPU_GOAL:g}x `ar` with the edge's "
                 f"measured compute: {'**met**' if met else '**not met**'}; `ar` "
                 f"{ar['gpu_tok_s']:.1f} tok/s, {ratios}, the best row `{best['shape']}` "
-                f"{best['gpu_tok_s'] / base:.2f}x." + _breakeven(rep, "real", "T=1"))
+                f"{best['gpu_tok_s'] / base:.2f}x." + _breakeven(rep, real, "T=1"))
     for pair in cfg["pairs"]:
         for w in cfg["warpers"]:
             chain = _find(rep, pair, w, "chain")
@@ -482,8 +483,9 @@ def section_lines(rep: Any) -> list[str]:
     sizes = []
     if "embedded" in cfg["pairs"]:
         sizes.append(f"embedded pair {cfg['prompts']} prompts x {cfg['tokens']} tokens")
-    if "real" in cfg["pairs"]:
-        sizes.append(f"real pair {cfg['real_prompts']} x {cfg['real_tokens']}")
+    for real in [p for p in cfg["pairs"] if p.startswith("real")]:
+        backend = " on llama.cpp, one thread a side" if real == "real-llama.cpp" else ""
+        sizes.append(f"{real} pair{backend} {cfg['real_prompts']} x {cfg['real_tokens']}")
     commands = "`" + rep.get("command", "xcosd bench trees").replace("; ", "`; `") + "`"
     out = [HEADING, "",
            f"{commands}: seeded `{cfg['method']}`, branching rows as `{cfg['row_codec']}`; "
@@ -555,7 +557,7 @@ def load_reports(out_dir: Path = OUT.parent) -> dict[str, Any] | None:
     pairs: list[str] = []
     for rep in reps:
         pairs += [p for p in rep["config"]["pairs"] if p not in pairs]
-        if "real" in rep["config"]["pairs"]:
+        if any(p.startswith("real") for p in rep["config"]["pairs"]):
             for k in ("real_prompts", "real_tokens"):
                 merged["config"][k] = rep["config"][k]
     merged["config"]["pairs"] = pairs

@@ -414,7 +414,8 @@ def _add_trees(bsub: Any) -> None:
                                     "round trip, target calls, bytes, compute, modeled "
                                     "tok/s; the shape the tree policy "
                                     "picks from the measured acceptance is run too.")
-    p.add_argument("--pairs", default="embedded", help="comma list: embedded, real")
+    p.add_argument("--pairs", default="embedded",
+                   help="comma list: embedded, real (transformers), real-llama.cpp")
     p.add_argument("--shapes", default=None,
                    help="comma list of shapes: chain:D, W1xW2x..., spine:W1xW2x... "
                         "(default: a set of chains and trees)")

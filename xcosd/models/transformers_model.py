@@ -307,8 +307,7 @@ class TransformersModel:
         width = int(out.weight.shape[0]) if out is not None else int(model.config.vocab_size)
         v = vocab or vocabulary_from_hf(tokenizer, name=name)
         if v.size < width:  # padded embedding rows: ids with no token
-            v = Vocabulary(v.name, [*v.tokens, *([None] * (width - v.size))], special=v.special_ids,
-                           roles=v.roles, encoder=v._encoder)
+            v = v.with_size(width)
         elif v.size > width:
             raise ModelError(f"{v.name}: tokenizer has {v.size} ids but the model scores {width}")
         self.vocab = v

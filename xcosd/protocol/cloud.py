@@ -48,9 +48,7 @@ import numpy as np
 from ..errors import InvalidDistribution, ProtocolError, XcosdError
 from ..methods import get_method
 from ..methods.base import (
-    CandidatesReply,
     Draft,
-    HybridReply,
     Method,
     RejectState,
     Reply,
@@ -305,9 +303,6 @@ class CloudConfig:
         else:
             self.pins.pop(fp, None)
 
-    def piece(self, target_id: int) -> bytes:
-        return self.vocab.piece(target_id)
-
 
 # ----------------------------------------------------------------------- session
 
@@ -560,9 +555,7 @@ class CloudConnection:
                                    if isinstance(outcome.reply, TokenReply) else None)
             session.pending = walked
             session.advance(CloudStep.REJECTED)
-            reply = ReplyMsg(session.s, session.round, outcome.reply,
-                             self._other_bytes(session.space, outcome.reply),
-                             ack=session.draft_seq)
+            reply = ReplyMsg(session.s, session.round, outcome.reply, ack=session.draft_seq)
             session.last_answer = reply
             return CloudOutput([reply])
         session.rounds += 1
@@ -580,7 +573,6 @@ class CloudConnection:
                                    if isinstance(outcome.reply, TokenReply) else None)
             session.advance(CloudStep.REJECTED)
         msg = VerdictMsg(session.s, session.round, n, outcome.reply,
-                         self._other_bytes(session.space, outcome.reply),
                          int(outcome.compute_s * 1e6), ack=session.draft_seq)
         session.last_answer = msg
         label = draft.shape.label if isinstance(draft, DraftTree) else None
@@ -923,24 +915,7 @@ class CloudConnection:
             reply = on_request(sess.method, rej, Request(msg.kind), sess.space)
         sess.requests += 1
         sess.final_token = int(reply.token) if isinstance(reply, TokenReply) else None
-        ans = ReplyMsg(sess.s, msg.r, reply, self._other_bytes(sess.space, reply), ack=msg.seq)
+        ans = ReplyMsg(sess.s, msg.r, reply, ack=msg.seq)
         sess.last_answer = ans
         return CloudOutput([ans])
 
-    def _other_bytes(self, space: Space, reply: Reply) -> dict[int, bytes]:
-        """Bytes of every V_O token ``reply`` names (the device knows V_C only by id)."""
-        ids: list[int] = []
-        if isinstance(reply, TokenReply):  # every bonus token: a dict only for a V_O one
-            tok = int(reply.token)
-            return {} if space.to_common[tok] >= 0 else {tok: self.config.piece(tok)}
-        elif isinstance(reply, HybridReply) and reply.other_token is not None:
-            ids = [int(reply.other_token)]
-        elif isinstance(reply, CandidatesReply):
-            # K may be 65,536 candidates: select the distinct V_O ones in numpy (most
-            # rejections name none: then no sort at all, a third of the time)
-            c = np.asarray(reply.ids, dtype=np.int64)
-            other = c[space.to_common[c] < 0]
-            if not other.shape[0]:
-                return {}
-            return {i: self.config.piece(i) for i in np.unique(other).tolist()}
-        return {i: self.config.piece(i) for i in ids if space.to_common[i] < 0}

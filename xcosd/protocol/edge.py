@@ -450,7 +450,6 @@ class EdgeSession:
         self._drafted = 0
         self._trips = 0
         self._accepted = 0
-        self._other: dict[int, bytes] = {}
         self.finish_reason: FinishReason | None = None
 
     # -- what to send ------------------------------------------------------
@@ -682,7 +681,7 @@ class EdgeSession:
             return self._verdict(msg)
         if isinstance(msg, ReplyMsg) and self.phase is EdgePhase.RESOLVING and msg.r == self.round:
             self._trips += 1
-            return self._resolve(msg.reply, msg.other_bytes)
+            return self._resolve(msg.reply)
         raise ProtocolError(f"session {self.s}: unexpected {msg.TYPE!r} in phase "
                             f"{self.phase.value}",
                             code="state")
@@ -720,10 +719,10 @@ class EdgeSession:
             if not isinstance(msg.reply, TokenReply):
                 raise ProtocolError("a full acceptance must carry a bonus token",
                                     code="bad_field")
-            return self._settle(int(msg.reply.token), msg.other_bytes)
+            return self._settle(int(msg.reply.token))
         self._dev = DeviceState(q_common=self._q_rows[n], rejected=int(draft.ids[n]))
         self._advance(EdgeStep.REJECTED)
-        return self._resolve(msg.reply, msg.other_bytes)
+        return self._resolve(msg.reply)
 
     def _tree_verdict(self, drafted: DraftedTree, msg: VerdictMsg) -> EdgeOutput:
         """A tree round's verdict: ``n`` names the node the walk stopped at (its index
@@ -741,17 +740,16 @@ class EdgeSession:
             if not isinstance(msg.reply, TokenReply):
                 raise ProtocolError("a full acceptance must carry a bonus token",
                                     code="bad_field")
-            return self._settle(int(msg.reply.token), msg.other_bytes)
+            return self._settle(int(msg.reply.token))
         self._dev = device_state(drafted, n - 1)
         self._advance(EdgeStep.REJECTED)
-        return self._resolve(msg.reply, msg.other_bytes)
+        return self._resolve(msg.reply)
 
-    def _resolve(self, reply: Reply, other: dict[int, bytes]) -> EdgeOutput:
+    def _resolve(self, reply: Reply) -> EdgeOutput:
         assert self._dev is not None
         self._check_reply(reply)
         if isinstance(reply, HybridReply):
             self._fallback_seen = True
-        self._other = {**self._other, **other}
         try:
             out = self.method.resolve(reply, self._dev, self.space, self.rng)
         except XcosdError:
@@ -764,7 +762,7 @@ class EdgeSession:
             req = RequestMsg(self.s, self.seq, self.round, out.kind)
             self._expect(req)
             return EdgeOutput([req])
-        return self._settle(int(out), self._other)
+        return self._settle(int(out))
 
     def _check_reply(self, reply: Reply) -> None:
         size = self.space.target_size
@@ -779,7 +777,7 @@ class EdgeSession:
             raise ProtocolError("the cloud named a token outside the target vocabulary",
                                 code="bad_token")
 
-    def _settle(self, token: int, other: dict[int, bytes]) -> EdgeOutput:
+    def _settle(self, token: int) -> EdgeOutput:
         draft = self._draft
         assert draft is not None
         dev = self._dev
@@ -788,7 +786,7 @@ class EdgeSession:
             n = self._accepted
             path = draft.ids[:n].tolist()
             # the draft model keeps the accepted drafts and the token's draft spelling
-            self._edit(self._drafted - n, self._draft_ids(token, other))
+            self._edit(self._drafted - n, self._draft_ids(token))
             self.drafting.settled(draft.length, n)
             if self.tree is not None:  # the chain policy's rounds too (its probes)
                 self.tree_rates.observe(walk_ranks(TreeShape.chain(draft.length),
@@ -797,7 +795,7 @@ class EdgeSession:
         else:
             # nothing of the tree is in the draft model's context: the path joins it
             path = [int(draft.ids[v]) for v in self._path]
-            self._edit(0, [d for t in [*path, token] for d in self._draft_ids(t, other)])
+            self._edit(0, [d for t in [*path, token] for d in self._draft_ids(t)])
             self.tree_rates.observe(walk_ranks(tree.draft.shape, self._path))
             n = len(path)
             rejected = bool(tree.draft.shape.children[self._accepted])
@@ -806,7 +804,7 @@ class EdgeSession:
                                dev.trials if dev else 0, dev.fallbacks if dev else 0,
                                None if tree is None else tree.draft.shape.label, rejected)
         self._pending_token = token if rejected else None
-        self._dev, self._other = None, {}
+        self._dev = None
         self._request_kind, self._last_sent = None, None
         self.round += 1
         emitted: list[int] = []
@@ -818,7 +816,7 @@ class EdgeSession:
                 break
             emitted.append(t)
             self.token_ids.append(t)
-            pieces.append(self._piece(t, other))
+            pieces.append(self.vmap.target.piece(t))
             if t in self.stop_ids:
                 reason = FinishReason.STOP
                 break
@@ -836,18 +834,13 @@ class EdgeSession:
             self._advance(EdgeStep.SETTLED)
         return EdgeOutput([], events)
 
-    def _piece(self, t: int, other: dict[int, bytes]) -> bytes:
-        if t in other:
-            return other[t]
-        return self.vmap.target.piece(t)
-
-    def _draft_ids(self, token: int, other: dict[int, bytes]) -> list[int]:
+    def _draft_ids(self, token: int) -> list[int]:
         """The draft spelling of a target token: its draft id in V_C, else its bytes
         re-tokenised by the draft vocabulary (any split only affects draft quality)."""
         c = int(self.space.to_common[token])
         if c >= 0:
             return [int(self.vmap.common_draft_ids[c])]
-        data = self._piece(token, other)
+        data = self.vmap.target.piece(token)
         if not data:
             return []
         try:

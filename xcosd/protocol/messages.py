@@ -88,7 +88,10 @@ from .fields import (
 #: 5: draft trees (a block's ``"tp"`` / ``"tc"`` / ``"tx"`` and its parents and rows,
 #: :func:`draft_to_wire`), the welcome's ``max_tree``, and a tree verdict's ``n``
 #: naming the node the walk stopped at.
-PROTOCOL_VERSION = 5
+#: 6: a vocabulary table marks the ids its tokenizer writes where ids share their
+#: bytes (``kinds`` 3), and replies no longer carry V_O spellings (``ob``): the edge
+#: spells every target id from the table it holds since the handshake.
+PROTOCOL_VERSION = 6
 
 #: Bounds on header fields, so a hostile header cannot make us allocate much.
 MAX_TEXT = 1 << 20  # prompt text, bytes of UTF-8
@@ -96,10 +99,9 @@ MAX_MESSAGE = 4096  # human-readable error text
 MAX_BUFFERS = 4096
 MAX_OPTIONS = 16
 MAX_DRAFT = 1 << 16  # drafted ids per round (and accepted ones in a verdict)
-MAX_CANDIDATES = 1 << 16  # candidate ids per reply (and V_O spellings sent with them)
+MAX_CANDIDATES = 1 << 16  # candidate ids per reply
 MAX_CANDIDATE_ROUNDS = 1 << 10  # SR-DV's M: candidate replies per rejection
 MAX_STOP = 64  # stop ids in a welcome
-MAX_PIECE = 4096  # bytes of one V_O token's spelling
 MAX_RESUME = 1 << 20  # target ids generated before a resume (a session's whole output)
 MAX_CHAT = 1024  # messages of one chat to render
 #: the roles a chat message may have (the target's template is given these)
@@ -273,7 +275,8 @@ class VocabRequest(Message):
 class VocabTable(Message):
     """Cloud -> edge: the target vocabulary's id -> bytes table.
 
-    Buffers: ``kinds`` (uint8 per id: 0 unused, 1 regular, 2 special),
+    Buffers: ``kinds`` (uint8 per id: 0 unused, 1 regular, 2 special, 3 regular and
+    the tokenizer's own spelling of bytes other ids spell too),
     ``lengths`` (int32 per id), ``blob`` (all token bytes concatenated, zstd-compressed
     when ``compressed``).
     """
@@ -798,14 +801,9 @@ REPLY_SPECS: dict[ReplyKind, tuple[type[Any], tuple[Field, ...], tuple[Buf, ...]
 _REPLY_KIND: dict[type[Any], ReplyKind] = {cls: k for k, (cls, _, _) in REPLY_SPECS.items()}
 
 
-def reply_to_wire(reply: Reply, h: Header, other_bytes: Mapping[int, bytes]) -> Buffers:
-    """Write a method reply into header ``h``; return its buffers.
-
-    ``other_bytes`` maps each V_O target id the reply names to its bytes: the
-    device knows only V_C by id, so target-only tokens travel with their spelling.
-    """
-    if other_bytes:
-        h["ob"] = [[int(k), bytes(v)] for k, v in other_bytes.items()]
+def reply_to_wire(reply: Reply, h: Header) -> Buffers:
+    """Write a method reply into header ``h``; return its buffers. Target ids go
+    bare: the device spells them from the target table it holds."""
     kind = _REPLY_KIND.get(type(reply))
     if kind is None:
         raise TypeError(f"not a method reply: {type(reply).__name__}")
@@ -815,24 +813,13 @@ def reply_to_wire(reply: Reply, h: Header, other_bytes: Mapping[int, bytes]) -> 
     return encode_buffers(reply, bufs)
 
 
-def reply_from_wire(h: Mapping[str, Any], buffers: Sequence[bytes],
-                    t: str) -> tuple[Reply, dict[int, bytes]]:
+def reply_from_wire(h: Mapping[str, Any], buffers: Sequence[bytes], t: str) -> Reply:
     kind = read_str(h, "k", t)
-    ob_raw = h.get("ob") or []
-    if not isinstance(ob_raw, list) or len(ob_raw) > MAX_CANDIDATES:
-        raise bad(f"{t}: ob must be a list of [id, bytes] pairs")
-    other: dict[int, bytes] = {}
-    for pair in ob_raw:
-        if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int
-                and isinstance(pair[1], bytes) and pair[0] >= 0 and len(pair[1]) <= MAX_PIECE):
-            raise bad(f"{t}: ob must be a list of [id, bytes] pairs")
-        other[pair[0]] = pair[1]
     if kind not in ReplyKind.__members__.values():
         raise bad(f"{t}: unknown reply kind {kind!r}")
     cls, fields, bufs = REPLY_SPECS[ReplyKind(kind)]
     check_count(buffers, len(bufs), t)
-    reply = cls(**decode_fields(h, fields, t), **decode_buffers(buffers, bufs, t))
-    return reply, other
+    return cls(**decode_fields(h, fields, t), **decode_buffers(buffers, bufs, t))
 
 
 def _opt_int(h: Mapping[str, Any], key: str) -> int | None:
@@ -849,7 +836,7 @@ def _small_verdict(h: Mapping[str, Any], buffers: Sequence[bytes]) -> VerdictMsg
     kind = h.get("k")
     s, r, n = h.get("s"), h.get("r"), h.get("n")
     if not (type(s) is int and type(r) is int and type(n) is int and 0 <= s <= INT_MAX
-            and 0 <= r <= INT_MAX and 0 <= n <= MAX_DRAFT) or "ob" in h:
+            and 0 <= r <= INT_MAX and 0 <= n <= MAX_DRAFT):
         return None
     us, ack = _opt_int(h, "us"), _opt_int(h, "a")
     if us is None or ack is None:
@@ -860,7 +847,7 @@ def _small_verdict(h: Mapping[str, Any], buffers: Sequence[bytes]) -> VerdictMsg
         if (len(h) != keys + 1 or buffers or type(tok) is not int
                 or not 0 <= tok <= TOKEN_MAX):
             return None
-        return VerdictMsg(s, r, n, TokenReply(tok), {}, us, ack)
+        return VerdictMsg(s, r, n, TokenReply(tok), us, ack)
     if kind != "cand" or len(h) != keys or len(buffers) != 2:
         return None
     got = _small_block(buffers[0], buffers[1])
@@ -868,7 +855,7 @@ def _small_verdict(h: Mapping[str, Any], buffers: Sequence[bytes]) -> VerdictMsg
         return None
     reply = CandidatesReply(ids=np.array(got[0], dtype=np.int64),
                             values=np.array(got[1], dtype=np.float32))
-    return VerdictMsg(s, r, n, reply, {}, us, ack)
+    return VerdictMsg(s, r, n, reply, us, ack)
 
 
 @dataclass(frozen=True, eq=False)
@@ -888,7 +875,6 @@ class VerdictMsg(SessionMessage):
     r: int
     accepted: int
     reply: Reply
-    other_bytes: dict[int, bytes] = field(default_factory=dict)
     #: the cloud's measured compute for this round (its batch), microseconds; 0 = unknown
     compute_us: int = 0
     ack: int = 0
@@ -904,8 +890,6 @@ class VerdictMsg(SessionMessage):
             h["us"] = int(self.compute_us)
         if self.ack:
             h["a"] = self.ack
-        if self.other_bytes:
-            h["ob"] = [[int(k), bytes(v)] for k, v in self.other_bytes.items()]
         if isinstance(reply, TokenReply):
             h["k"] = "tok"
             h["tok"] = int(reply.token)
@@ -915,13 +899,13 @@ class VerdictMsg(SessionMessage):
         return h, [ids_to_bytes(reply.ids), f32_to_bytes(reply.values)]
 
     def _extra_to_wire(self, h: Header) -> Buffers:
-        return reply_to_wire(self.reply, h, self.other_bytes)
+        return reply_to_wire(self.reply, h)
 
     @classmethod
     def from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes]) -> Message:
-        """A bonus token or a few candidates without V_O spellings (most verdicts)
-        read inline, every value checked as the tables check it; anything else
-        (and every error) through the tables."""
+        """A bonus token or a few candidates (most verdicts) read inline, every value
+        checked as the tables check it; anything else (and every error) through the
+        tables."""
         fast = _small_verdict(h, buffers)
         return fast if fast is not None else super().from_wire(h, buffers)
 
@@ -932,8 +916,7 @@ class VerdictMsg(SessionMessage):
     @classmethod
     def _extra_from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes], t: str,
                          kw: dict[str, Any]) -> dict[str, Any]:
-        reply, other = reply_from_wire(h, buffers, t)
-        return {"reply": reply, "other_bytes": other}
+        return {"reply": reply_from_wire(h, buffers, t)}
 
 
 @dataclass(frozen=True)
@@ -960,11 +943,10 @@ class ReplyMsg(SessionMessage):
     FIELDS: ClassVar[tuple[Field, ...]] = (S, Field("r", "r", Kind.INT), ACK)
     r: int
     reply: Reply
-    other_bytes: dict[int, bytes] = field(default_factory=dict)
     ack: int = 0
 
     def _extra_to_wire(self, h: Header) -> Buffers:
-        return reply_to_wire(self.reply, h, self.other_bytes)
+        return reply_to_wire(self.reply, h)
 
     @classmethod
     def _buffer_count(cls, h: Mapping[str, Any], t: str) -> None:
@@ -973,8 +955,7 @@ class ReplyMsg(SessionMessage):
     @classmethod
     def _extra_from_wire(cls, h: Mapping[str, Any], buffers: Sequence[bytes], t: str,
                          kw: dict[str, Any]) -> dict[str, Any]:
-        reply, other = reply_from_wire(h, buffers, t)
-        return {"reply": reply, "other_bytes": other}
+        return {"reply": reply_from_wire(h, buffers, t)}
 
 
 @dataclass(frozen=True)
@@ -1036,7 +1017,6 @@ __all__ = [
     "MAX_MESSAGE",
     "MAX_NAME",
     "MAX_OPTIONS",
-    "MAX_PIECE",
     "MAX_STOP",
     "MAX_TEXT",
     "MESSAGE_TYPES",

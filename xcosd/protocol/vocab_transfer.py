@@ -3,11 +3,15 @@
 Cross-vocabulary decoding needs V_C on both sides, and V_C is a function of both
 tokenizers: the device holds the draft one, the cloud the target one. The edge
 gets the target's id -> bytes table (:func:`vocab_to_table` /
-:func:`table_to_vocab`, unless it was given the target vocabulary), builds the
+:func:`table_to_vocab`, unless it was given the target vocabulary), with the ids the
+target's tokenizer writes where two ids share their bytes (the edge has no tokenizer
+to ask, and V_C pairs by them), builds the
 :class:`~xcosd.vocab.VocabMap` itself and uploads the two V_C id arrays; the cloud
 checks them against its own vocabulary and the claimed fingerprint
 (:func:`space_from_upload`) and keeps the resulting :class:`~xcosd.methods.Space`
-per fingerprint, so later edges with the same pair upload nothing.
+per fingerprint, so later edges with the same pair upload nothing. The table is
+also how the edge spells every target-only token the cloud names: no reply carries
+spellings.
 """
 
 from __future__ import annotations
@@ -16,10 +20,15 @@ import hashlib
 
 import numpy as np
 
-from ..errors import ProtocolError
+from ..errors import ProtocolError, VocabError
 from ..methods.base import Space
 from ..vocab import VocabMap, Vocabulary
 from .messages import VocabMapUpload, VocabTable
+
+#: a table's ``kinds``: an unused id, a regular token, a special token, and a regular
+#: token that is the tokenizer's own spelling of bytes other ids spell too
+#: (:mod:`xcosd.vocab.spelling`)
+KIND_UNUSED, KIND_REGULAR, KIND_SPECIAL, KIND_SPELLED = 0, 1, 2, 3
 
 #: a VocabTable's token bytes (its decompressed blob) may not exceed this, so a hostile
 #: table cannot blow memory
@@ -42,10 +51,12 @@ def vocab_to_table(vocab: Vocabulary, compress: bool = True) -> VocabTable:
     kinds = np.zeros(vocab.size, dtype=np.uint8)
     lengths = np.zeros(vocab.size, dtype="<i4")
     parts: list[bytes] = []
+    spelled = vocab.spelled
     for i, b in enumerate(vocab.tokens):
         if b is None:
             continue
-        kinds[i] = 2 if i in vocab.special_ids else 1
+        kinds[i] = KIND_SPECIAL if i in vocab.special_ids else (
+            KIND_SPELLED if i in spelled else KIND_REGULAR)
         lengths[i] = len(b)
         parts.append(b)
     blob = b"".join(parts)
@@ -88,18 +99,26 @@ def table_to_vocab(msg: VocabTable) -> Vocabulary:
             raise ProtocolError(f"vocab: bad compressed table ({e})", code="bad_field") from e
     if len(blob) != total:
         raise ProtocolError("vocab: token bytes do not match lengths", code="bad_field")
+    if int(kinds.max(initial=0)) > KIND_SPELLED:
+        raise ProtocolError("vocab: unknown token kind", code="bad_field")
     tokens: list[bytes | None] = []
     special: list[int] = []
+    spelled: list[int] = []
     pos = 0
     for i, (k, n) in enumerate(zip(kinds.tolist(), lengths.tolist(), strict=True)):
-        if k == 0:
+        if k == KIND_UNUSED:
             tokens.append(None)
             continue
         tokens.append(bytes(blob[pos:pos + n]))
         pos += n
-        if k == 2:
+        if k == KIND_SPECIAL:
             special.append(i)
-    vocab = Vocabulary(msg.name, tokens, special=special, roles=msg.roles)
+        elif k == KIND_SPELLED:
+            spelled.append(i)
+    try:
+        vocab = Vocabulary(msg.name, tokens, special=special, roles=msg.roles, spelled=spelled)
+    except VocabError as e:
+        raise ProtocolError(f"vocab: {e}", code="bad_field") from e
     if vocab.fingerprint != msg.fingerprint:
         raise ProtocolError("vocab: the table does not match its fingerprint", code="vocab")
     return vocab

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import VocabError
 from .hf import hf_table
+from .spelling import duplicated_strings, own_spelling, own_spelling_check
 
 #: Short names accepted everywhere, mapped to quicktok's encoding names.
 QUICKTOK_ALIASES: dict[str, str] = {
@@ -69,6 +70,7 @@ class Vocabulary:
         special: Iterable[int] = (),
         roles: Mapping[str, int] | None = None,
         encoder: Any = None,
+        spelled: Iterable[int] | None = None,
     ) -> None:
         self.name = name
         self.tokens: list[bytes | None] = list(tokens)
@@ -81,6 +83,10 @@ class Vocabulary:
         self._encoder = encoder
         if self.size == 0:
             raise VocabError(f"{name}: empty vocabulary")
+        if spelled is not None:
+            # given (a table that came over the wire, a cache): the side that held the
+            # tokenizer decided; anything else is computed from the encoder on first use
+            self.__dict__["spelled"] = own_spelling_check(self, frozenset(int(i) for i in spelled))
 
     def __repr__(self) -> str:
         return f"Vocabulary({self.name!r}, size={self.size}, regular={self.n_regular})"
@@ -130,13 +136,35 @@ class Vocabulary:
         return int(self.regular_mask.sum())
 
     @cached_property
+    def duplicates(self) -> dict[bytes, tuple[int, ...]]:
+        """Byte strings that two or more regular ids spell, with those ids ascending
+        (Gemma-3 spells ``,`` ``.`` the digits and a lone space twice: a piece and a
+        byte-fallback token)."""
+        return duplicated_strings(self.tokens, self.special_ids)
+
+    @cached_property
+    def spelled(self) -> frozenset[int]:
+        """Of each duplicated string's ids, the one this vocabulary's own tokenizer
+        writes for those bytes (:mod:`.spelling`); empty without an encoder."""
+        if self._encoder is None:
+            return frozenset()
+        return own_spelling(self.duplicates, self.encode)
+
+    @cached_property
     def byte_index(self) -> dict[bytes, int]:
-        """bytes -> id over regular tokens (the lowest id wins for duplicates)."""
+        """bytes -> id over regular tokens. Where ids share their bytes the one the
+        tokenizer writes wins (:attr:`spelled`), else the lowest: V_C pairs by this
+        index, and pairing a draft token with an id the model never emits puts the
+        model's mass out of the draft's reach."""
         index: dict[bytes, int] = {}
         special = self.special_ids
         for i, b in enumerate(self.tokens):
             if b is not None and i not in special and b not in index:
                 index[b] = i
+        for i in self.spelled:
+            b = self.tokens[i]
+            assert b is not None
+            index[b] = i
         return index
 
     @cached_property
@@ -148,10 +176,13 @@ class Vocabulary:
 
     @cached_property
     def fingerprint(self) -> str:
-        """A stable hash of the id -> bytes table and the role map."""
+        """A stable hash of the id -> bytes table, the role map and which duplicate
+        the tokenizer writes (two sides that pair a string differently disagree on V_C)."""
         h = hashlib.sha256()
+        spelled = self.spelled
         for i, b in enumerate(self.tokens):
-            tag = b"S" if i in self.special_ids else (b"N" if b is None else b"R")
+            tag = b"S" if i in self.special_ids else (
+                b"N" if b is None else (b"P" if i in spelled else b"R"))
             h.update(tag + len(b or b"").to_bytes(4, "little") + (b or b""))
         for role in sorted(self.roles):
             h.update(role.encode() + self.roles[role].to_bytes(8, "little"))
@@ -281,4 +312,13 @@ class Vocabulary:
         """
         t = hf_table(tokenizer, name)
         return cls(t.name, t.tokens, special=t.special, roles=t.roles, encoder=t.encoder)
+
+    def with_size(self, size: int) -> Vocabulary:
+        """This vocabulary padded with unused ids up to ``size`` (a model's embedding
+        rows beyond its tokenizer), the tokenizer's spelling choices kept."""
+        if size < self.size:
+            raise VocabError(f"{self.name}: cannot shrink {self.size} ids to {size}")
+        return Vocabulary(self.name, [*self.tokens, *([None] * (size - self.size))],
+                          special=self.special_ids, roles=self.roles, encoder=self._encoder,
+                          spelled=self.spelled)
 
