@@ -44,6 +44,7 @@ def test_readme_shows_the_openai_client_code() -> None:
     readme = (ROOT / "README.md").read_text()
     assert f"```python\n{OPENAI_CLIENT.read_text()}```" in readme
     assert "xcosd edge serve --connect tcp://127.0.0.1:5555 --http 127.0.0.1:8000 &" in readme
+    assert "export XCOSD_API_KEY=sk-local-example" in readme
 
 
 def _free_port() -> int:
@@ -59,10 +60,11 @@ def test_openai_client_example_runs_against_the_commands() -> None:
     procs = [subprocess.Popen([*xcosd, "serve", "--bind", f"tcp://127.0.0.1:{zmq_port}"],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
     try:
+        key = "sk-local-example"  # as the README exports it
         procs.append(subprocess.Popen(
             [*xcosd, "edge", "serve", "--connect", f"tcp://127.0.0.1:{zmq_port}",
              "--http", f"127.0.0.1:{http_port}"], cwd=ROOT, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE))
+            stderr=subprocess.PIPE, env={**os.environ, "XCOSD_API_KEY": key}))
         deadline = time.monotonic() + 300
         while True:  # the edge answers /health once it is connected to the cloud
             try:
@@ -76,7 +78,7 @@ def test_openai_client_example_runs_against_the_commands() -> None:
             assert time.monotonic() < deadline, "the edge never became healthy"
             time.sleep(0.2)
         env = {**os.environ, "OPENAI_BASE_URL": f"http://127.0.0.1:{http_port}/v1",
-               "OPENAI_API_KEY": "unused"}
+               "OPENAI_API_KEY": key}
         r = subprocess.run([sys.executable, str(OPENAI_CLIENT)], capture_output=True, text=True,
                            timeout=300, cwd=ROOT, env=env, check=False)
         assert r.returncode == 0, r.stderr
