@@ -7,7 +7,8 @@ report, and write JSON (``--json``) and PNG plots (``--plots DIR``). ``soak`` ru
 devices against one cloud for a while with faults injected throughout (device
 kills, cloud restarts, lost and duplicated messages) and checks every output.
 ``http-streams`` opens many streams at once through one edge's OpenAI-compatible
-API and checks every one against the edge's own ``generate``.
+API and checks every one against the edge's own ``generate``. ``live`` runs the real
+pair over an emulated link, ``ar`` beside ``xcosd-e`` and ``tree="auto"``.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ def add_parser(sub: Any) -> None:
                                    "`scale` (throughput against 1, 2, 4 ... replicas, and a "
                                    "kill), `soak` (devices against a cloud with faults, every "
                                    "output checked), `http-streams` (many concurrent streams "
-                                   "through one edge's HTTP API) and `trees` (draft trees "
-                                   "next to chains and ar).")
+                                   "through one edge's HTTP API), `trees` (draft trees "
+                                   "next to chains and ar) and `live` (the real pair over an "
+                                   "emulated link: ar, xcosd-e and tree=auto side by side).")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
     bsub.required = True
     _add_load(bsub)
@@ -68,6 +70,7 @@ def add_parser(sub: Any) -> None:
     _add_soak(bsub)
     _add_http_streams(bsub)
     _add_trees(bsub)
+    _add_live(bsub)
 
 
 def _add_outputs(p: Any, what: str) -> None:
@@ -708,3 +711,39 @@ def run_http_streams(args: argparse.Namespace) -> int:
     argv = ["--streams", str(args.streams), "--tokens", str(args.tokens), "--pair", args.pair,
             "--seed", str(args.seed), "--json", args.json or str(http_streams.OUT)]
     return http_streams.main(argv)
+
+
+def _add_live(bsub: Any) -> None:
+    p = bsub.add_parser("live", help="the real pair live over an emulated link, ar beside xcosd-e",
+                        description="SmolLM2-135M drafting for Gemma-3-270m on llama.cpp, the "
+                                    "cloud an `xcosd serve --link-rtt-ms RTT` process on a core "
+                                    "of its own and the edge on the other: ar, default xcosd-e "
+                                    "and xcosd-e with tree=auto side by side at each RTT, "
+                                    "unseeded, so the policies see the real round trip "
+                                    "(xcosd/bench/live_link.py).")
+    p.add_argument("--rtt-ms", default="50", metavar="MS[,MS...]",
+                   help="comma-separated round-trip times")
+    p.add_argument("--prompts", type=positive_int, default=3)
+    p.add_argument("--tokens", type=positive_int, default=48, help="tokens per prompt")
+    p.add_argument("--passes", type=positive_int, default=2,
+                   help="every row once per pass, in rotated order (medians reported)")
+    p.add_argument("--temperature", type=nonneg_float, default=0.7)
+    p.add_argument("--top-p", type=unit_interval, default=0.9)
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="write the report there (default: bench/out/live_link.json)")
+    p.set_defaults(func=run_live, check=check_live)
+
+
+def check_live(args: argparse.Namespace) -> None:
+    check_model("smollm2-135m@llama.cpp", "bench live")
+    check_model("gemma3-270m@llama.cpp", "bench live")
+
+
+def run_live(args: argparse.Namespace) -> int:
+    from ..bench import live_link
+
+    argv = ["--rtt-ms", args.rtt_ms, "--prompts", str(args.prompts), "--tokens",
+            str(args.tokens), "--passes", str(args.passes), "--temperature",
+            repr(args.temperature), "--top-p", repr(args.top_p),
+            "--json", args.json or str(live_link.OUT_DIR / live_link.OUT_NAME)]
+    return live_link.main(argv)
