@@ -94,6 +94,8 @@ class Drafter:
         self.spec_rounds = 0
         self.spec_hits = 0
         self._passed = 0
+        #: context tokens computed in the wait of rounds that drafted nothing
+        self.caught_up = 0
 
     def _start(self) -> Session:
         if self.session is None:
@@ -119,6 +121,19 @@ class Drafter:
             return self.tree(need.shape, es.method, es.space, es.rng, need.row_codec,
                              need.distinct)
         return self.draft(need.length, es.method, es.space, es.rng, need.stop_below, ready)
+
+    def catch_up(self, drop: int, append: list[int]) -> None:
+        """Apply context edits now and compute them (the model's cache takes the new
+        tokens), so the next :meth:`run` starts from an evaluated context: done in
+        the wait of a round that drafted nothing, where the edge's core is idle. A
+        speculation still pending is given up (it drafted past a context these
+        edits have moved on from)."""
+        self._start()
+        self._edit(drop, append)
+        if append:
+            assert self.session is not None
+            self.model.score([(self.session, [])])
+        self.caught_up += len(append)
 
     def tree(self, shape: TreeShape, method: Method, space: Space, rng: np.random.Generator,
              row_codec: str | None = None, distinct: bool = True) -> DraftedTree:

@@ -1089,6 +1089,7 @@ class EdgeNode:
                     del self._spoke[next(iter(self._spoke))]
             with contextlib.suppress(Exception):
                 await self._in_worker(drafter.end)
+            st.caught_up = drafter.caught_up  # its jobs ran before end, in the one thread
         text, token_ids = es.text, list(es.token_ids)
         if watch.end is not None:  # a stop string: the output ends with it
             text = watch.text[:watch.end]
@@ -1259,11 +1260,30 @@ class EdgeNode:
         timing = (drafting_s / fresh if fresh else None, time.perf_counter())
         stop = (self._speculate(es, drafter) if speculate and drafted and not es.tree_round
                 else None)
+        if not drafted:
+            self._catch_up(es, drafter)
         try:
             await self._finish_round(es, inbox, st, trace, on_text, before, timing, stop)
         finally:
             if stop is not None:
                 stop.set()
+
+    def _catch_up(self, es: EdgeSession, drafter: Drafter) -> None:
+        """A round that drafted nothing leaves the edge's core idle until its verdict:
+        compute the draft context's pending tokens there (the tokens the last rounds
+        emitted), so the next round that drafts (a probe of the length policy, most
+        often) pays only its draft steps, and the draft step it measures is one.
+        Not beside another generation, whose drafts would wait behind it in the one
+        draft thread."""
+        if (not self.draft_thread or len(self._drafters) > 1 or not es.method.drafts
+                or es.remaining < 3):  # after this round's token, no round could draft
+            return
+        drop, append = es.take_edits()
+        if not (drop or append):
+            return
+        job = self._executor.submit(drafter.catch_up, drop, append)
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
 
     def _speculate(self, es: EdgeSession, drafter: Drafter) -> threading.Event | None:
         """Draft on while the verdict is in flight (see :class:`Drafter`): as many

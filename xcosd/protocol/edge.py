@@ -633,6 +633,14 @@ class EdgeSession:
         self._advance(EdgeStep.DRAFT)
         return EdgeOutput([msg])
 
+    def take_edits(self) -> tuple[int, list[int]]:
+        """The draft-context edits not yet handed to the drafter, handed over now
+        (``(drop, append)``, as :class:`DraftNeeded` carries them): a node applies them
+        while a verdict is in flight when this round drafted nothing, so the next
+        round that drafts does not pay for them first. Between rounds only."""
+        edits, self._drop, self._append = (self._drop, self._append), 0, []
+        return edits
+
     def _edit(self, drop: int, append: list[int]) -> None:
         """Queue a draft-context edit (drop the last ``drop`` ids, then add ``append``)
         onto those not yet handed to the drafter."""

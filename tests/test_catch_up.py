@@ -1,0 +1,65 @@
+"""The draft context computed in the wait of rounds that draft nothing.
+
+Where drafting does not pay, the length policy drafts nothing most rounds and
+probes one token now and then. The tokens those rounds emit reach the draft model's
+context only at the next round that drafts, which used to pay for all of them
+before its one draft step (and measured that as its step). The edge now computes
+them while the verdict of a round that drafted nothing is in flight
+(``EdgeNode._catch_up``). Over real ZeroMQ sockets: the same seeds give the same
+tokens with the catch-up and without it (the draft model saw the same context, so
+it proposed the same drafts), and the catch-up did run. The draft runs in the
+edge's draft thread, as a real model's does (a small table model would draft on the
+event loop, where there is no wait to use).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import xcosd
+from xcosd.nodes.edge import EdgeNode
+
+from .session_pairs import closed_sessions_settle, pair
+
+N = 24
+TOKENS = 24
+
+
+async def _run(catch_up: bool, monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], int]]:
+    if not catch_up:
+        monkeypatch.setattr(EdgeNode, "_catch_up", lambda self, es, drafter: None)
+    target, draft = pair()
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud:
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, draft_thread=True) as edge:
+            out = []
+            for i in range(N):  # one at a time: the catch-up runs beside no other
+                r = await edge.generate("c", max_new_tokens=TOKENS, seed=700 + i,
+                                        method="xcosd-e", draft_cost=100.0)
+                out.append((r.token_ids, r.stats.caught_up))
+        await closed_sessions_settle(cloud)
+    monkeypatch.undo()
+    return out
+
+
+async def test_the_same_tokens_with_the_context_computed_in_the_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with_it = await _run(True, monkeypatch)
+    without = await _run(False, monkeypatch)
+    assert [t for t, _ in with_it] == [t for t, _ in without]
+    assert sum(c for _, c in with_it) > N * TOKENS // 2
+    assert all(c == 0 for _, c in without)
+
+
+async def test_no_catch_up_beside_another_generation() -> None:
+    target, draft = pair()
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud:
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, draft_thread=True) as edge:
+            results = await asyncio.gather(*[
+                edge.generate("c", max_new_tokens=TOKENS, seed=800 + i, method="xcosd-e",
+                              draft_cost=100.0) for i in range(4)])
+        await closed_sessions_settle(cloud)
+    # the four ran side by side in one draft thread: none computed context early
+    # while another was open (the last one, alone at its end, may have)
+    assert sum(r.stats.caught_up == 0 for r in results) >= 3
