@@ -241,3 +241,26 @@ async def test_a_measured_cost_drafts_only_where_drafting_pays() -> None:
     # the next generation starts from the measured costs: no first round of 4
     assert slow_draft[2] <= 40 // (2 * PROBE) + 1, drafted
     assert slow_target[0] >= slow_target[1] and slow_target[2] >= slow_target[1], drafted
+
+
+def test_a_round_s_share_per_verified_token_is_fit_and_counted_in_the_cost() -> None:
+    """A round's wait, fit as a fixed part plus a share per token sent: a cloud
+    that verifies on a CPU (here 30 ms a token over a 100 ms round) makes a draft
+    cost its step and that share, and drafting pays later than the step alone
+    says; where every round sends the same count the share cannot be told apart
+    and the step alone counts, as before."""
+    dl = DraftLength(measure=True)
+    for i in range(40):
+        k = (0, 1, 3, 4)[i % 4]
+        dl.observe(0.020 if k else None, 0.100 + 0.030 * k, k)
+    assert dl.verify_s == pytest.approx(0.030, rel=1e-6)
+    assert dl.cost == pytest.approx((0.020 + 0.030) / 0.100, rel=1e-6)
+    flat = DraftLength(measure=True)
+    for _ in range(40):
+        flat.observe(0.020, 0.160, 2)
+    assert flat.verify_s == 0.0 and flat.cost == pytest.approx(0.020 / 0.160)
+    # the share moves the length: 0.6 acceptance, a 20 ms step
+    assert best_length(0.6, flat.cost, 16, lo=0) > best_length(0.6, dl.cost, 16, lo=0)
+    later = DraftLength(measure=True)
+    later.adopt(dl)
+    assert later.verify_s == dl.verify_s and later.cost == dl.cost

@@ -1257,7 +1257,7 @@ class EdgeNode:
         # (a tree's draft steps are its depths: each one is a call)
         fresh = (block.shape.depth if isinstance(block, DraftTree)
                  else drafted - (drafter.reused - reused))
-        timing = (drafting_s / fresh if fresh else None, time.perf_counter())
+        timing = (drafting_s / fresh if fresh else None, time.perf_counter(), drafted)
         stop = (self._speculate(es, drafter) if speculate and drafted and not es.tree_round
                 else None)
         if not drafted:
@@ -1314,11 +1314,12 @@ class EdgeNode:
                             st: GenerationStats, trace: list[tuple[str, int]],
                             on_text: Callable[[str], None] | None,
                             before: tuple[float, int, int, int, int, int] | None,
-                            timing: tuple[float | None, float] | None = None,
+                            timing: tuple[float | None, float, int] | None = None,
                             stop: threading.Event | None = None) -> None:
         """Feed the round's answers to ``es`` (sending its follow-ups) until it settles;
-        ``timing`` (a draft step's seconds, when the draft was sent) goes to the
-        draft-length policy when the verdict arrives."""
+        ``timing`` (a draft step's seconds, when the draft was sent, the tokens it
+        sent for verification) goes to the draft-length policy when the verdict
+        arrives."""
         delay, since = self.busy_retry_s, time.monotonic()
         while True:
             reply = await self._next(es, inbox, st, trace)
@@ -1328,7 +1329,7 @@ class EdgeNode:
                 st.cloud_compute_s += reply.compute_us / 1e6
                 self.arrivals.observe(reply.compute_us / 1e6)
                 if timing is not None:
-                    es.drafting.observe(timing[0], time.perf_counter() - timing[1])
+                    es.drafting.observe(timing[0], time.perf_counter() - timing[1], timing[2])
                     timing = None
             if isinstance(reply, Error) and reply.code not in ("busy", "replay"):
                 raise exception_for(reply.code, reply.message)

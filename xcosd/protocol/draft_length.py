@@ -23,7 +23,12 @@ that could have carried more accepted tokens). :class:`DraftLength`, on by defau
 * **The cost, measured or set.** With ``measure`` (``draft_cost="auto"``, what an
   unseeded generation gets by default) the node feeds each round's measured
   draft-step and round times to :meth:`DraftLength.observe`: the lengths fit the
-  hardware and the link, and depend on timing. Otherwise ``cost`` is a setting
+  hardware and the link, and depend on timing. A round's wait is fit as a fixed
+  part plus a share per token it sent for verification (least squares over the
+  recent rounds, which differ in length: the policy's probes see to that), and a
+  drafted token costs its draft step plus that share: a cloud that verifies on a
+  GPU adds next to nothing per token, one that verifies on a CPU adds most of a
+  decode, and drafting there pays far later. Otherwise ``cost`` is a setting
   (:data:`DEFAULT_COST` for a seeded generation), so a seeded generation drafts the
   same lengths on every run. The law is exact either way. A node starts each new generation from what its
   last one learned (:meth:`DraftLength.adopt`), so it does not pay for learning
@@ -69,6 +74,11 @@ PROBE = 8
 MAX_PROBE = 64
 #: each measured round's weight in the measured step and round times
 COST_STEP = 0.2
+#: how much of the round-time fit each older round keeps (a memory of ~20 rounds)
+FIT_KEEP = 0.95
+#: the least spread of round lengths (variance, tokens^2) the fit needs to tell a
+#: round's share per token from its fixed part
+FIT_MIN_VAR = 0.1
 
 
 def best_length(rate: float, cost: float, cap: int, lo: int = 1) -> int:
@@ -107,6 +117,11 @@ class DraftLength:
     #: measured seconds of one draft step and of a round's fixed part (``measure``)
     step_s: float | None = field(init=False, default=None)
     fixed_s: float | None = field(init=False, default=None)
+    #: the fitted seconds a round's wait grows by per token sent for verification
+    verify_s: float = field(init=False, default=0.0)
+    #: the fit's decayed sums: rounds, tokens, tokens^2, seconds, tokens x seconds
+    _fit: tuple[float, float, float, float, float] = field(
+        init=False, default=(0.0, 0.0, 0.0, 0.0, 0.0))
     #: rounds drafted nothing since drafting stopped paying
     _idle: int = field(init=False, default=0)
     _probe_every: int = field(init=False, default=PROBE)
@@ -133,12 +148,13 @@ class DraftLength:
         """The probability under which a drafted token ends the round's drafting."""
         return self.confidence if self.adaptive else 0.0
 
-    def observe(self, step_s: float | None, fixed_s: float) -> None:
+    def observe(self, step_s: float | None, fixed_s: float, sent: int = 0) -> None:
         """What the node measured of a round: one draft step's seconds (``None`` when
-        it drafted nothing) and the seconds from sending the draft to its verdict
-        (the link and the cloud). Used only with ``measure``: for the lengths when
-        ``adaptive``, and either way for how far the node speculates while a
-        verdict is in flight (a fixed length speculates too)."""
+        it drafted nothing), the seconds from sending the draft to its verdict (the
+        link and the cloud) and the tokens the round sent for verification. Used
+        only with ``measure``: for the lengths when ``adaptive``, and either way for
+        how far the node speculates while a verdict is in flight (a fixed length
+        speculates too)."""
         if not self.measure or fixed_s <= 0:
             return
 
@@ -148,8 +164,18 @@ class DraftLength:
         self.fixed_s = ema(self.fixed_s, fixed_s)
         if step_s is not None and step_s > 0:
             self.step_s = ema(self.step_s, step_s)
+        n, k, k2, t, kt = (FIT_KEEP * v for v in self._fit)
+        self._fit = (n + 1.0, k + sent, k2 + sent * sent, t + fixed_s, kt + sent * fixed_s)
+        base = self.fixed_s
+        n, k, k2, t, kt = self._fit
+        var = k2 / n - (k / n) ** 2
+        if var >= FIT_MIN_VAR:
+            slope = max(0.0, (kt / n - (k / n) * (t / n)) / var)
+            intercept = t / n - slope * k / n
+            if intercept > 0:
+                self.verify_s, base = slope, intercept
         if self.step_s is not None:
-            self.cost = self.step_s / self.fixed_s
+            self.cost = (self.step_s + self.verify_s) / base
 
     def settled(self, drafted: int, accepted: int) -> None:
         """A round drafted ``drafted`` tokens and ``accepted`` of them were kept."""
@@ -181,6 +207,7 @@ class DraftLength:
         if not (self.measure and other.measure) or self.start == 0:
             return
         self.step_s, self.fixed_s, self.cost = other.step_s, other.fixed_s, other.cost
+        self.verify_s, self._fit = other.verify_s, other._fit
         if not self.adaptive:
             return
         if other.adaptive:
