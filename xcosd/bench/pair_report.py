@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import VocabError
-from ..methods.tli import restrict_to_common
+from ..nodes.drafter import tli_row
 from ..protocol.draft_length import DEFAULT_CAP, DEFAULT_COST, DraftLength, best_length
 from ..protocol.tree_shape import best_shape, expected_tokens, round_cost
 from ..sampling import SamplingParams, warp
@@ -181,11 +181,12 @@ def ceilings(vmap: VocabMap, rows: Rows, params: SamplingParams) -> tuple[np.nda
     acc, by_bytes = [], []
     for p_row, q_row in zip(rows.p, rows.q, strict=True):
         p = np.asarray(warp(p_row, params), dtype=np.float64)
-        try:
-            q = restrict_to_common(warp(q_row, params), vmap.common_draft_index).astype(np.float64)
-        except ValueError:  # greedy picked a draft-only token: TLI warps the V_C part
-            q = restrict_to_common(q_row, vmap.common_draft_index).astype(np.float64)
-            q = np.asarray(warp(q, params), dtype=np.float64)
+        got = tli_row(q_row, vmap, params)  # the proposal the edge drafts from
+        if got is None:  # the draft puts no mass on V_C: nothing can be accepted
+            acc.append(0.0)
+            by_bytes.append(0.0)
+            continue
+        q = got[0].astype(np.float64)
         pc = p[ct]
         acc.append(float(np.minimum(pc, q).sum()))
         pm = p.copy()
@@ -274,10 +275,10 @@ def second_rank_rate(vmap: VocabMap, rows: Rows, params: SamplingParams) -> floa
     ct = vmap.common_target_ids
     for p_row, q_row in zip(rows.p, rows.q, strict=True):
         p = np.asarray(warp(p_row, params), dtype=np.float64)
-        try:
-            q = restrict_to_common(warp(q_row, params), vmap.common_draft_index).astype(np.float64)
-        except ValueError:
+        got = tli_row(q_row, vmap, params)
+        if got is None:
             continue
+        q = got[0].astype(np.float64)
         res = p.copy()
         res[ct] = np.maximum(p[ct] - q, 0.0)
         z = res.sum()

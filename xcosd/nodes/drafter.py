@@ -58,6 +58,29 @@ SPECULATION_PROBE = 16
 SPECULATION_MEMORY = 64
 
 
+def tli_row(row: np.ndarray, vmap: VocabMap, params: SamplingParams
+            ) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The TLI row (V_C order) of a draft row and, where the warpers kept few
+    tokens, its support; where the warped draft puts no mass on V_C, the draft's
+    V_C part warped instead (any proposal on V_C keeps the output exact); ``None``
+    where that has none either."""
+    try:
+        if params.identity:  # no warper: what warp_kept would hand back as is
+            return restrict_to_common(row, vmap.common_draft_index), None
+        # the TLI vector restrict_to_common(warp(row)), from the kept set only
+        return restrict_kept_support(warp_kept(row, params), vmap.common_draft_ids,
+                                     vmap.draft_to_common)
+    except InvalidDistribution:
+        # The warped draft has no mass on V_C (greedy picked a draft-only
+        # token, say): warp the draft's V_C part instead. Any proposal on V_C
+        # keeps the output exact; this one keeps drafting.
+        try:
+            return warp(restrict_to_common(row, vmap.common_draft_index),
+                        params), None
+        except InvalidDistribution:
+            return None
+
+
 class Drafter:
     """One generation's draft-model session (pure compute, no I/O).
 
@@ -150,30 +173,10 @@ class Drafter:
             # a row without mass on V_C: any proposal on V_C keeps the law, and a
             # tree's shape is fixed, so the uniform one
             uniform = np.full(space.n_common, 1.0 / space.n_common, dtype=np.float32)
-            return [uniform if (got := self._tli(row)) is None else got[0] for row in rows]
+            tli = [tli_row(row, self.vmap, self.params) for row in rows]
+            return [uniform if got is None else got[0] for got in tli]
 
         return draft_tree(method, shape, rows_at, space, rng, row_codec, distinct=distinct)
-
-    def _tli(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """The TLI row (V_C order) of a draft row and, where the warpers kept few
-        tokens, its support; where the warped draft puts no mass on V_C, the draft's
-        V_C part warped instead (any proposal on V_C keeps the output exact); ``None``
-        where that has none either."""
-        try:
-            if self.params.identity:  # no warper: what warp_kept would hand back as is
-                return restrict_to_common(row, self.vmap.common_draft_index), None
-            # the TLI vector restrict_to_common(warp(row)), from the kept set only
-            return restrict_kept_support(warp_kept(row, self.params), self.vmap.common_draft_ids,
-                                         self.vmap.draft_to_common)
-        except InvalidDistribution:
-            # The warped draft has no mass on V_C (greedy picked a draft-only
-            # token, say): warp the draft's V_C part instead. Any proposal on V_C
-            # keeps the output exact; this one keeps drafting.
-            try:
-                return warp(restrict_to_common(row, self.vmap.common_draft_index),
-                            self.params), None
-            except InvalidDistribution:
-                return None
 
     def _edit(self, drop: int, append: list[int]) -> list[Speculated]:
         """Bring the committed context in step with the edits; the speculated
@@ -249,7 +252,7 @@ class Drafter:
         the draft puts no mass on V_C."""
         assert self.session is not None
         row = self.model.score([(self.session, [])])[0][-1]
-        got = self._tli(row)
+        got = tli_row(row, self.vmap, self.params)
         if got is None:
             return None
         q, support = got
