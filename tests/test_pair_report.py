@@ -74,5 +74,5 @@ def test_draft_spelling_of_the_target_ids() -> None:
     draft, target = default_pair()
     vmap = VocabMap(draft.vocab, target.vocab)
     ids = target.tokenize("The default value of the")
-    spelled = pr.draft_spelling(vmap, ids)
+    spelled = [vmap.draft_spelling(t) for t in ids]
     assert draft.vocab.decode([d for ds in spelled for d in ds]) == target.vocab.decode(ids)

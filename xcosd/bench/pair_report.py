@@ -107,23 +107,6 @@ def text_samples(target: Any, text: str, tokens: int, count: int) -> list[Sample
     return [Sample(ids[a:a + 16], ids[a + 16:a + span]) for a in sorted(set(starts.tolist()))]
 
 
-def draft_spelling(vmap: VocabMap, ids: Sequence[int]) -> list[list[int]]:
-    """Each target id as the draft's context holds it: its V_C pair, else its bytes
-    re-tokenised by the draft (as the edge does)."""
-    out = []
-    for t in ids:
-        d = int(vmap.target_to_draft[t])
-        if d >= 0:
-            out.append([d])
-            continue
-        data = vmap.target.piece(int(t))
-        try:
-            out.append(vmap.draft.encode_bytes(data) if data else [])
-        except VocabError:
-            out.append([])
-    return out
-
-
 @dataclass
 class Rows:
     """The target's and the draft's rows at every position of one sample."""
@@ -139,7 +122,7 @@ def score_sample(draft: Any, target: Any, vmap: VocabMap, sample: Sample) -> Row
     p = target.score([(s, sample.text)])[0][:len(sample.text)]
     target.end(s)
     dprompt = draft.tokenize(vmap.target.decode(sample.prompt).decode("utf-8", "replace"))
-    spelled = draft_spelling(vmap, sample.text)
+    spelled = [vmap.draft_spelling(t) for t in sample.text]
     flat = [d for ds in spelled for d in ds]
     s = draft.start(dprompt)
     rows = draft.score([(s, flat)])[0]

@@ -843,18 +843,8 @@ class EdgeSession:
         return EdgeOutput([], events)
 
     def _draft_ids(self, token: int) -> list[int]:
-        """The draft spelling of a target token: its draft id in V_C, else its bytes
-        re-tokenised by the draft vocabulary (any split only affects draft quality)."""
-        c = int(self.space.to_common[token])
-        if c >= 0:
-            return [int(self.vmap.common_draft_ids[c])]
-        data = self.vmap.target.piece(token)
-        if not data:
-            return []
-        try:
-            return self.vmap.draft.encode_bytes(data)
-        except VocabError:
-            return []
+        """The draft spelling of a target token (:meth:`VocabMap.draft_spelling`)."""
+        return self.vmap.draft_spelling(token)
 
     @property
     def text(self) -> str:

@@ -118,6 +118,21 @@ class VocabMap:
         h.update(self.common_draft_ids.astype("<i8").tobytes())
         return h.hexdigest()[:16]
 
+    def draft_spelling(self, target_id: int) -> list[int]:
+        """The draft ids a target token stands for in the draft's context: its pair
+        in V_C, else its bytes re-tokenised by the draft vocabulary (any split only
+        affects draft quality; none where the draft cannot spell them)."""
+        d = int(self.target_to_draft[target_id])
+        if d >= 0:
+            return [d]
+        data = self.target.piece(int(target_id))
+        if not data:
+            return []
+        try:
+            return self.draft.encode_bytes(data)
+        except VocabError:
+            return []
+
     def draft_to_target_probs(self, q_draft: np.ndarray) -> np.ndarray:
         """Token-level intersection (TLI): a draft distribution over V_D (rows) becomes
         a distribution over target ids, zero outside V_C and renormalised on V_C.
