@@ -9,7 +9,7 @@ rely on that: here a bigram target whose vocabulary spells ``,`` twice (id 2, th
 draft that spells ``b`` twice too (ids 1 and 6, its tokenizer writing 6).
 
 Every lossless method keeps the target's law through the state machines (chains and
-trees, exact and row codecs) and over ZeroMQ, the target vocabulary crossing the
+trees, exact and row codecs, faults injected) and over ZeroMQ, the target vocabulary crossing the
 wire as a table (the edge has no tokenizer to ask which id is written). A control
 that folds both ids' mass onto the written one, as a verifier comparing by bytes
 would, fails the same check, and so does a lossy method: the check tells the two
@@ -33,6 +33,7 @@ from xcosd.protocol.vocab_transfer import table_to_vocab, vocab_to_table
 from xcosd.sampling import SamplingParams, warp
 from xcosd.vocab import VocabMap, Vocabulary
 
+from .helpers.faults import Faults, FaultyLink
 from .helpers.law import bigram_law, check_law, committed_row
 from .session_pairs import BigramModel, _bigram_table, closed_sessions_settle
 
@@ -175,6 +176,26 @@ def test_trees_keep_the_law(link: Pump, method: str, shape: str, row_codec: str 
                     tree=TreeShape.parse(shape), row_codec=row_codec)
     report = check_law(seqs, exact_law(link.target, link.space, method, "f32", params))  # type: ignore[arg-type]
     assert report.ok, f"{method} {shape} rows {row_codec}: {report}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("method", "opts"), [("xcosd-e", {"K": 1, "M": 3}),
+                                              ("xcosd", {"hr_presample": False})])
+def test_faults_keep_the_law(link: Pump, method: str, opts: dict[str, Any]) -> None:
+    """Dropped, duplicated and late messages and cloud restarts (mid-resolution too,
+    where the round is redone): the replies that resume a round name the byte id
+    bare, and the edge spells it from its table."""
+    faulty = FaultyLink(link, Faults(), seed=50_000)
+    seqs = np.empty((N_CHAIN, TOKENS), dtype=np.int64)
+    for i in range(N_CHAIN):
+        es = faulty.generate(method, seed=50_000 + i, prompt=PROMPT, max_new_tokens=TOKENS,
+                             params=T1, draft_len=DRAFT_LEN, adaptive_draft=False, **opts)
+        seqs[i] = es.token_ids
+    report = check_law(seqs, exact_law(link.target, link.space, method))  # type: ignore[arg-type]
+    c = faulty.counts
+    assert report.ok, f"{method} through faults ({c}): {report}"
+    assert min(c.dropped, c.duplicated, c.restarts) > 20 and c.redone > 0, c
+    assert np.isin(TARGET_BYTE, seqs)
 
 
 # -- lossy controls fail the same check --------------------------------------------------
