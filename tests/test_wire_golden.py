@@ -128,6 +128,20 @@ def cases() -> dict[str, Any]:
         # reply_tok lost their spellings)
         "vocab_spelled": VocabTable("gemma", "fp", {}, b"\x01\x01\x03", b"\x01\x00\x00\x00" * 3,
                                     b",a,", False),
+        # protocol 7: the target's context in the limits; a conversation's next turn
+        # names the contexts both ends hold (a render's request and answer, an
+        # open's prompt) and sends only what is new; the refusal when one is gone
+        "welcome_context": Welcome(7, "srv", "gemma", "tfp0", 262144, (1, 106),
+                                   ServerLimits(1 << 24, 64, 32, 5.0, 30.0, 64, 32768), True),
+        "render_chat_ref": Render(8, chat=(("user", "and then?"),), base="0123456789abcdef",
+                                  keep=3),
+        "render_text_ref": Render(9, text=" more", base="fedcba9876543210", keep=120),
+        "render_same_chat": Render(10, chat=(), base="0123456789abcdef", keep=4),
+        "rendered_keep": Rendered(8, ids(106, 2, 9), keep=412),
+        "open_ids_ref": Open(4, 1, "mfp", "xcosd-e", "f32", {}, 1.0, 0, 1.0, 5, "", 64,
+                             prompt_ids=ids(105, 2364), base="0123456789abcdef", keep=412),
+        "error_no_context": Error("no_context", "open with the whole prompt", 4, 0),
+        "error_context_length": Error("context_length", "4100 > 4096", 4, 0),
     }
 
 

@@ -48,6 +48,10 @@ class ErrorCode(StrEnum):
     MODEL = "model"
     #: the cloud's target cannot do what was asked (a chat without a chat template)
     UNSUPPORTED = "unsupported"
+    #: a prompt (with its ``max_new_tokens``) longer than the target's context
+    CONTEXT_LENGTH = "context_length"
+    #: a context named by reference (``base``) that the cloud no longer holds: send it whole
+    NO_CONTEXT = "no_context"
     INTERNAL = "internal"
     # -- the families' defaults
     PROTOCOL = "protocol"

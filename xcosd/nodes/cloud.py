@@ -663,7 +663,7 @@ class CloudNode:
         own; at most :data:`MAX_RENDERS_PER_PEER` of a peer's wait (``busy`` past
         it). Renders never hold up a batch or a follow-up in the worker thread."""
         if p.renders >= MAX_RENDERS_PER_PEER:
-            self._apply(p, p.conn.rendered(ev.n, error=XcosdError(
+            self._apply(p, p.conn.rendered(ev, error=XcosdError(
                 f"{p.renders} renders of this connection are waiting; retry later",
                 code="busy")))
             return
@@ -688,13 +688,13 @@ class CloudNode:
                     self._render_waiting[peer] = queue
                 try:
                     ids = await loop.run_in_executor(self._render_threads, self._render_ids, ev)
-                    out = ev.conn.rendered(ev.n, ids)
+                    out = ev.conn.rendered(ev, ids)
                 except XcosdError as e:
-                    out = ev.conn.rendered(ev.n, error=e)
+                    out = ev.conn.rendered(ev, error=e)
                 except Exception as e:
                     self.counters["internal_errors"] += 1
                     log.exception("rendering a prompt for %s failed", bytes(peer).hex())
-                    out = ev.conn.rendered(ev.n, error=XcosdError(
+                    out = ev.conn.rendered(ev, error=XcosdError(
                         f"rendering failed: {type(e).__name__}", code="internal"))
                 self.counters["renders"] += 1
                 p = self._peers.get(peer)

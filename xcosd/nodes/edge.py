@@ -56,6 +56,7 @@ from ..methods import FullVectorReply, HybridReply, Method, Space, get_method
 from ..methods.tree import DraftTree
 from ..models.base import ContextModel, LanguageModel
 from ..protocol import pack
+from ..protocol.contexts import Chat, ContextStore, RenderStore
 from ..protocol.draft_length import DraftLength
 from ..protocol.edge import (
     DraftNeeded,
@@ -120,6 +121,9 @@ SPECULATION_RECORDS = 16
 #: and an HTTP server on the same loop (16 concurrent streams on the embedded pair:
 #: a first token after 83-94 ms in process, 29-33 ms with the draft thread)
 LOOP_DRAFT_MAX_IDS = 16384
+#: the fewest ids of a prompt worth naming by reference rather than sending (a
+#: reference costs about as many header bytes as this many ids)
+MIN_REFERENCE = 8
 #: render requests (tokenize, chat_prompt) one node has at the cloud at once; the
 #: others wait their turn here. Well under the cloud's bound per connection
 #: (xcosd/nodes/cloud.py, MAX_RENDERS_PER_PEER, past which it answers ``busy``),
@@ -371,6 +375,11 @@ class EdgeNode:
         #: render requests (tokenize, chat_prompt) waiting for their answer, by number
         self._render_ids = itertools.count(1)
         self._renders: dict[int, asyncio.Future[Message]] = {}
+        #: what this connection's cloud holds, as far as this node knows: the renders
+        #: and id contexts a next turn names instead of sending (xcosd/protocol/
+        #: contexts.py); emptied with each new connection, as the cloud's are
+        self._held_renders = RenderStore()
+        self._held_contexts = ContextStore()
         self._render_slots = asyncio.Semaphore(MAX_RENDERS_IN_FLIGHT)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="xcosd-draft")
         #: speculated drafts' random numbers (unseeded generations only), and how
@@ -527,6 +536,8 @@ class EdgeNode:
         self._conn = conn
         self._overhead = conn.framing_overhead
         self._epoch += 1
+        self._held_renders.clear()  # a new connection: the cloud holds nothing of ours
+        self._held_contexts.clear()
         self._control = asyncio.Queue()
         self._last_rx = time.monotonic()
         self._recv_task = asyncio.get_running_loop().create_task(
@@ -839,7 +850,7 @@ class EdgeNode:
         tokens first. ``timeout_s``: the deadline (default ``answer_timeout_s``)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return await self._render(Render(0, text=text), timeout_s)
+        return await self._render(None, text, timeout_s)
 
     async def chat_prompt(self, messages: Sequence[Mapping[str, str]], *,
                           timeout_s: float | None = None) -> list[int]:
@@ -858,9 +869,40 @@ class EdgeNode:
             chat.append((str(role), content))
         if not chat:
             raise ValueError("a chat has at least one message")
-        return await self._render(Render(0, chat=tuple(chat)), timeout_s)
+        return await self._render(tuple(chat), None, timeout_s)
 
-    async def _render(self, request: Render, timeout_s: float | None) -> list[int]:
+    async def _render(self, chat: Chat | None, text: str | None,
+                      timeout_s: float | None) -> list[int]:
+        """A render, by reference to an earlier one of this connection where one
+        shares its start (the request's rest goes, and the answer's): a chat's next
+        turn costs the link its new messages. A reference the cloud no longer holds
+        (``no_context``) is asked again whole."""
+        epoch = self._epoch
+        ref = self._held_renders.longest(text, chat)
+        base = None if ref is None else self._held_renders.get(ref[0])
+        if ref is not None and base is not None:
+            key, keep = ref
+            rest_chat = None if chat is None else chat[keep:]
+            rest_text = None if text is None else text[keep:]
+            try:
+                answer = await self._render_request(
+                    Render(0, text=rest_text, chat=rest_chat, base=key, keep=keep), timeout_s)
+                ids = np.concatenate([base.ids[:answer.keep].astype(np.int64),
+                                      answer.ids.astype(np.int64)])
+            except ProtocolError as e:
+                if e.code != "no_context":
+                    raise
+                self._held_renders.drop(key)
+                ref = None
+        if ref is None or base is None:
+            answer = await self._render_request(Render(0, text=text, chat=chat), timeout_s)
+            ids = answer.ids.astype(np.int64)
+        if self._epoch == epoch:  # the cloud that answered holds it now
+            self._held_renders.put(text, chat, ids)
+            self._held_contexts.put(ids)
+        return [int(i) for i in ids.tolist()]
+
+    async def _render_request(self, request: Render, timeout_s: float | None) -> Rendered:
         """Send ``request`` (numbered here) and wait for its answer; asked again
         every ``resend_after_s`` (after a reconnect too) until the deadline. At most
         :data:`MAX_RENDERS_IN_FLIGHT` of a node's requests are at the cloud at once
@@ -893,7 +935,7 @@ class EdgeNode:
         if isinstance(answer, Error):
             raise exception_for(answer.code, answer.message)
         assert isinstance(answer, Rendered)
-        return [int(i) for i in answer.ids.tolist()]
+        return answer
 
     async def _render_once(self, msg: Render, fut: asyncio.Future[Message]) -> Message:
         """Send ``msg`` until ``fut`` (its answer) is set: again every
@@ -994,6 +1036,12 @@ class EdgeNode:
         # text of those target ids (the cloud gets the ids themselves, see _open)
         text = (vmap.target.decode(ids.tolist()).decode("utf-8", errors="replace")
                 if ids is not None else str(prompt))
+        base = None
+        if ids is not None:  # a context this connection's cloud holds starts it: name it
+            base = self._held_contexts.longest(ids)
+            if base is not None and base[1] < MIN_REFERENCE:
+                base = None
+            self._held_contexts.put(ids)
         drafter = self._drafters[s] = Drafter(self.draft, vmap, params, text)
         record = self._spoke.get((m.name, params))
         if record is not None:  # how the last such generation's speculation paid
@@ -1008,7 +1056,7 @@ class EdgeNode:
             draft_confidence=cfg.draft_confidence, max_draft_len=cfg.max_draft_len,
             draft_cost=cfg.resolved_draft_cost(), tree=cfg.tree,
             max_tree=welcome.limits.max_tree, tree_row_codec=cfg.tree_row_codec,
-            tree_distinct=cfg.tree_distinct)
+            tree_distinct=cfg.tree_distinct, prompt_base=base)
         if self._learned is not None:  # draft_cost="auto": what the last one measured
             es.drafting.adopt(self._learned)
             if es.drafting.measure and es.tree == "auto" and self._learned_ranks is not None:
@@ -1197,8 +1245,11 @@ class EdgeNode:
                 await self._send(msg, st, trace)
                 while True:
                     out = es.receive(await self._next(es, inbox, st, trace))
-                    if out.send or out.events:
-                        break  # else a stale answer was dropped: wait on
+                    if out.events:
+                        break  # else a stale answer was dropped, or the open went
+                    for m in out.send:  # again whole (no_context): wait on
+                        await self._send(m, st, trace)
+                    out.send.clear()
                 for m in out.send:  # a redone round's draft (Redo)
                     await self._send(m, st, trace)
             except _ConnectionLost as lost:
@@ -1331,7 +1382,7 @@ class EdgeNode:
                 if timing is not None:
                     es.drafting.observe(timing[0], time.perf_counter() - timing[1], timing[2])
                     timing = None
-            if isinstance(reply, Error) and reply.code not in ("busy", "replay"):
+            if isinstance(reply, Error) and reply.code not in ("busy", "replay", "no_context"):
                 raise exception_for(reply.code, reply.message)
             if isinstance(getattr(reply, "reply", None), FullVectorReply | HybridReply):
                 # decoding a vocabulary-sized vector and its residual: off the loop

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InvalidDistribution, ProtocolError, XcosdError
+from ..errors import ErrorCode, InvalidDistribution, ProtocolError, XcosdError
 from ..methods import get_method
 from ..methods.base import (
     Draft,
@@ -67,6 +67,7 @@ from ..methods.tree import (
 )
 from ..sampling import SamplingParams, WarpedRows
 from ..vocab import Vocabulary
+from .contexts import ContextStore, RenderStore, common_prefix
 from .errors import error_code
 
 if TYPE_CHECKING:  # torch is needed only where the target verifies on its device
@@ -74,7 +75,9 @@ if TYPE_CHECKING:  # torch is needed only where the target verifies on its devic
 from .messages import (
     MAX_CANDIDATE_ROUNDS,
     MAX_CANDIDATES,
+    MAX_CHAT,
     MAX_RESUME,
+    MAX_TEXT,
     PROTOCOL_VERSION,
     Close,
     DraftMsg,
@@ -219,6 +222,8 @@ class RenderNeeded:
     n: int
     text: str | None
     chat: tuple[tuple[str, str], ...] | None
+    #: a request by reference: the ids its base rendered to (the answer is relative)
+    base_ids: np.ndarray | None = None
 
 
 Event = ScoreNeeded | SessionOpened | SessionClosed | Rejected | RoundVerified | RenderNeeded
@@ -311,7 +316,7 @@ def _open_key(msg: Open) -> tuple[Any, ...]:
     """What tells a duplicated ``open`` from another one with the same ``seq``."""
     return (msg.seq, msg.map_fp, msg.method, msg.codec, msg.seed, msg.max_new_tokens,
             msg.r, int(msg.resume.shape[0]), msg.prompt,
-            -1 if msg.draft is None else msg.draft.length)
+            -1 if msg.draft is None else msg.draft.length, msg.base, msg.keep)
 
 
 @dataclass(eq=False)
@@ -498,6 +503,10 @@ class CloudConnection:
         self.greeted = False
         #: the V_C maps this peer pinned, oldest first (see CloudConfig)
         self.pinned: list[str] = []
+        #: what this peer's next turns may name instead of sending
+        #: (:mod:`xcosd.protocol.contexts`)
+        self.renders = RenderStore()
+        self.contexts = ContextStore()
 
     def _pin(self, fp: str) -> None:
         if fp in self.pinned:
@@ -578,7 +587,7 @@ class CloudConnection:
         label = draft.shape.label if isinstance(draft, DraftTree) else None
         return CloudOutput([msg], [RoundVerified(session, d, n_acc, label)])
 
-    def rendered(self, n: int, ids: list[int] | None = None,
+    def rendered(self, need: RenderNeeded, ids: list[int] | None = None,
                  error: XcosdError | None = None) -> CloudOutput:
         """The node's answer to a :class:`RenderNeeded`: the ids, or why not (an
         error that names the request, so the edge knows which one failed).
@@ -586,7 +595,12 @@ class CloudConnection:
         More ids than a ``rendered`` message may carry (:data:`MAX_RESUME`; a chat of
         legal size can render to more, its template adding tokens to each message)
         are refused ``too_large`` here: sent anyway, the edge would drop the answer
-        as malformed and ask again until its deadline."""
+        as malformed and ask again until its deadline.
+
+        The request and its ids are kept (``renders``, ``contexts``): the next turn
+        names them. A request by reference gets the ids after those it shares with
+        its base's answer (``keep``)."""
+        n = need.n
         if error is None and ids is not None and len(ids) > MAX_RESUME:
             error = XcosdError(f"the prompt renders to {len(ids)} target tokens, more than "
                                f"the {MAX_RESUME} an answer carries", code="too_large")
@@ -595,7 +609,11 @@ class CloudConnection:
             return CloudOutput([Error(code, error.message, n=n)],
                                [Rejected(code, error.message)])
         assert ids is not None
-        return CloudOutput([Rendered(n, np.asarray(ids, dtype=np.int64))])
+        a = np.asarray(ids, dtype=np.int64)
+        self.renders.put(need.text, need.chat, a)
+        self.contexts.put(a)
+        keep = 0 if need.base_ids is None else common_prefix(need.base_ids, a)
+        return CloudOutput([Rendered(n, a[keep:], keep=keep)])
 
     def end(self, session: CloudSession, reason: CloseReason) -> CloudOutput:
         """Close ``session`` (edge closed it, timed out, failed)."""
@@ -638,7 +656,7 @@ class CloudConnection:
         if isinstance(msg, VocabRequest):
             return CloudOutput([self.config.table])
         if isinstance(msg, Render):
-            return CloudOutput([], [RenderNeeded(self, msg.n, msg.text, msg.chat)])
+            return self._render(msg)
         if isinstance(msg, VocabMapUpload):
             space = self.config.space(msg.fingerprint)
             if space is None:
@@ -703,6 +721,56 @@ class CloudConnection:
             out.send.append(cfg.table)
         return out
 
+    def _render(self, msg: Render) -> CloudOutput:
+        """A render request, whole or by reference to an earlier one; a refusal names
+        the request (``n``), so the edge knows which one to send again."""
+        if msg.base is None:
+            return CloudOutput([], [RenderNeeded(self, msg.n, msg.text, msg.chat)])
+        need = RenderNeeded(self, msg.n, None, None)
+        base = self.renders.get(msg.base)
+        if base is None:
+            return self.rendered(need, error=ProtocolError(
+                f"no render {msg.base!r} held here (any more): send the request whole",
+                code=ErrorCode.NO_CONTEXT))
+        try:
+            text, chat = RenderStore.expand(base, msg.keep, msg.text, msg.chat)
+        except ValueError as e:
+            return self.rendered(need, error=ProtocolError(f"render: {e}", code="bad_field"))
+        if chat is not None and len(chat) > MAX_CHAT:
+            return self.rendered(need, error=ProtocolError(
+                f"render: a chat of more than {MAX_CHAT} messages", code="too_large"))
+        size = (sum(len(c.encode()) for _, c in chat) if chat is not None
+                else len((text or "").encode()))
+        if size > MAX_TEXT:
+            return self.rendered(need, error=ProtocolError(
+                f"render: more than {MAX_TEXT} bytes of UTF-8", code="too_large"))
+        return CloudOutput([], [RenderNeeded(self, msg.n, text, chat, base.ids)])
+
+    def _prompt_ids(self, msg: Open, space: Space) -> list[int]:
+        """The context an open starts from: its ids (whole, or after ``keep`` ids of a
+        context held here), or its text tokenised by the target."""
+        if msg.prompt_ids is None:
+            try:
+                return [int(i) for i in self.config.tokenize(msg.prompt)]
+            except XcosdError as e:
+                raise ProtocolError(f"cannot tokenise the prompt: {e.message}",
+                                    code="bad_field") from e
+        if msg.prompt_ids.shape[0] and int(msg.prompt_ids.max()) >= space.target_size:
+            raise ProtocolError("prompt ids outside the target vocabulary", code="bad_token")
+        if msg.base is None:
+            return [int(i) for i in msg.prompt_ids.tolist()]
+        held = self.contexts.get(msg.base)
+        if held is None:
+            raise ProtocolError(f"no context {msg.base!r} held here (any more): open with "
+                                "the whole prompt", code=ErrorCode.NO_CONTEXT)
+        if not 0 < msg.keep <= held.shape[0]:
+            raise ProtocolError(f"keep {msg.keep} outside the base's 1..{held.shape[0]} ids",
+                                code="bad_field")
+        if msg.keep + msg.prompt_ids.shape[0] > MAX_RESUME:
+            raise ProtocolError(f"a prompt of more than {MAX_RESUME} ids", code="too_large")
+        return [int(i) for i in held[:msg.keep].tolist()] + [
+            int(i) for i in msg.prompt_ids.tolist()]
+
     def _open(self, msg: Open) -> CloudOutput:
         cfg = self.config
         old = self.sessions.get(msg.s)
@@ -756,16 +824,13 @@ class CloudConnection:
         if old is None and len(self.sessions) >= cfg.max_sessions_per_peer:
             raise ProtocolError(f"this peer is at its limit of {cfg.max_sessions_per_peer} "
                                 "sessions; retry later", code="busy")
-        if msg.prompt_ids is not None:  # a tokenised prompt: the context is exactly these ids
-            if msg.prompt_ids.shape[0] and int(msg.prompt_ids.max()) >= space.target_size:
-                raise ProtocolError("prompt ids outside the target vocabulary", code="bad_token")
-            prompt_ids = [int(i) for i in msg.prompt_ids.tolist()]
-        else:
-            try:
-                prompt_ids = [int(i) for i in cfg.tokenize(msg.prompt)]
-            except XcosdError as e:
-                raise ProtocolError(f"cannot tokenise the prompt: {e.message}",
-                                    code="bad_field") from e
+        prompt_ids = self._prompt_ids(msg, space)
+        context = cfg.limits.context
+        if context and len(prompt_ids) + msg.max_new_tokens > context:
+            raise ProtocolError(
+                f"the target's context is {context} tokens: a prompt of {len(prompt_ids)} "
+                f"tokens and max_new_tokens={msg.max_new_tokens} need "
+                f"{len(prompt_ids) + msg.max_new_tokens}", code=ErrorCode.CONTEXT_LENGTH)
         out = CloudOutput()
         if old is not None:  # the edge re-opened it (it resumed): the old one ends
             out.extend(self.end(old, CloseReason.CLOSED))
@@ -776,6 +841,8 @@ class CloudConnection:
                  if msg.draft is not None else None)
         self.sessions[msg.s] = sess
         cfg.sessions += 1
+        if msg.prompt_ids is not None and not msg.r:
+            self.contexts.put(prompt_ids)  # the next turn of a token-id prompt names it
         out.events.append(SessionOpened(sess))
         if first is not None:  # its verdict answers the open
             out.extend(first)

@@ -50,6 +50,7 @@ fresh seed: never the first one again, or its random stream would replay.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -376,7 +377,8 @@ class EdgeSession:
                  max_draft_len: int = DEFAULT_CAP,
                  draft_cost: float | str = DEFAULT_COST,
                  tree: TreeShape | str | None = None, max_tree: int = 0,
-                 tree_row_codec: str | None = None, tree_distinct: bool = True) -> None:
+                 tree_row_codec: str | None = None, tree_distinct: bool = True,
+                 prompt_base: tuple[str, int] | None = None) -> None:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if draft_len < 0:
@@ -388,6 +390,12 @@ class EdgeSession:
         self.prompt = prompt
         #: the prompt as target ids instead of text (``Open.prompt_ids``)
         self.prompt_ids = prompt_ids
+        #: ``(digest, keep)``: the prompt's first ``keep`` ids are a context the
+        #: connection holds (:mod:`xcosd.protocol.contexts`); the first open names it
+        #: and sends the rest; ``None`` after a refusal (``no_context``), or unused
+        self.prompt_base = prompt_base if prompt_ids is not None else None
+        #: opens sent again whole because the cloud no longer held their base
+        self.whole_reopens = 0
         self.max_new_tokens = max_new_tokens
         self.params = params
         self.stop_ids = frozenset(int(i) for i in stop_ids)
@@ -494,11 +502,31 @@ class EdgeSession:
         self.opens += 1
         self._pending_token = None  # it is in the resumed ids
         self.seq += 1
-        return Open(self.s, self.seq, self.vmap.fingerprint, self.method.name,
-                    self.method.codec.name, self.options, self.params.temperature,
-                    self.params.top_k, self.params.top_p, seed, self.prompt,
-                    self.max_new_tokens, np.array(self.token_ids, dtype=np.int64),
-                    prompt_ids=self.prompt_ids, r=self.round, draft=draft)
+        msg = Open(self.s, self.seq, self.vmap.fingerprint, self.method.name,
+                   self.method.codec.name, self.options, self.params.temperature,
+                   self.params.top_k, self.params.top_p, seed, self.prompt,
+                   self.max_new_tokens, np.array(self.token_ids, dtype=np.int64),
+                   prompt_ids=self.prompt_ids, r=self.round, draft=draft)
+        if self.prompt_base is not None and self.opens == 1:  # by reference: the first only
+            assert self.prompt_ids is not None
+            key, keep = self.prompt_base
+            msg = dataclasses.replace(msg, prompt_ids=self.prompt_ids[keep:], base=key,
+                                      keep=keep)
+        return msg
+
+    def _reopen_whole(self) -> EdgeOutput:
+        """The first open named a context the cloud does not hold (any more): the
+        same open with the whole prompt, under a new ``seq`` (a late copy of the
+        refused one is then a replay, not a second open)."""
+        last = self._last_sent
+        assert isinstance(last, Open) and self.prompt_ids is not None
+        self.prompt_base = None
+        self.whole_reopens += 1
+        self.seq += 1
+        msg = dataclasses.replace(last, seq=self.seq, prompt_ids=self.prompt_ids, base=None,
+                                  keep=0)
+        self._expect(msg)
+        return EdgeOutput([msg])
 
     def _expect(self, msg: Message) -> None:
         self._awaiting = self.seq
@@ -673,6 +701,12 @@ class EdgeSession:
             if msg.code == "busy" and self.phase in (EdgePhase.WAITING, EdgePhase.OPENING,
                                                      EdgePhase.RESOLVING):
                 return EdgeOutput([], [Retry(exc)])
+            if msg.code == "no_context":
+                if (self.prompt_base is not None and isinstance(self._last_sent, Open)
+                        and self.phase in (EdgePhase.OPENING, EdgePhase.WAITING)):
+                    return self._reopen_whole()
+                self.stale += 1  # a copy of a refusal already acted on
+                return EdgeOutput()
             raise exc
         ack = getattr(msg, "ack", None)
         if (ack is not None and ack < self._awaiting) or (

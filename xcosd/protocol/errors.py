@@ -27,6 +27,8 @@ instead of parsing messages. Codes a peer can act on:
 ``codec``                 a payload the session's codec cannot decode
 ``model``                 the target model failed on this session
 ``unsupported``           the target cannot do it (a chat, and it has no template)
+``context_length``        the prompt plus ``max_new_tokens`` exceeds the target's context
+``no_context``            a ``base`` the cloud does not hold (any more): send it whole
 ``internal``              a bug on the sender's side
 ========================  =====================================================
 
@@ -54,7 +56,8 @@ CODES: tuple[ErrorCode, ...] = (
     ErrorCode.BAD_FIELD, ErrorCode.BAD_VECTOR, ErrorCode.BAD_TOKEN, ErrorCode.BAD_MESSAGE,
     ErrorCode.BAD_REQUEST, ErrorCode.NO_SESSION, ErrorCode.SESSION_EXISTS, ErrorCode.REPLAY,
     ErrorCode.STATE, ErrorCode.HANDSHAKE, ErrorCode.VOCAB, ErrorCode.METHOD, ErrorCode.CODEC,
-    ErrorCode.BUSY, ErrorCode.DRAINING, ErrorCode.MODEL, ErrorCode.UNSUPPORTED, ErrorCode.INTERNAL,
+    ErrorCode.BUSY, ErrorCode.DRAINING, ErrorCode.MODEL, ErrorCode.UNSUPPORTED, ErrorCode.CONTEXT_LENGTH,
+    ErrorCode.NO_CONTEXT, ErrorCode.INTERNAL,
 )
 
 _CLASSES: dict[ErrorCode, type[XcosdError]] = {

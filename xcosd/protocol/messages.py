@@ -91,7 +91,7 @@ from .fields import (
 #: 6: a vocabulary table marks the ids its tokenizer writes where ids share their
 #: bytes (``kinds`` 3), and replies no longer carry V_O spellings (``ob``): the edge
 #: spells every target id from the table it holds since the handshake.
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 #: Bounds on header fields, so a hostile header cannot make us allocate much.
 MAX_TEXT = 1 << 20  # prompt text, bytes of UTF-8
@@ -215,6 +215,7 @@ class ServerLimits:
         Field("timeout_s", "to", Kind.FLOAT, lo=0.0, hi=math.inf),
         Field("max_tree", "tree", Kind.INT, hi=MAX_NODES, nullable=True, default=0,
               omit=omit_falsy),
+        Field("context", "ctx", Kind.INT, nullable=True, default=0, omit=omit_falsy),
     )
     max_message: int
     max_sessions: int
@@ -224,6 +225,10 @@ class ServerLimits:
     #: the most nodes of a draft tree the cloud verifies; 0: chains only (an edge
     #: asked for trees drafts chains there, ``xcosd/protocol/edge.py``)
     max_tree: int = 0
+    #: the target's context: the most positions one session holds, its prompt and
+    #: everything generated after it (0: no bound known). An open past it is refused
+    #: ``context_length`` before any compute; the edge checks it first
+    context: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return encode_fields(self, self.FIELDS)
@@ -384,16 +389,29 @@ class Render(Message):
     so many may be in flight. Exactly one of ``text`` and ``chat`` is given. On the
     wire ``chat`` is a list of ``[role, content]`` pairs (key ``"chat"``), at most
     :data:`MAX_CHAT` of them, roles from :data:`CHAT_ROLES`, all contents together
-    at most :data:`MAX_TEXT` bytes of UTF-8."""
+    at most :data:`MAX_TEXT` bytes of UTF-8.
+
+    By reference (``base``): the request continues an earlier one of this
+    connection, named by its digest (:func:`xcosd.protocol.contexts.render_key`),
+    whose first ``keep`` messages (a chat) or characters (a text) it repeats: only
+    the rest travels, so a chat's turn costs the uplink its new messages, not its
+    history. The answer is then relative too (:class:`Rendered`). A ``base`` the
+    cloud no longer holds is refused ``no_context``; the edge asks again in full."""
 
     TYPE: ClassVar[str] = "render"
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("n", "n", Kind.INT),
         Field("text", "text", Kind.TEXT, size=MAX_TEXT, nullable=True, omit=omit_none),
+        Field("base", "b", Kind.STR, nullable=True, omit=omit_none),
+        Field("keep", "bk", Kind.INT, nullable=True, default=0, omit=omit_falsy),
     )
     n: int
     text: str | None = None
     chat: tuple[tuple[str, str], ...] | None = None
+    #: the digest of the earlier request this one continues (``None``: a whole one)
+    base: str | None = None
+    #: how much of it this one repeats: messages of a chat, characters of a text
+    keep: int = 0
 
     def _extra_to_wire(self, h: Header) -> Buffers:
         if self.chat is not None:
@@ -406,10 +424,14 @@ class Render(Message):
         raw = h.get("chat")
         if (raw is None) == (kw["text"] is None):
             raise bad(f"{t}: exactly one of text and chat")
+        if kw["keep"] and kw["base"] is None:
+            raise bad(f"{t}: keep without a base")
         if raw is None:
             return {}
-        if not isinstance(raw, list) or not 0 < len(raw) <= MAX_CHAT:
-            raise bad(f"{t}: chat must be a list of 1..{MAX_CHAT} messages")
+        # by reference, the rest of a chat may be empty (the same chat again)
+        least = 0 if kw["base"] is not None else 1
+        if not isinstance(raw, list) or not least <= len(raw) <= MAX_CHAT:
+            raise bad(f"{t}: chat must be a list of {least}..{MAX_CHAT} messages")
         out: list[tuple[str, str]] = []
         size = 0
         for m in raw:
@@ -427,14 +449,22 @@ class Render(Message):
 @dataclass(frozen=True, eq=False)
 class Rendered(Message):
     """Cloud -> edge: the target ids :class:`Render` request ``n`` asked for
-    (buffer: int32 ids)."""
+    (buffer: int32 ids).
+
+    ``keep``: for a request by reference, the ids are the first ``keep`` ids of its
+    base's answer followed by these (the new turn's, and the few a template's seam
+    changes), so the downlink too carries the new turn only."""
 
     TYPE: ClassVar[str] = "rendered"
-    FIELDS: ClassVar[tuple[Field, ...]] = (Field("n", "n", Kind.INT),)
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("n", "n", Kind.INT),
+        Field("keep", "bk", Kind.INT, nullable=True, default=0, omit=omit_falsy),
+    )
     BUFFERS: ClassVar[tuple[Buf, ...]] = (Buf("ids", BufKind.IDS, "rendered ids",
                                               max_n=MAX_RESUME),)
     n: int
     ids: np.ndarray
+    keep: int = 0
 
 
 # -- a drafted block's wire form (a draft message's, or the one riding on an open) --
@@ -595,6 +625,12 @@ class Open(SessionMessage):
     session's open carries one (``r`` 0, nothing resumed). On the wire: header
     ``"dr": true``, the block's own keys (``"mk"``, ``"nv"``), and the block's
     buffers last (:func:`draft_to_wire`).
+
+    ``base`` / ``keep``: a prompt given as ids by reference: the first ``keep`` ids
+    of a context this connection holds (an earlier render's answer or open's
+    prompt, named by its digest), then ``prompt_ids``. Only the new turn travels; a
+    ``base`` the cloud no longer holds is refused ``no_context`` and the edge opens
+    again with the whole prompt.
     """
 
     TYPE: ClassVar[str] = "open"
@@ -612,6 +648,8 @@ class Open(SessionMessage):
         Field("prompt", "prompt", Kind.TEXT, size=MAX_TEXT),
         Field("max_new_tokens", "max", Kind.INT, hi=1 << 31),
         Field("r", "r", Kind.INT, nullable=True, default=0, omit=omit_falsy),
+        Field("base", "b", Kind.STR, nullable=True, omit=omit_none),
+        Field("keep", "bk", Kind.INT, nullable=True, default=0, omit=omit_falsy),
     )
     BUFFERS: ClassVar[tuple[Buf, ...]] = (
         Buf("resume", BufKind.IDS, "resume ids", max_n=MAX_RESUME),)
@@ -632,6 +670,11 @@ class Open(SessionMessage):
     r: int = 0
     #: round 0's block, sent with the open (see the class docstring)
     draft: Draft | None = None
+    #: by reference: the digest of an id context this connection holds
+    #: (:func:`xcosd.protocol.contexts.ids_key`); the prompt is its first ``keep`` ids
+    #: followed by ``prompt_ids``
+    base: str | None = None
+    keep: int = 0
 
     def _extra_to_wire(self, h: Header) -> Buffers:
         bufs: Buffers = []
@@ -657,6 +700,10 @@ class Open(SessionMessage):
                          kw: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         at = 1
+        if kw["base"] is not None and not h.get("pi", False):
+            raise bad(f"{t}: a base names a prompt given as ids")
+        if kw["keep"] and kw["base"] is None:
+            raise bad(f"{t}: keep without a base")
         if h.get("pi", False):
             if kw["prompt"]:
                 raise bad(f"{t}: a prompt given as ids carries no text")
