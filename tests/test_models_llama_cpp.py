@@ -195,6 +195,83 @@ def test_sessions_share_one_decode_and_evicted_ones_come_back_exact(lpair) -> No
         draft.score([(lpair[1].start([]), [])])
 
 
+def _fresh_rows(m: Any, ids: list[int], new: list[int]) -> np.ndarray:
+    """The rows of a session computed from nothing (reuse off for it)."""
+    m.prefix_reuse = False
+    try:
+        s = m.start(ids)
+        rows = m.score([(s, new)])[0]
+        m.end(s)
+    finally:
+        m.prefix_reuse = True
+    return rows
+
+
+def test_a_chats_next_turn_and_a_shared_system_prompt_start_from_cache_bit_for_bit(lpair
+                                                                                   ) -> None:
+    """A session starts from the longest cached prefix of its context: an ended
+    turn's sequence is taken over by the next turn (only the new tokens are
+    computed), a live session's shared system prompt is copied to another; the rows
+    equal those of a fresh prefill bit for bit, and the donor's own rows are
+    untouched."""
+    target = lpair[1]
+    system = target.tokenize("You are a careful assistant. Answer briefly, cite sources. " * 4)
+    turn1 = system + target.tokenize(" What is the capital of France?")
+    a = target.start(turn1)
+    target.score([(a, [])])
+    target.append(a, [236761, 107])
+    target.score([(a, [1])])  # an answer's tokens, then the end of the turn
+    history = list(a.ids)
+    target.end(a)  # retired: its cells stay
+    turn2 = history + target.tokenize(" And of Italy?")
+    fed, reused = target.tokens_fed, target.reused_tokens
+    b = target.start(turn2)
+    rows_b = target.score([(b, [5, 6])])[0]
+    cells = len(turn2) + 2 + target.add_bos
+    assert target.reused_tokens - reused == len(history) + target.add_bos
+    assert target.tokens_fed - fed == cells - (len(history) + target.add_bos)
+    np.testing.assert_array_equal(rows_b, _fresh_rows(target, turn2, [5, 6]))
+    # another conversation with the same system prompt, while b is live: copied
+    other = system + target.tokenize(" Name a prime number.")
+    fed, reused = target.tokens_fed, target.reused_tokens
+    c = target.start(other)
+    rows_c = target.score([(c, [7])])[0]
+    assert target.reused_tokens - reused >= len(system)
+    assert target.tokens_fed - fed <= len(other) + 2 - len(system)
+    np.testing.assert_array_equal(rows_c, _fresh_rows(target, other, [7]))
+    rows_b2 = target.score([(b, [8])])[0]  # the donor goes on as it was
+    np.testing.assert_array_equal(rows_b2, _fresh_rows(target, turn2 + [5, 6], [8]))
+    for s in (b, c):
+        target.end(s)
+
+
+def test_one_tenants_flood_of_prompts_leaves_anothers_conversation_cached(lpair) -> None:
+    """Retired caches give way before live ones, and among them the tenant holding the
+    most gives way first: a peer that runs many distinct long prompts one after
+    another evicts its own, and another peer's ended turn is still taken over by its
+    next turn (only the new tokens computed)."""
+    draft = lpair[0]
+    words = draft.tokenize(TEXT * 3)
+    mine = draft.start(words[:60])
+    mine.tenant = "a"
+    draft.score([(mine, [])])
+    history = list(mine.ids)
+    draft.end(mine)
+    for i in range(2 * draft.sequences):  # peer b: distinct prompts, one at a time
+        s = draft.start([(i * 7 + k) % 5000 + 100 for k in range(80)])
+        s.tenant = "b"
+        draft.score([(s, [])])
+        draft.end(s)
+    live = draft.evictions
+    fed = draft.tokens_fed
+    nxt = draft.start(history + words[60:70])
+    nxt.tenant = "a"
+    draft.score([(nxt, [])])
+    assert draft.tokens_fed - fed == 10  # the new tokens only
+    assert draft.evictions == live  # no live session gave its cells up
+    draft.end(nxt)
+
+
 # -- loading ---------------------------------------------------------------------------
 
 
@@ -282,10 +359,15 @@ def test_the_law_through_the_state_machines(lpair, direction: str, method: str, 
                                             ) -> None:
     draft, target = lpair if direction.startswith("smollm2") else lpair[::-1]
     params = T1 if warper == "T1" else TOPP
+    reused = target.reused_tokens, draft.reused_tokens
     firsts, rejected = _firsts(Pump(target, draft), N_LAW, 10_000, method, params)
     report = _check(firsts, _law(target, params))
     assert report.ok, f"{direction} {method} {warper}: {report}"
     assert rejected > N_LAW // 5  # the residual really was exercised
+    # and through reused prefixes: every generation after the first starts from
+    # the cells an earlier one left, on both sides
+    assert target.reused_tokens - reused[0] >= N_LAW - 1
+    assert draft.reused_tokens - reused[1] >= N_LAW - 1
 
 
 @pytest.mark.slow
@@ -301,9 +383,11 @@ def test_the_law_through_cloud_restarts_and_lost_messages(lpair) -> None:
     resumed on a new one), dropped, duplicated and late messages, at random points."""
     draft, target = lpair
     faulty = FaultyLink(Pump(target, draft), Faults(), seed=3)
+    reused = target.reused_tokens
     firsts, _ = _firsts(faulty, N_LAW, 20_000, "xcosd-e", T1)
     report = _check(firsts, _law(target, T1))
     assert report.ok, f"through faults ({faulty.counts}): {report}"
+    assert target.reused_tokens > reused  # resumed sessions start from cached cells
     assert faulty.counts.restarts > 20 and faulty.counts.dropped > 20, faulty.counts
 
 

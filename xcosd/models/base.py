@@ -39,6 +39,10 @@ class Session:
     #: how many of ``ids`` the backend has already folded into its cache
     cached: int = 0
     cache: Any = None
+    #: whose session it is (a cloud's peer): a backend that keeps ended sessions'
+    #: caches for reuse shares its room fairly between tenants
+    #: (:mod:`xcosd.models.prefix_cache`)
+    tenant: str = ""
 
 
 @runtime_checkable

@@ -56,6 +56,7 @@ from ..errors import ModelError
 from ..vocab import Vocabulary
 from ..vocab.llama import llama_table
 from .base import Session
+from .prefix_cache import best_donor, victim, worth_reusing
 from .tree_scoring import leaf_paths, score_tree_by_paths
 
 log = logging.getLogger(__name__)
@@ -157,13 +158,29 @@ def _init_backend(L: Any) -> None:
 class _Seq:
     """A session's place in the context: its sequence id (``None``: not resident,
     evaluated again on its next score) and how many positions of
-    ``prefix + ids`` the context holds for it."""
+    ``prefix + ids`` the context holds for it.
+
+    An ended session's sequence stays, *retired* (``tokens`` set, ``ids``
+    ``None``), until its room is needed: a later session that starts with the same
+    tokens takes it over (:mod:`xcosd.models.prefix_cache`)."""
 
     prefix: list[int]
     seq: int | None = None
     length: int = 0
     #: the model whose context holds the sequence (a session is one model's)
     owner: Any = field(default=None, repr=False)
+    #: the live session's ids (the same list as ``Session.ids``)
+    ids: list[int] | None = field(default=None, repr=False)
+    #: whose cache it is (a cloud's peer), for the fair share of the room
+    tenant: str = ""
+    #: a retired sequence's tokens, position by position
+    tokens: np.ndarray | None = field(default=None, repr=False)
+
+    def cells(self) -> np.ndarray:
+        """The tokens the context holds for it, position by position."""
+        if self.tokens is not None:
+            return self.tokens
+        return np.asarray((self.prefix + (self.ids or []))[: self.length], dtype=np.int64)
 
 
 class LlamaCppModel:
@@ -179,7 +196,7 @@ class LlamaCppModel:
     def __init__(self, path: str | Path, *, name: str | None = None, threads: int | None = None,
                  context: int = DEFAULT_CONTEXT, sequences: int = DEFAULT_SEQUENCES,
                  batch: int = 512, chat_template: str | None = None,
-                 tree_branches: int = 0) -> None:
+                 tree_branches: int = 0, prefix_reuse: bool = True) -> None:
         L = _bindings()
         self._L = L
         p = Path(path)
@@ -246,11 +263,16 @@ class LlamaCppModel:
         #: (session, its sequence then, positions kept or None to end it): asked for
         #: while a decode held the lock, applied before the next one
         self._deferred: deque[tuple[_Seq, int | None, int | None]] = deque()
-        #: decodes run, tokens fed to them, and sessions evicted to make room (for the
-        #: benches and tests)
+        #: whether an ended session's cache stays for a later one that starts with
+        #: the same tokens (:mod:`xcosd.models.prefix_cache`)
+        self.prefix_reuse = bool(prefix_reuse)
+        #: decodes run, tokens fed to them, sessions evicted to make room, and
+        #: positions a session started with from another's cache instead of
+        #: computing them (for the benches and tests)
         self.decodes = 0
         self.tokens_fed = 0
         self.evictions = 0
+        self.reused_tokens = 0
 
     def __repr__(self) -> str:
         return (f"LlamaCppModel({self.name!r}, vocab={self.vocab.size}, threads={self.threads}, "
@@ -338,7 +360,7 @@ class LlamaCppModel:
         ids = [int(i) for i in prompt_ids]
         self._check(ids)
         prefix = [self._start] if self._start is not None and (self.add_bos or not ids) else []
-        return Session(ids=ids, cached=0, cache=_Seq(prefix=prefix, owner=self))
+        return Session(ids=ids, cached=0, cache=_Seq(prefix=prefix, owner=self, ids=ids))
 
     def append(self, session: Session, ids: Sequence[int]) -> None:
         new = [int(i) for i in ids]
@@ -397,8 +419,9 @@ class LlamaCppModel:
                 members = [s for _, s, _, _, _ in plan[lo: lo + self.sequences]]
                 for i in range(lo, lo + len(members)):
                     session, s, new, _, n_out = plan[i]
-                    self._make_resident(s, members)
+                    s.tenant = session.tenant
                     full = s.prefix + session.ids
+                    self._make_resident(s, members, full)
                     if s.length >= len(full):
                         # all cached: the row after the context needs its last token again
                         self._cut(s, len(full) - 1)
@@ -456,9 +479,10 @@ class LlamaCppModel:
             if self._ctx is None:
                 raise ModelError(f"{self.name}: the model is closed")
             self._apply_deferred()
-            self._make_resident(s, [s])
-            assert s.seq is not None
+            s.tenant = session.tenant
             full = s.prefix + session.ids
+            self._make_resident(s, [s], full)
+            assert s.seq is not None
             if s.length >= len(full):
                 self._cut(s, len(full) - 1)
             tail = full[s.length:]
@@ -503,14 +527,15 @@ class LlamaCppModel:
             try:
                 self._apply_deferred()
                 if keep is None:
-                    self._release(s)
+                    self._retire(s)
                 else:
                     self._cut(s, keep)
             finally:
                 self._lock.release()
             return
         self._deferred.append((s, s.seq, keep))
-        s.length = 0 if keep is None else min(s.length, keep)
+        if keep is not None:
+            s.length = min(s.length, keep)
 
     def _apply_deferred(self) -> None:
         """The cuts and ends asked for while a decode ran (the lock held)."""
@@ -518,7 +543,9 @@ class LlamaCppModel:
             s, seq, keep = self._deferred.popleft()
             if seq is None or s.seq != seq:
                 continue  # released or evicted since: its cells are gone already
-            if keep is None or not self._L.llama_memory_seq_rm(self._mem, seq, keep, -1):
+            if keep is None:
+                self._retire(s)
+            elif not self._L.llama_memory_seq_rm(self._mem, seq, keep, -1):
                 self._release(s)
 
     def _cut(self, s: _Seq, keep: int) -> None:
@@ -528,6 +555,19 @@ class LlamaCppModel:
             self._release(s)  # cannot cut part of it: evaluate it all again
             return
         s.length = min(s.length, keep)
+
+    def _retire(self, s: _Seq) -> None:
+        """An ended session: its sequence stays, retired, for a later session that
+        starts with the same tokens (released instead when reuse is off, or when its
+        ids no longer account for its cells)."""
+        if s.seq is None:
+            return
+        held = s.prefix + (s.ids or [])
+        if not self.prefix_reuse or s.length == 0 or len(held) < s.length:
+            self._release(s)
+            return
+        s.tokens = np.asarray(held[: s.length], dtype=np.int64)
+        s.ids = None
 
     def _release(self, s: _Seq) -> None:
         """Give up the session's sequence: its cells are freed, its cache forgotten."""
@@ -539,24 +579,60 @@ class LlamaCppModel:
         s.length = 0
 
     def _evict(self, keep: Sequence[_Seq]) -> bool:
-        """Release the least recently used resident session not in ``keep``."""
+        """Release a resident sequence not in ``keep``: a retired one first, the
+        fair share's pick (:func:`~xcosd.models.prefix_cache.victim`), else the least
+        recently used session's."""
         protected = {id(s) for s in keep}
-        for victim in self._lru.values():
-            if id(victim) not in protected:
-                self._release(victim)
-                self.evictions += 1
-                return True
-        return False
+        held: dict[str, int] = {}
+        for r in self._lru.values():
+            held[r.tenant] = held.get(r.tenant, 0) + 1
+        out = victim([r for r in self._lru.values() if id(r) not in protected],
+                     lambda r: r.tenant, lambda r: r.tokens is not None, held)
+        if out is None:
+            return False
+        if out.tokens is None:
+            self.evictions += 1
+        self._release(out)
+        return True
 
-    def _make_resident(self, s: _Seq, members: Sequence[_Seq]) -> None:
+    def _make_resident(self, s: _Seq, members: Sequence[_Seq], full: Sequence[int]) -> None:
+        """Give ``s`` a sequence, starting from the longest cached prefix of its
+        context ``full`` where that pays: a retired sequence is taken over, a live
+        one's cells are copied (``llama_memory_seq_cp``, applied before the next
+        decode computes anything) and cut to what is shared."""
         if s.seq is not None:
             self._lru.move_to_end(s.seq)
             return
-        if not self._free and not self._evict(members):  # cannot be: a group fits
-            raise ModelError(f"{self.name}: no sequence free for a session")
-        s.seq = self._free.pop()
         s.length = 0
+        found = None
+        if self.prefix_reuse:
+            found = best_donor(full, [r for r in self._lru.values() if r is not s],
+                               _Seq.cells, lambda r: r.tokens is not None)
+            if found is not None and not worth_reusing(found[1], found[0].tokens is not None):
+                found = None
+        if found is not None and found[0].tokens is not None:  # retired: take it over
+            donor, n = found
+            assert donor.seq is not None
+            s.seq, s.length = donor.seq, donor.length
+            donor.seq, donor.length, donor.tokens = None, 0, None
+            self._lru.pop(s.seq)
+            self._lru[s.seq] = s
+            self._cut(s, n)
+            self.reused_tokens += s.length
+            return
+        keep = [*members, found[0]] if found is not None else list(members)
+        if not self._free and not self._evict(keep):
+            found = None  # the donor is the only sequence that can give way
+            if not self._evict(members):  # cannot be: a group fits
+                raise ModelError(f"{self.name}: no sequence free for a session")
+        s.seq = self._free.pop()
         self._lru[s.seq] = s
+        if found is not None:
+            donor, n = found
+            self._L.llama_memory_seq_cp(self._mem, donor.seq, s.seq, -1, -1)
+            s.length = donor.length
+            self._cut(s, n)
+            self.reused_tokens += s.length
 
     def _decode(self, items: list[tuple[_Seq, list[int], int]],
                 members: Sequence[_Seq]) -> list[np.ndarray]:

@@ -312,6 +312,9 @@ def _prepare(model: LanguageModel, req: ScoreNeeded) -> None:
     sess = req.session
     if req.start_ids is not None:
         sess.handle = model.start(req.start_ids)
+        # the peer's: a model that keeps ended sessions' caches shares its room
+        # fairly between peers (xcosd/models/prefix_cache.py)
+        sess.handle.tenant = bytes(sess.conn.peer).hex()
     model.rollback(sess.handle, req.keep)
     if req.append:
         model.append(sess.handle, req.append)

@@ -1,0 +1,77 @@
+"""Prefix reuse: which cached context a new session starts from, and which cached
+context gives way when room is needed.
+
+A chat's next turn repeats its history, and many devices of one app share a
+system prompt. A model that keeps the caches of recent sessions (an ended one
+stays, *retired*, until its room is needed) starts a new session from the longest
+cached prefix of its context, as llama.cpp's server does with a slot's prompt and
+vLLM with its prefix blocks, and computes only the rest. The reused positions are
+the positions a fresh prefill computes (on llama.cpp bit for bit, its rows being
+batch-invariant; on transformers to float rounding, see docs/MODELS.md), so the
+output law is the target's either way.
+
+Room is bounded (llama.cpp: its sequences; transformers: cached positions), and
+shared fairly: when a cache must give way, a retired one goes before a live one,
+and among retired ones, the least recently used of the *tenant* (a cloud's peer)
+that holds the most. One device's flood of distinct long prompts then evicts its
+own retired caches, not another device's conversation.
+
+Both backends call these functions: the policy is written once, the cache
+mechanics are each backend's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+import numpy as np
+
+from ..protocol.contexts import common_prefix
+
+#: shared ids from which copying a live session's cache beats computing them (a
+#: copy of llama.cpp's per-sequence buffer costs about what a few dozen prompt
+#: tokens do; a retired cache is taken over, not copied, whatever it shares)
+MIN_COPY = 32
+
+E = TypeVar("E")
+
+
+def best_donor(context: Sequence[int] | np.ndarray, entries: Iterable[E],
+               tokens: Callable[[E], np.ndarray], retired: Callable[[E], bool]
+               ) -> tuple[E, int] | None:
+    """The entry whose cached tokens share the longest prefix with ``context``, and
+    that length (a retired one on a tie: it is taken over, not copied); ``None``
+    when none shares a token. At most ``len(context) - 1`` counts: the last
+    position is fed again for its row, so sharing all of it gains no more."""
+    a = np.asarray(context, dtype=np.int64)
+    cap = max(a.shape[0] - 1, 0)
+    best: tuple[E, int] | None = None
+    best_retired = False
+    for e in entries:
+        n = min(common_prefix(tokens(e), a), cap)
+        if n == 0:
+            continue
+        r = retired(e)
+        if best is None or n > best[1] or (n == best[1] and r and not best_retired):
+            best, best_retired = (e, n), r
+    return best
+
+
+def worth_reusing(n: int, is_retired: bool) -> bool:
+    """Whether starting from a donor sharing ``n`` tokens pays."""
+    return n > 0 and (is_retired or n >= MIN_COPY)
+
+
+def victim(evictable: Sequence[E], tenant: Callable[[E], str], retired: Callable[[E], bool],
+           held: dict[str, int]) -> E | None:
+    """Which of ``evictable`` (least recently used first) gives way: a retired one
+    before a live one; among retired ones, the least recently used of the tenant
+    holding the most caches (``held``: caches per tenant, live and retired)."""
+    old = [e for e in evictable if retired(e)]
+    if not old:
+        return evictable[0] if evictable else None
+    heaviest = max({tenant(e) for e in old}, key=lambda t: held.get(t, 0))
+    top = held.get(heaviest, 0)
+    # ties between tenants: the least recently used entry among theirs
+    return next(e for e in old if held.get(tenant(e), 0) == top)
