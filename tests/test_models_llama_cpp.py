@@ -240,7 +240,7 @@ def test_a_chats_next_turn_and_a_shared_system_prompt_start_from_cache_bit_for_b
     assert target.tokens_fed - fed <= len(other) + 2 - len(system)
     np.testing.assert_array_equal(rows_c, _fresh_rows(target, other, [7]))
     rows_b2 = target.score([(b, [8])])[0]  # the donor goes on as it was
-    np.testing.assert_array_equal(rows_b2, _fresh_rows(target, turn2 + [5, 6], [8]))
+    np.testing.assert_array_equal(rows_b2, _fresh_rows(target, [*turn2, 5, 6], [8]))
     for s in (b, c):
         target.end(s)
 

@@ -20,8 +20,11 @@ the link's delay can be modeled afterwards from :attr:`Generation.trace`
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ..methods import Space, get_method
 from ..methods.tree import TreeShape
@@ -172,23 +175,32 @@ class Pump:
                 draft_confidence: float = DEFAULT_CONFIDENCE, max_draft_len: int = DEFAULT_CAP,
                 draft_cost: float | str = DEFAULT_COST, tree: TreeShape | str | None = None,
                 tree_row_codec: str | None = None, tree_distinct: bool = True,
-                **options: Any) -> EdgeSession:
+                prompt_ids: Sequence[int] | None = None,
+                prompt_base: tuple[str, int] | None = None, **options: Any) -> EdgeSession:
         """A new generation's state machine (not opened yet) and its drafter (the
         draft-length policy as :class:`~xcosd.config.GenerationConfig` has it; the
-        pump measures no times, so ``draft_cost="auto"`` keeps the default cost)."""
+        pump measures no times, so ``draft_cost="auto"`` keeps the default cost).
+        ``prompt_ids``: the prompt as target ids (``prompt`` is then what the draft
+        conditions on); ``prompt_base``: their first ids by reference
+        (``EdgeSession``'s, :mod:`xcosd.protocol.contexts`)."""
         params = params or SamplingParams()
         welcome = self.handshake.welcome
         assert welcome is not None
         m = get_method(method, codec=codec, **options)
         self._next += 1
+        # the cloud's context is the ids when given; the draft's, ``prompt``
         es = EdgeSession(self._next, method=m, vmap=self.vmap, space=self.space,
-                         prompt=prompt, max_new_tokens=max_new_tokens, params=params,
+                         prompt="" if prompt_ids is not None else prompt,
+                         max_new_tokens=max_new_tokens, params=params,
                          stop_ids=welcome.stop_ids, draft_len=draft_len,
                          max_draft=welcome.limits.max_draft, seed=seed,
                          adaptive_draft=adaptive_draft, draft_confidence=draft_confidence,
                          max_draft_len=max_draft_len, draft_cost=draft_cost, tree=tree,
                          max_tree=welcome.limits.max_tree, tree_row_codec=tree_row_codec,
-                         tree_distinct=tree_distinct)
+                         tree_distinct=tree_distinct,
+                         prompt_ids=(None if prompt_ids is None
+                                     else np.asarray(prompt_ids, dtype=np.int64)),
+                         prompt_base=prompt_base)
         self.drafters[es.s] = Drafter(self.draft, self.vmap, params, prompt)
         return es
 
