@@ -63,3 +63,28 @@ async def test_no_catch_up_beside_another_generation() -> None:
     # the four ran side by side in one draft thread: none computed context early
     # while another was open (the last one, alone at its end, may have)
     assert sum(r.stats.caught_up == 0 for r in results) >= 3
+
+
+async def test_a_long_prompt_is_computed_beside_the_opens_round_trip() -> None:
+    """A draft prompt past ``PREFILL_OVERLAP`` uncached tokens: round 0 drafts
+    nothing (the cloud's first token needs no draft) and the draft thread computes
+    the prompt meanwhile; round 1 drafts from the computed context. A short prompt
+    drafts from round 0 as before."""
+    from xcosd.nodes import RoundObserved
+    from xcosd.nodes.edge import PREFILL_OVERLAP
+
+    target, draft = pair()
+    long_prompt = "abcd" * PREFILL_OVERLAP
+    rounds: list[RoundObserved] = []
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud:
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, draft_thread=True,
+                                  on_round=rounds.append) as edge:
+            r = await edge.generate(long_prompt, max_new_tokens=TOKENS, seed=5, method="xcosd-e",
+                                    adaptive_draft=False, draft_len=3)
+            assert r.stats.prefilled_beside >= PREFILL_OVERLAP
+            assert rounds[0].drafted == 0 and rounds[1].drafted == 3
+            rounds.clear()
+            r = await edge.generate("ab", max_new_tokens=TOKENS, seed=5, method="xcosd-e",
+                                    adaptive_draft=False, draft_len=3)
+            assert r.stats.prefilled_beside == 0 and rounds[0].drafted == 3
+        await closed_sessions_settle(cloud)

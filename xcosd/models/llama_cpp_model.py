@@ -386,6 +386,23 @@ class LlamaCppModel:
         session.cached = 0
         session.cache = None
 
+    def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
+        """How many of ``prompt_ids`` a session started with them would take from a
+        cached prefix instead of computing (0 while a decode holds the context: the
+        answer is a hint, and this never waits)."""
+        if not self.prefix_reuse or not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            prefix = [self._start] if self._start is not None and (
+                self.add_bos or not prompt_ids) else []
+            found = best_donor([*prefix, *prompt_ids], list(self._lru.values()), _Seq.cells,
+                               lambda r: r.tokens is not None)
+        finally:
+            self._lock.release()
+        if found is None or not worth_reusing(found[1], found[0].tokens is not None):
+            return 0
+        return max(0, found[1] - len(prefix))
+
     def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:
         """For each ``(session, new_ids)``, ``len(new_ids) + 1`` rows, all sessions in
         one ``llama_decode`` (more only past ``sequences`` sessions or ``batch``

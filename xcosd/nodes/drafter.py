@@ -119,6 +119,8 @@ class Drafter:
         self._passed = 0
         #: context tokens computed in the wait of rounds that drafted nothing
         self.caught_up = 0
+        #: prompt tokens in the model's cache after :meth:`prefill` (0: not run)
+        self.prefilled = 0
 
     def _start(self) -> Session:
         if self.session is None:
@@ -144,6 +146,20 @@ class Drafter:
             return self.tree(need.shape, es.method, es.space, es.rng, need.row_codec,
                              need.distinct)
         return self.draft(need.length, es.method, es.space, es.rng, need.stop_below, ready)
+
+    def uncached_prompt(self) -> int:
+        """Prompt tokens the draft model would compute for this generation: all of
+        them, less a cached prefix where the model keeps one (``cached_prefix``)."""
+        cached = getattr(self.model, "cached_prefix", None)
+        n = len(self.prompt_ids)
+        return n - (cached(self.prompt_ids) if cached is not None and n else 0)
+
+    def prefill(self) -> None:
+        """Compute the prompt now (in the wait of round 0, which drafts nothing: see
+        ``EdgeSession.draft_later``), so round 1 drafts at once."""
+        session = self._start()
+        self.model.score([(session, [])])
+        self.prefilled = session.cached
 
     def catch_up(self, drop: int, append: list[int]) -> None:
         """Apply context edits now and compute them (the model's cache takes the new

@@ -121,6 +121,11 @@ SPECULATION_RECORDS = 16
 #: and an HTTP server on the same loop (16 concurrent streams on the embedded pair:
 #: a first token after 83-94 ms in process, 29-33 ms with the draft thread)
 LOOP_DRAFT_MAX_IDS = 16384
+#: draft prompt tokens (not cached) from which round 0 drafts nothing and the draft
+#: computes its prompt while the open's round trip and the cloud's prefill are in
+#: flight: a prompt's prefill costs about a draft step per token on a CPU, a round
+#: trip a few dozen steps
+PREFILL_OVERLAP = 32
 #: the fewest ids of a prompt worth naming by reference rather than sending (a
 #: reference costs about as many header bytes as this many ids)
 MIN_REFERENCE = 8
@@ -1057,6 +1062,9 @@ class EdgeNode:
             draft_cost=cfg.resolved_draft_cost(), tree=cfg.tree,
             max_tree=welcome.limits.max_tree, tree_row_codec=cfg.tree_row_codec,
             tree_distinct=cfg.tree_distinct, prompt_base=base)
+        # the draft's prompt computed beside the open's round trip, not before it
+        es.draft_later = (self.draft_thread and m.drafts
+                          and drafter.uncached_prompt() >= PREFILL_OVERLAP)
         if self._learned is not None:  # draft_cost="auto": what the last one measured
             es.drafting.adopt(self._learned)
             if es.drafting.measure and es.tree == "auto" and self._learned_ranks is not None:
@@ -1138,6 +1146,7 @@ class EdgeNode:
             with contextlib.suppress(Exception):
                 await self._in_worker(drafter.end)
             st.caught_up = drafter.caught_up  # its jobs ran before end, in the one thread
+            st.prefilled_beside = drafter.prefilled
         text, token_ids = es.text, list(es.token_ids)
         if watch.end is not None:  # a stop string: the output ends with it
             text = watch.text[:watch.end]
@@ -1311,7 +1320,9 @@ class EdgeNode:
         timing = (drafting_s / fresh if fresh else None, time.perf_counter(), drafted)
         stop = (self._speculate(es, drafter) if speculate and drafted and not es.tree_round
                 else None)
-        if not drafted:
+        if opening and es.draft_later:
+            self._in_background(drafter.prefill)
+        elif not drafted:
             self._catch_up(es, drafter)
         try:
             await self._finish_round(es, inbox, st, trace, on_text, before, timing, stop)
@@ -1332,7 +1343,12 @@ class EdgeNode:
         drop, append = es.take_edits()
         if not (drop or append):
             return
-        job = self._executor.submit(drafter.catch_up, drop, append)
+        self._in_background(drafter.catch_up, drop, append)
+
+    def _in_background(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn`` in the draft thread, not waited for: the generation's next call
+        there queues behind it."""
+        job = self._executor.submit(fn, *args)
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)
 

@@ -55,6 +55,9 @@ class GenerationStats:
     speculated_used: int = 0
     #: draft-context tokens computed in the wait of rounds that drafted nothing
     caught_up: int = 0
+    #: draft prompt tokens computed beside the open's round trip (round 0 drafting
+    #: nothing, ``EdgeSession.draft_later``)
+    prefilled_beside: int = 0
     #: rounds that drafted a tree, and how many rounds drafted each shape
     #: (``TreeShape.label``: ``"3x2"``, ``"spine:4x2"``)
     tree_rounds: int = 0
@@ -137,7 +140,7 @@ def merge(stats: list[GenerationStats]) -> GenerationStats:
                   "trials", "fallbacks", "rejections", "rejection_uplink_bytes",
                   "rejection_downlink_bytes", "uplink_bytes", "downlink_bytes", "messages_up",
                   "messages_down", "resumes", "busy_retries", "resends", "speculated",
-                  "speculated_used", "caught_up"):
+                  "speculated_used", "caught_up", "prefilled_beside"):
             setattr(out, k, getattr(out, k) + getattr(s, k))
         for k in ("wall_s", "modeled_s", "draft_compute_s", "cloud_compute_s"):
             setattr(out, k, getattr(out, k) + getattr(s, k))

@@ -396,6 +396,11 @@ class EdgeSession:
         self.prompt_base = prompt_base if prompt_ids is not None else None
         #: opens sent again whole because the cloud no longer held their base
         self.whole_reopens = 0
+        #: round 0 drafts nothing: the node computes the draft's prompt while the
+        #: open's round trip (and the cloud's prefill) is in flight, and the first
+        #: token comes from the cloud anyway. Fixed before anything is drawn, from
+        #: the prompt alone, so the law is kept as by any draft length
+        self.draft_later = False
         self.max_new_tokens = max_new_tokens
         self.params = params
         self.stop_ids = frozenset(int(i) for i in stop_ids)
@@ -546,7 +551,7 @@ class EdgeSession:
 
     def round_length(self) -> int:
         """How many tokens to draft this round (0: the cloud samples the next token)."""
-        if not self.method.drafts:
+        if not self.method.drafts or self._drafts_later():
             return 0
         most = self.drafting.ceiling if self._shape is None else self._shape.size
         return max(0, min(most, self.remaining - 1, self.max_draft))
@@ -557,7 +562,7 @@ class EdgeSession:
         where rounds draft chains by the length policy (no trees asked for, or a cloud
         that verifies none: negotiated down). Fixed from past verdicts alone, before
         anything of the round is drawn, so any choice keeps the law."""
-        if self.tree is None or not self.method.drafts or self.max_tree < 2:
+        if self.tree is None or not self.method.drafts or self.max_tree < 2 or self._drafts_later():
             return None
         if isinstance(self.tree, TreeShape):
             shape = self.tree
@@ -566,6 +571,10 @@ class EdgeSession:
             if shape.size == 0:  # drafting does not pay: the chain policy's, probes and all
                 return None
         return shape.pruned(max(self.remaining - 1, 0), self.max_tree)
+
+    def _drafts_later(self) -> bool:
+        """Round 0 of a session whose draft prompt is computed meanwhile."""
+        return self.draft_later and not self.opens
 
     @property
     def tree_round(self) -> bool:
