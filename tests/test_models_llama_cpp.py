@@ -245,6 +245,32 @@ def test_a_chats_next_turn_and_a_shared_system_prompt_start_from_cache_bit_for_b
         target.end(s)
 
 
+def test_sessions_arriving_together_with_one_system_prompt_compute_it_once(lpair) -> None:
+    """New sessions in one call that share a prefix no cache holds yet: the first
+    computes it in a decode of its own, the others copy its cells; each prefix
+    position is computed once and every row is a fresh prefill's, bit for bit."""
+    target = lpair[1]
+    system = target.tokenize("Devices of one app share this system prompt. " * 5)
+    asks = [target.tokenize(f" Question {i}: what is {i} times {i}?") for i in range(4)]
+    fresh = [_fresh_rows(target, system + a, [3]) for a in asks]  # reuse off: own cells
+    held = [target.start([9, 9, 9]) for _ in range(target.sequences)]  # push retired out
+    target.score([(h, []) for h in held])
+    for h in held:
+        target.end(h)
+    sessions = [target.start(system + a) for a in asks]
+    fed, reused = target.tokens_fed, target.reused_tokens
+    rows = target.score([(s, [3]) for s in sessions])
+    # the system prompt once (and the start of the questions they share), then each
+    # question and its new token
+    assert target.tokens_fed - fed <= len(system) + target.add_bos + sum(
+        len(a) + 1 for a in asks)
+    assert target.reused_tokens - reused >= (len(asks) - 1) * len(system)
+    for r, f in zip(rows, fresh, strict=True):
+        np.testing.assert_array_equal(r, f)
+    for s in sessions:
+        target.end(s)
+
+
 def test_one_tenants_flood_of_prompts_leaves_anothers_conversation_cached(lpair) -> None:
     """Retired caches give way before live ones, and among them the tenant holding the
     most gives way first: a peer that runs many distinct long prompts one after

@@ -53,10 +53,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelError
+from ..protocol.contexts import common_prefix
 from ..vocab import Vocabulary
 from ..vocab.llama import llama_table
 from .base import Session
-from .prefix_cache import best_donor, victim, worth_reusing
+from .prefix_cache import MIN_COPY, best_donor, victim, worth_reusing
 from .tree_scoring import leaf_paths, score_tree_by_paths
 
 log = logging.getLogger(__name__)
@@ -434,11 +435,16 @@ class LlamaCppModel:
             # decoded in groups, a later group evicting an earlier one if it must
             for lo in range(0, len(plan), self.sequences):
                 members = [s for _, s, _, _, _ in plan[lo: lo + self.sequences]]
+                fulls: list[list[int]] = []
                 for i in range(lo, lo + len(members)):
                     session, s, new, _, n_out = plan[i]
                     s.tenant = session.tenant
-                    full = s.prefix + session.ids
-                    self._make_resident(s, members, full)
+                    fulls.append(s.prefix + session.ids)
+                    self._make_resident(s, members, fulls[-1])
+                if self.prefix_reuse and len(members) > 1:
+                    self._share_in_call(members, fulls)
+                for i, full in zip(range(lo, lo + len(members)), fulls, strict=True):
+                    session, s, new, _, n_out = plan[i]
                     if s.length >= len(full):
                         # all cached: the row after the context needs its last token again
                         self._cut(s, len(full) - 1)
@@ -451,6 +457,39 @@ class LlamaCppModel:
             session.cached = s.length - len(s.prefix)
             out.append(r)
         return out
+
+    def _share_in_call(self, members: Sequence[_Seq], fulls: Sequence[list[int]]) -> None:
+        """Sessions of one call that share a prefix none of them holds yet (devices
+        arriving together with one system prompt): the first computes it alone, in a
+        decode of its own before the call's, and the others copy its cells, so the
+        prefix is computed once."""
+        follow: dict[int, tuple[int, int]] = {}  # member -> (its leader, shared)
+        for i in range(1, len(members)):
+            best = (-1, 0)
+            for j in range(i):
+                if j in follow:
+                    continue  # a follower's cells come from its own leader
+                n = min(common_prefix(np.asarray(fulls[i]), np.asarray(fulls[j])),
+                        len(fulls[i]) - 1, len(fulls[j]) - 1)
+                if n > best[1]:
+                    best = (j, n)
+            j, n = best
+            if j >= 0 and n - max(members[i].length, members[j].length) >= MIN_COPY:
+                follow[i] = (j, n)
+        if not follow:
+            return
+        need: dict[int, int] = {}
+        for j, n in follow.values():
+            need[j] = max(need.get(j, 0), n)
+        self._decode([(members[j], fulls[j][members[j].length: n], 0)
+                      for j, n in need.items() if members[j].length < n], members)
+        for i, (j, n) in follow.items():
+            lead, s = members[j], members[i]
+            assert lead.seq is not None and s.seq is not None
+            self._L.llama_memory_seq_cp(self._mem, lead.seq, s.seq, -1, -1)
+            s.length = lead.length
+            self._cut(s, n)
+            self.reused_tokens += s.length
 
     def score_tree(self, session: Session, parents: Sequence[int], ids: Sequence[int]
                    ) -> np.ndarray:
@@ -671,7 +710,10 @@ class LlamaCppModel:
             head = feed[: len(feed) - n_out]
             for lo in range(0, len(head), self.batch):
                 self._decode_once([(s, head[lo: lo + self.batch], 0)], members)
-            out.extend(self._decode_once([(s, feed[len(feed) - n_out:], n_out)], members))
+            if n_out:
+                out.extend(self._decode_once([(s, feed[len(feed) - n_out:], n_out)], members))
+            else:  # a prefix computed for others to copy: no rows
+                out.append(np.empty((0, self._n_vocab), dtype=np.float32))
         return out
 
     def _decode_once(self, items: list[tuple[_Seq, list[int], int]],
