@@ -59,8 +59,9 @@ def add_parser(sub: Any) -> None:
                                    "kill), `soak` (devices against a cloud with faults, every "
                                    "output checked), `http-streams` (many concurrent streams "
                                    "through one edge's HTTP API), `trees` (draft trees "
-                                   "next to chains and ar) and `live` (the real pair over an "
-                                   "emulated link: ar, xcosd-e and tree=auto side by side).")
+                                   "next to chains and ar), `live` (the real pair over an "
+                                   "emulated link: ar, xcosd-e and tree=auto side by side) and "
+                                   "`chat` (multi-turn chats, prefix reuse on and off).")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
     bsub.required = True
     _add_load(bsub)
@@ -71,6 +72,7 @@ def add_parser(sub: Any) -> None:
     _add_http_streams(bsub)
     _add_trees(bsub)
     _add_live(bsub)
+    _add_chat(bsub)
 
 
 def _add_outputs(p: Any, what: str) -> None:
@@ -732,6 +734,33 @@ def _add_live(bsub: Any) -> None:
     p.add_argument("--json", default=None, metavar="PATH",
                    help="write the report there (default: bench/out/live_link.json)")
     p.set_defaults(func=run_live, check=check_live)
+
+
+def _add_chat(bsub: Any) -> None:
+    p = bsub.add_parser("chat", help="multi-turn chats through the OpenAI API, prefix reuse "
+                                     "on and off",
+                        description="SmolLM2-135M drafting for Gemma-3-270m on llama.cpp, one "
+                                    "core a side: one chat turn by turn (time to first token, "
+                                    "positions each side computes, uplink bytes per turn) and "
+                                    "devices opening at once with one system prompt, with prefix "
+                                    "reuse on and off (xcosd/bench/chat_turns.py).")
+    p.add_argument("--turns", type=positive_int, default=8)
+    p.add_argument("--devices", type=positive_int, default=16)
+    p.add_argument("--system-tokens", type=positive_int, default=400)
+    p.add_argument("--turn-tokens", type=positive_int, default=150)
+    p.add_argument("--max-tokens", type=positive_int, default=16, help="tokens per answer")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="write the report there (default: bench/out/chat_turns.json)")
+    p.set_defaults(func=run_chat, check=check_live)
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from ..bench import chat_turns
+
+    argv = ["--turns", str(args.turns), "--devices", str(args.devices), "--system-tokens",
+            str(args.system_tokens), "--turn-tokens", str(args.turn_tokens), "--max-tokens",
+            str(args.max_tokens), "--json", args.json or str(chat_turns.OUT)]
+    return chat_turns.main(argv)
 
 
 def check_live(args: argparse.Namespace) -> None:

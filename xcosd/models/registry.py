@@ -54,7 +54,7 @@ BACKEND_KEYWORDS: dict[str, frozenset[str]] = {
     "synthetic": frozenset({"a", "b", "skew", "busy", "name"}),
     "transformers": frozenset({"name", "threads", "cache", "attn_implementation"}),
     "llama.cpp": frozenset({"name", "threads", "context", "sequences", "batch", "tree_branches",
-                            "chat_template"}),
+                            "chat_template", "prefix_reuse"}),
 }
 
 
