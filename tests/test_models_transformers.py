@@ -353,6 +353,7 @@ def test_each_position_is_computed_once(model: TransformersModel) -> None:
         return forward(*a, **kw)
 
     model.model.forward = counting  # type: ignore[method-assign]
+    model.prefix_reuse = False  # a whole prompt computed (reuse: the test below)
     try:
         ids = model.tokenize(TEXT)[:24]
         s = model.start(ids[:8])
@@ -374,6 +375,7 @@ def test_each_position_is_computed_once(model: TransformersModel) -> None:
         assert fed[-1] == 1
     finally:
         del model.model.forward
+        model.prefix_reuse = True
 
 
 @pytest.mark.parametrize("per_session", [True, False])
@@ -406,3 +408,70 @@ def test_the_head_scores_only_the_rows_asked_for(model: TransformersModel,
     finally:
         model.per_session = True
         hook.remove()
+
+
+def test_prefixes_are_reused_within_float_rounding_and_bounded_fairly(model: TransformersModel
+                                                                      ) -> None:
+    """An ended session's buffers are taken over by a session that starts with its
+    tokens (only the rest is computed), a live one's shared prefix is copied; the
+    rows equal the no-cache reference to float rounding (as batched rows do: the
+    reused positions were computed in another forward). Retired buffers stay within
+    ``prefix_cache_bytes``, the tenant holding the most giving way first."""
+    ids = model.tokenize(TEXT)[:40]
+    a = model.start(ids[:20])
+    model.score([(a, ids[20:24])])
+    model.end(a)  # retired: 24 positions (and a BOS, where the model adds one)
+    fed, reused = model.tokens_fed, model.reused_tokens
+    b = model.start(ids[:30])
+    rows_b = model.score([(b, [ids[30]])])[0]
+    assert model.reused_tokens - reused == 24 + model._add_bos
+    assert model.tokens_fed - fed == (30 - 24) + 1
+    ref = reference(model, ids[:31])
+    off = len(ref) - 31
+    np.testing.assert_allclose(rows_b, ref[off + 29: off + 31], atol=TOL)
+    # a live session's prefix is copied (40 shared positions: past MIN_COPY)
+    long_ids = model.tokenize(TEXT * 2)[:60]
+    c = model.start(long_ids[:50])
+    model.score([(c, [])])
+    d = model.start([*long_ids[:45], ids[0]])
+    reused = model.reused_tokens
+    rows_d = model.score([(d, [])])[0]
+    assert model.reused_tokens - reused == 45 + model._add_bos
+    ref = reference(model, [*long_ids[:45], ids[0]])
+    np.testing.assert_allclose(rows_d[0], ref[-1], atol=TOL)
+    for s in (b, c, d):
+        model.end(s)
+    # the bound: tenant "b" ends many distinct sessions; tenant "a"'s stays
+    saved = model.prefix_cache_bytes
+    model._retired.clear()  # what the tests before left: two tenants only here
+    try:
+        mine = model.start(ids[:12])
+        mine.tenant = "a"
+        model.score([(mine, [])])
+        history = list(mine.ids)
+        model.end(mine)
+        one = max(r.nbytes() for r in model._retired.values())
+        model.prefix_cache_bytes = 4 * one
+        for i in range(8):
+            s = model.start([(i * 5 + k) % 50 + 60 for k in range(12)])
+            s.tenant = "b"
+            model.score([(s, [])])
+            model.end(s)
+        assert sum(r.nbytes() for r in model._retired.values()) <= 4 * one
+        fed = model.tokens_fed
+        nxt = model.start(history + ids[12:15])
+        model.score([(nxt, [])])
+        assert model.tokens_fed - fed == 3  # its cache was still there
+        model.end(nxt)
+    finally:
+        model.prefix_cache_bytes = saved
+    model.prefix_reuse = False
+    try:
+        fed = model.tokens_fed
+        e = model.start(ids[:30])
+        model.score([(e, [])])
+        assert model.tokens_fed - fed == 30 + model._add_bos  # all of it, reuse off
+        model.end(e)
+        assert all(r is not e.cache for r in model._retired.values())
+    finally:
+        model.prefix_reuse = True

@@ -57,7 +57,7 @@ from ..protocol.contexts import common_prefix
 from ..vocab import Vocabulary
 from ..vocab.llama import llama_table
 from .base import Session
-from .prefix_cache import MIN_COPY, best_donor, victim, worth_reusing
+from .prefix_cache import MIN_COPY, best_donor, victim
 from .tree_scoring import leaf_paths, score_tree_by_paths
 
 log = logging.getLogger(__name__)
@@ -400,7 +400,7 @@ class LlamaCppModel:
                                lambda r: r.tokens is not None)
         finally:
             self._lock.release()
-        if found is None or not worth_reusing(found[1], found[0].tokens is not None):
+        if found is None:
             return 0
         return max(0, found[1] - len(prefix))
 
@@ -664,8 +664,6 @@ class LlamaCppModel:
         if self.prefix_reuse:
             found = best_donor(full, [r for r in self._lru.values() if r is not s],
                                _Seq.cells, lambda r: r.tokens is not None)
-            if found is not None and not worth_reusing(found[1], found[0].tokens is not None):
-                found = None
         if found is not None and found[0].tokens is not None:  # retired: take it over
             donor, n = found
             assert donor.seq is not None

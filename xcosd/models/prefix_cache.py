@@ -40,9 +40,10 @@ E = TypeVar("E")
 def best_donor(context: Sequence[int] | np.ndarray, entries: Iterable[E],
                tokens: Callable[[E], np.ndarray], retired: Callable[[E], bool]
                ) -> tuple[E, int] | None:
-    """The entry whose cached tokens share the longest prefix with ``context``, and
-    that length (a retired one on a tie: it is taken over, not copied); ``None``
-    when none shares a token. At most ``len(context) - 1`` counts: the last
+    """The entry whose cached tokens share the longest prefix with ``context`` among
+    those worth starting from (:func:`worth_reusing`: a live one must share at least
+    :data:`MIN_COPY`), and that length (a retired one on a tie: it is taken over, not
+    copied); ``None`` when none is. At most ``len(context) - 1`` counts: the last
     position is fed again for its row, so sharing all of it gains no more."""
     a = np.asarray(context, dtype=np.int64)
     cap = max(a.shape[0] - 1, 0)
@@ -50,9 +51,9 @@ def best_donor(context: Sequence[int] | np.ndarray, entries: Iterable[E],
     best_retired = False
     for e in entries:
         n = min(common_prefix(tokens(e), a), cap)
-        if n == 0:
-            continue
         r = retired(e)
+        if not worth_reusing(n, r):
+            continue
         if best is None or n > best[1] or (n == best[1] and r and not best_retired):
             best, best_retired = (e, n), r
     return best

@@ -52,7 +52,8 @@ BACKEND_KEYWORDS: dict[str, frozenset[str]] = {
     "default": frozenset({"cache", "alpha", "use_cache"}),
     "ngram": frozenset({"corpus", "cache", "alpha", "use_cache"}),
     "synthetic": frozenset({"a", "b", "skew", "busy", "name"}),
-    "transformers": frozenset({"name", "threads", "cache", "attn_implementation"}),
+    "transformers": frozenset({"name", "threads", "cache", "attn_implementation",
+                               "prefix_reuse"}),
     "llama.cpp": frozenset({"name", "threads", "context", "sequences", "batch", "tree_branches",
                             "chat_template", "prefix_reuse"}),
 }
@@ -221,8 +222,9 @@ def load_model(spec: str, *, backend: str | None = None, **kw: Any) -> LanguageM
     backend: ``corpus=[paths]``, ``cache=``, ``alpha=`` for n-grams; ``device=``,
     ``dtype=``, ``threads=``, ``cache=False`` (skip the converted-GGUF cache, see
     :mod:`xcosd.models.model_cache`) for transformers; ``threads=``, ``context=``,
-    ``sequences=``, ``batch=`` for llama.cpp; ``a=``, ``b=``, ``busy=`` for
-    synthetic models. A keyword the model's backend does not take is a
+    ``sequences=``, ``batch=`` for llama.cpp; ``prefix_reuse=False`` for either (a
+    new session computes its whole context, see :mod:`xcosd.models.prefix_cache`);
+    ``a=``, ``b=``, ``busy=`` for synthetic models. A keyword the model's backend does not take is a
     :class:`~xcosd.errors.ModelError` naming it, raised before anything is loaded
     (so no cache is read, written or removed).
 
@@ -255,7 +257,11 @@ def load_model(spec: str, *, backend: str | None = None, **kw: Any) -> LanguageM
             kw["device"] = device
         if dtype is not None:
             kw["dtype"] = dtype
-        return _load(spec, **kw)
+        reuse = kw.pop("prefix_reuse", None)
+        model = _load(spec, **kw)
+        if reuse is not None:  # a setting of the sessions, not of the loading
+            model.prefix_reuse = bool(reuse)  # type: ignore[attr-defined]
+        return model
     if dtype is not None:
         raise ModelError(f"{spec!r} computes its rows in numpy: --dtype applies to "
                          "transformers models only")

@@ -56,6 +56,8 @@ import logging
 import os
 import threading
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +76,7 @@ except ImportError as e:  # the cache layers below subclass transformers' own
 from ..vocab import Vocabulary, vocabulary_from_hf
 from . import model_cache
 from .base import Session
+from .prefix_cache import best_donor, victim
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,8 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.flo
 
 #: a session buffer's first capacity, in positions (then doubled as needed)
 MIN_CAPACITY = 64
+#: the buffers ended sessions keep for later ones by default (``prefix_cache_bytes``)
+DEFAULT_PREFIX_CACHE_BYTES = 256 << 20
 
 
 @dataclass(eq=False)
@@ -93,6 +98,24 @@ class _KV:
     prefix: list[int]
     bufs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     length: int = 0
+    #: the live session's ids (the same list as ``Session.ids``)
+    ids: list[int] | None = field(default=None, repr=False)
+    #: whose cache it is (a cloud's peer), for the fair share of the room
+    tenant: str = ""
+    #: an ended session's tokens, position by position: it is retired, kept for a
+    #: later session that starts with them (``xcosd/models/prefix_cache.py``)
+    tokens: np.ndarray | None = field(default=None, repr=False)
+
+    def cells(self) -> np.ndarray:
+        """The tokens its buffers hold, position by position."""
+        if self.tokens is not None:
+            return self.tokens
+        return np.asarray((self.prefix + (self.ids or []))[: self.length], dtype=np.int64)
+
+    def nbytes(self) -> int:
+        """The memory its buffers take."""
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size()
+                   for k, v in self.bufs)
 
     def crop(self, n: int) -> None:
         self.length = min(self.length, n)
@@ -297,7 +320,9 @@ class TransformersModel:
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str | None = None,
-                 vocab: Vocabulary | None = None, device: str | torch.device | None = None) -> None:
+                 vocab: Vocabulary | None = None, device: str | torch.device | None = None,
+                 prefix_reuse: bool = True,
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -339,6 +364,21 @@ class TransformersModel:
         # duration: one forward at a time on this instance (an instance used as both
         # draft and target, by two threads, must not see the other's switch)
         self._lock = threading.Lock()
+        #: whether ended sessions' caches stay for later sessions that start with the
+        #: same tokens, up to ``prefix_cache_bytes`` of buffers (``_retire``)
+        self.prefix_reuse = bool(prefix_reuse)
+        self.prefix_cache_bytes = int(prefix_cache_bytes)
+        #: live sessions' caches (donors to copy from; weakly: a session dropped
+        #: without ``end`` takes its buffers with it) and retired ones, least
+        #: recently used first; ``_pool`` guards both (ends and starts come from
+        #: the cloud's worker thread, the edge's draft thread, the event loop)
+        self._live: weakref.WeakValueDictionary[int, _KV] = weakref.WeakValueDictionary()
+        self._retired: OrderedDict[int, _KV] = OrderedDict()
+        self._pool = threading.Lock()
+        #: positions a session took from another's cache instead of computing, and
+        #: positions fed to forwards (for the benches and tests)
+        self.reused_tokens = 0
+        self.tokens_fed = 0
 
     def __repr__(self) -> str:
         return f"TransformersModel({self.name!r}, vocab={self.vocab.size}, device={self.device})"
@@ -433,7 +473,10 @@ class TransformersModel:
         ids = [int(i) for i in prompt_ids]
         self._check(ids)
         prefix = [self._start] if self._start is not None and (self._add_bos or not ids) else []
-        return Session(ids=ids, cached=0, cache=_KV(prefix=prefix))
+        kv = _KV(prefix=prefix, ids=ids)
+        with self._pool:
+            self._live[id(kv)] = kv
+        return Session(ids=ids, cached=0, cache=kv)
 
     def append(self, session: Session, ids: Sequence[int]) -> None:
         new = [int(i) for i in ids]
@@ -451,9 +494,76 @@ class TransformersModel:
         session.cached = max(0, kv.length - len(kv.prefix))
 
     def end(self, session: Session) -> None:
+        kv = session.cache
+        if isinstance(kv, _KV):
+            self._retire(kv)
         session.ids = []
         session.cached = 0
         session.cache = None
+
+    def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
+        """How many of ``prompt_ids`` a session started with them would take from a
+        cached prefix instead of computing."""
+        if not self.prefix_reuse:
+            return 0
+        prefix = [self._start] if self._start is not None and (
+            self._add_bos or not prompt_ids) else []
+        with self._pool:
+            found = best_donor([*prefix, *prompt_ids], [*self._retired.values(),
+                                                         *self._live.values()],
+                               _KV.cells, lambda r: r.tokens is not None)
+        if found is None:
+            return 0
+        return max(0, found[1] - len(prefix))
+
+    def _retire(self, kv: _KV) -> None:
+        """An ended session's buffers stay for a later session that starts with the
+        same tokens, within ``prefix_cache_bytes`` (retired ones give way by the fair
+        share's pick, :func:`~xcosd.models.prefix_cache.victim`)."""
+        with self._pool:
+            self._live.pop(id(kv), None)
+            held = kv.prefix + (kv.ids or [])
+            if not self.prefix_reuse or not kv.bufs or kv.length == 0 or len(held) < kv.length:
+                return
+            kv.tokens = np.asarray(held[: kv.length], dtype=np.int64)
+            kv.ids = None
+            self._retired[id(kv)] = kv
+            total = sum(r.nbytes() for r in self._retired.values())
+            while total > self.prefix_cache_bytes and self._retired:
+                count: dict[str, int] = {}
+                for r in [*self._retired.values(), *self._live.values()]:
+                    count[r.tenant] = count.get(r.tenant, 0) + 1
+                out = victim(list(self._retired.values()), lambda r: r.tenant,
+                             lambda r: True, count)
+                assert out is not None
+                del self._retired[id(out)]
+                total -= out.nbytes()
+                out.bufs, out.length, out.tokens = [], 0, None
+
+    def _reuse(self, kv: _KV, full: list[int]) -> None:
+        """A session with nothing cached starts from the longest cached prefix of its
+        context ``full``: a retired cache sharing it is taken over, a live one
+        sharing at least ``MIN_COPY`` positions has them copied."""
+        if not self.prefix_reuse or kv.bufs or kv.length:
+            return
+        with self._pool:
+            found = best_donor(full, [*self._retired.values(),
+                                      *(r for r in self._live.values() if r is not kv)],
+                               _KV.cells, lambda r: r.tokens is not None)
+            if found is None:
+                return
+            donor, n = found
+            if donor.tokens is not None:  # retired: take its buffers over
+                del self._retired[id(donor)]
+                kv.bufs, kv.length = donor.bufs, n
+                donor.bufs, donor.length, donor.tokens = [], 0, None
+            else:
+                kv.reserve(n, donor.bufs)
+                for (kb, vb), (dk, dv) in zip(kv.bufs, donor.bufs, strict=True):
+                    kb[:, :, :n] = dk[:, :, :n]
+                    vb[:, :, :n] = dv[:, :, :n]
+                kv.length = n
+            self.reused_tokens += n
 
     def score(self, batch: Sequence[tuple[Session, Sequence[int]]]) -> list[np.ndarray]:
         return [r.cpu().numpy() for r in self.score_tensors(batch)]
@@ -478,11 +588,14 @@ class TransformersModel:
             full = kv.prefix + session.ids
             if not full:  # no start token: the first new token is the context
                 raise ModelError(f"{self.name}: cannot score an empty context without BOS/EOS")
+            kv.tenant = session.tenant
+            self._reuse(kv, full)
             if kv.length >= len(full):
                 # all cached: the row after the context needs its last token fed again
                 kv.crop(len(full) - 1)
             feed = full[kv.length:] + new
             n_out = len(new) + 1
+            self.tokens_fed += len(feed)
             plan.append((session, kv, new, feed, n_out))
         with self._lock:
             if len(plan) == 1:
@@ -531,6 +644,8 @@ class TransformersModel:
                 raise ModelError(f"{self.name}: empty context and no BOS/EOS to start from")
             kv.prefix = [self._start]
         full = kv.prefix + session.ids
+        kv.tenant = session.tenant
+        self._reuse(kv, full)
         if kv.length >= len(full):
             kv.crop(len(full) - 1)
         past = kv.length
