@@ -16,6 +16,7 @@ from xcosd.models import default_pair
 from xcosd.nodes.pump import Pump
 from xcosd.protocol import Error, Open, Render, Rendered, pack
 from xcosd.protocol.contexts import (
+    Budget,
     ContextStore,
     RenderStore,
     common_text,
@@ -64,6 +65,26 @@ def test_the_stores_name_by_content_and_keep_to_their_bounds() -> None:
         with pytest.raises(ValueError):
             RenderStore.expand(base, keep, text, ch)
     assert common_text("abcdef", "abcxyz") == 3 and common_text("", "a") == 0
+
+
+def test_the_clouds_connections_share_one_budget() -> None:
+    """Past the cloud's budget a connection drops its own oldest entries, never
+    another's, and holds nothing new when that is not enough; what a connection
+    held goes back to the budget when it is cleared (its peer gone)."""
+    budget = Budget(100)
+    a, b = ContextStore(budget=budget), ContextStore(budget=budget)
+    ka = a.put(list(range(60)))
+    kb1 = b.put([7] * 30)
+    assert budget.used == 90
+    kb2 = b.put([8] * 30)  # over: b drops its own oldest, a keeps its context
+    assert a.get(ka) is not None and b.get(kb1) is None and b.get(kb2) is not None
+    assert b.put([9] * 50) is None and b.get(kb2) is not None  # alone too much: not held
+    assert budget.used == 90
+    a.clear()
+    assert budget.used == 30 and b.put([9] * 50) is not None
+    chars = Budget(10)
+    r = RenderStore(budget=chars)
+    assert r.put("0123456789a", None, [1]) is None and chars.used == 0
 
 
 # -- the law through opens by reference ---------------------------------------------------

@@ -67,7 +67,14 @@ from ..methods.tree import (
 )
 from ..sampling import SamplingParams, WarpedRows
 from ..vocab import Vocabulary
-from .contexts import ContextStore, RenderStore, common_prefix
+from .contexts import (
+    BUDGET_CHARS,
+    BUDGET_IDS,
+    Budget,
+    ContextStore,
+    RenderStore,
+    common_prefix,
+)
 from .errors import error_code
 
 if TYPE_CHECKING:  # torch is needed only where the target verifies on its device
@@ -260,6 +267,10 @@ class CloudConfig:
         self.vocab = target_vocab
         self.tokenize = tokenize
         self.limits = limits
+        #: what every connection's render and context stores hold together
+        #: (:mod:`xcosd.protocol.contexts`)
+        self.held_ids = Budget(BUDGET_IDS)
+        self.held_chars = Budget(BUDGET_CHARS)
         self.server_id = server_id
         self.maps: OrderedDict[str, Space] = OrderedDict()
         #: fingerprint -> how many connections pin it
@@ -505,8 +516,8 @@ class CloudConnection:
         self.pinned: list[str] = []
         #: what this peer's next turns may name instead of sending
         #: (:mod:`xcosd.protocol.contexts`)
-        self.renders = RenderStore()
-        self.contexts = ContextStore()
+        self.renders = RenderStore(budget=config.held_chars)
+        self.contexts = ContextStore(budget=config.held_ids)
 
     def _pin(self, fp: str) -> None:
         if fp in self.pinned:
@@ -635,6 +646,8 @@ class CloudConnection:
         for fp in self.pinned:
             self.config.unpin(fp)
         self.pinned = []
+        self.renders.clear()  # what it held for its next turns goes back to the budget
+        self.contexts.clear()
         return out
 
     # -- dispatch ---------------------------------------------------------------

@@ -24,8 +24,12 @@ then refuses the reference with ``no_context``, and the edge sends the request
 whole. A digest is 64 bits of BLAKE2b over the content: an entry is named by what
 it holds, so a stale or forged name finds nothing rather than something else.
 
-Both stores are bounded in entries and in size, least recently used out first.
-Pure data: no clocks, no I/O.
+Both stores are bounded in entries and in size, least recently used out first,
+and all of one cloud's connections together by a :class:`Budget` of each kind: a
+connection past the cloud's budget drops its own oldest entries, and holds nothing
+new that would not fit were it to hold nothing else (its next turn is then sent
+whole). Pure data: no
+clocks, no I/O.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ MAX_ENTRIES = 8
 MAX_CONTEXT_TOKENS = 1 << 17
 #: characters (texts, chat contents) one connection's render store holds
 MAX_RENDER_CHARS = 1 << 21
+#: what all of one cloud's connections hold together, by default: ids, characters
+BUDGET_IDS = 1 << 24
+BUDGET_CHARS = 1 << 26
 
 Chat = tuple[tuple[str, str], ...]
 
@@ -91,15 +98,34 @@ def common_text(a: str, b: str) -> int:
     return lo
 
 
+@dataclass
+class Budget:
+    """What many stores hold together (ids, or characters), against a limit."""
+
+    limit: int
+    used: int = 0
+
+    @property
+    def over(self) -> bool:
+        return self.used > self.limit
+
+
 class ContextStore:
-    """Id contexts by :func:`ids_key`, least recently used first."""
+    """Id contexts by :func:`ids_key`, least recently used first; ``budget``: the
+    ids this store shares a limit with (a cloud's connections)."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES,
-                 max_tokens: int = MAX_CONTEXT_TOKENS) -> None:
+                 max_tokens: int = MAX_CONTEXT_TOKENS, budget: Budget | None = None) -> None:
         self.max_entries = max_entries
         self.max_tokens = max_tokens
+        self.budget = budget
         self._entries: OrderedDict[str, np.ndarray] = OrderedDict()
         self.tokens = 0
+
+    def _count(self, n: int) -> None:
+        self.tokens += n
+        if self.budget is not None:
+            self.budget.used += n
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -113,11 +139,16 @@ class ContextStore:
         if key in self._entries:
             self._entries.move_to_end(key)
             return key
+        if self.budget is not None and self.budget.used - self.tokens + a.shape[0] > \
+                self.budget.limit:
+            return None  # would not fit if it held nothing else: keep what it holds
         self._entries[key] = a
-        self.tokens += a.shape[0]
-        while len(self._entries) > self.max_entries or self.tokens > self.max_tokens:
+        self._count(a.shape[0])
+        while len(self._entries) > 1 and (
+                len(self._entries) > self.max_entries or self.tokens > self.max_tokens
+                or (self.budget is not None and self.budget.over)):
             _, old = self._entries.popitem(last=False)
-            self.tokens -= old.shape[0]
+            self._count(-old.shape[0])
         return key
 
     def get(self, key: str) -> np.ndarray | None:
@@ -129,11 +160,11 @@ class ContextStore:
     def drop(self, key: str) -> None:
         a = self._entries.pop(key, None)
         if a is not None:
-            self.tokens -= a.shape[0]
+            self._count(-a.shape[0])
 
     def clear(self) -> None:
         self._entries.clear()
-        self.tokens = 0
+        self._count(-self.tokens)
 
     def longest(self, ids: np.ndarray | Sequence[int]) -> tuple[str, int] | None:
         """The entry sharing the longest prefix with ``ids``, and that length; ``None``
@@ -167,11 +198,17 @@ class RenderStore:
     used first."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES,
-                 max_chars: int = MAX_RENDER_CHARS) -> None:
+                 max_chars: int = MAX_RENDER_CHARS, budget: Budget | None = None) -> None:
         self.max_entries = max_entries
         self.max_chars = max_chars
+        self.budget = budget
         self._entries: OrderedDict[str, Rendering] = OrderedDict()
         self.chars = 0
+
+    def _count(self, n: int) -> None:
+        self.chars += n
+        if self.budget is not None:
+            self.budget.used += n
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -182,14 +219,17 @@ class RenderStore:
         if r.chars > self.max_chars:
             return None
         key = render_key(text, chat)
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.chars -= old.chars
+        self.drop(key)
+        if self.budget is not None and self.budget.used - self.chars + r.chars > \
+                self.budget.limit:
+            return None  # would not fit if it held nothing else: keep what it holds
         self._entries[key] = r
-        self.chars += r.chars
-        while len(self._entries) > self.max_entries or self.chars > self.max_chars:
+        self._count(r.chars)
+        while len(self._entries) > 1 and (
+                len(self._entries) > self.max_entries or self.chars > self.max_chars
+                or (self.budget is not None and self.budget.over)):
             _, gone = self._entries.popitem(last=False)
-            self.chars -= gone.chars
+            self._count(-gone.chars)
         return key
 
     def get(self, key: str) -> Rendering | None:
@@ -201,11 +241,11 @@ class RenderStore:
     def drop(self, key: str) -> None:
         r = self._entries.pop(key, None)
         if r is not None:
-            self.chars -= r.chars
+            self._count(-r.chars)
 
     def clear(self) -> None:
         self._entries.clear()
-        self.chars = 0
+        self._count(-self.chars)
 
     def longest(self, text: str | None, chat: Chat | None) -> tuple[str, int] | None:
         """The entry of the same kind that the request repeats the most of, and how
