@@ -78,6 +78,14 @@ class LanguageModel(Protocol):
         ...
 
 
+def context_tokens(model: Any) -> int:
+    """The most ids one session of ``model`` may hold, its prompt and all it
+    generates (its ``context_tokens``; 0 where it has none or knows no bound, as an
+    n-gram model, which has no positions)."""
+    n = getattr(model, "context_tokens", 0)
+    return int(n) if isinstance(n, int) and n > 0 else 0
+
+
 class ModelWrapper:
     """A :class:`LanguageModel` that forwards every call to ``inner``: the base of the
     wrappers that change one thing about a model (where its rows go, what is recorded
@@ -87,6 +95,12 @@ class ModelWrapper:
         self.inner = inner
         self.name = inner.name
         self.vocab = inner.vocab
+
+    @property
+    def context_tokens(self) -> int:
+        """The inner model's bound on a session's ids (0: none known): a wrapped
+        target's cloud refuses what the model could not hold, as the bare one's does."""
+        return context_tokens(self.inner)
 
     def tokenize(self, text: str) -> list[int]:
         return self.inner.tokenize(text)

@@ -66,12 +66,20 @@ log = logging.getLogger(__name__)
 LLAMA_CPP_VERSION = "0.3.16"
 INSTALL_HINT = "install it with: make setup-llama  (it builds llama-cpp-python from source)"
 
-#: default positions per session (the context holds ``context x sequences`` cells,
-#: allocated up front: about 300 MB at these defaults for either real model)
-DEFAULT_CONTEXT = 2048
-#: default number of sessions that keep a cache at once (llama.cpp allows 64); more
-#: are served, the least recently used evaluated again when next scored
+#: the KV cache a model's context may take by default, across all its sequences
+#: (allocated and cleared up front): the default ``context`` is the model's trained
+#: context, or what fits this bound, whichever is shorter. An explicit ``context``
+#: is not held to it
+DEFAULT_KV_BYTES = 1 << 30
+#: a default context is a multiple of this many positions (llama.cpp pads to it)
+CONTEXT_ALIGN = 256
+#: default number of sessions that keep a cache at once; more are served, the least
+#: recently used evaluated again when next scored
 DEFAULT_SEQUENCES = 8
+#: llama.cpp's limit on the sequences of one context (``LLAMA_MAX_SEQ``)
+MAX_SEQUENCES = 64
+#: bytes of one cached key or value element (llama.cpp's default cache type, f16)
+KV_ELEMENT_BYTES = 2
 
 
 #: the CPU features the project's build (Makefile, LLAMA_CMAKE_ARGS) compiles in
@@ -114,6 +122,48 @@ def own_llama(path: str | Path, n_ctx: int = 512, threads: int = 1, logits_all: 
                                n_threads_batch=threads, logits_all=logits_all, verbose=False)
     finally:
         bindings.llama_model_default_params = default
+
+
+def default_context(trained: int, bytes_per_cell: int, sequences: int,
+                    kv_bytes: int = DEFAULT_KV_BYTES) -> int:
+    """The positions per session a model gets when none is asked for: its trained
+    context (``trained``, 0: unknown), shortened to what ``sequences`` sessions fit in
+    ``kv_bytes`` of cache, a multiple of :data:`CONTEXT_ALIGN` and never under it.
+    Allocating the trained context whatever it costs would take 4.5 GiB for
+    Gemma-3-270m's 32,768 positions x 8 sequences; a fixed short one (this backend
+    opened 2,048) refuses prompts the model was trained for."""
+    fits = kv_bytes // max(1, bytes_per_cell * sequences)
+    fits = max(CONTEXT_ALIGN, fits - fits % CONTEXT_ALIGN)
+    return min(trained, fits) if trained > 0 else fits
+
+
+def _kv_bytes_per_cell(L: Any, model: Any) -> int:
+    """Bytes of KV cache one position takes: every layer's keys and values at the
+    default cache type (the sliding-window layers too: the context keeps their full
+    history, ``swa_full``). Key and value widths per head come from the GGUF's
+    ``<arch>.attention.key_length`` / ``value_length`` where given (Gemma-3's heads are
+    256 wide, not ``n_embd / n_head``). Checked against llama.cpp's own log of its
+    cache size for both real models."""
+    layers = int(L.llama_model_n_layer(model))
+    heads = max(1, int(L.llama_model_n_head(model)))
+    kv_heads = int(L.llama_model_n_head_kv(model)) or heads
+    arch = _meta(L, model, "general.architecture")
+    width = int(L.llama_model_n_embd(model)) // heads
+    k = _meta_int(L, model, f"{arch}.attention.key_length", width)
+    v = _meta_int(L, model, f"{arch}.attention.value_length", k)
+    return layers * kv_heads * (k + v) * KV_ELEMENT_BYTES
+
+
+def _meta(L: Any, model: Any, key: str) -> str | None:
+    """A GGUF metadata value as text (``None``: not in the file)."""
+    buf = ctypes.create_string_buffer(256)
+    n = int(L.llama_model_meta_val_str(model, key.encode(), buf, len(buf)))
+    return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+def _meta_int(L: Any, model: Any, key: str, default: int) -> int:
+    raw = _meta(L, model, key)
+    return int(raw) if raw is not None and raw.strip().isdigit() else default
 
 
 def _missing_cpu_flags() -> list[str]:
@@ -188,16 +238,19 @@ class LlamaCppModel:
     """A GGUF model on llama.cpp with one sequence per session and batched scoring.
 
     Build with :meth:`from_gguf`. ``threads`` (default: every core) is llama.cpp's
-    thread count; ``context`` the positions one session may hold; ``sequences`` how
-    many sessions keep a cache at once; ``batch`` the most tokens one decode takes;
-    ``tree_branches`` (0: none) how many leaves a draft tree scored in one decode may
-    have (:meth:`score_tree`).
+    thread count; ``context`` the positions one session may hold (default: the
+    model's trained context, shortened to what ``kv_bytes`` of cache holds for every
+    sequence: :func:`default_context`; at most the trained context); ``sequences``
+    how many sessions keep a cache at once (1..64 with ``tree_branches``);
+    ``batch`` the most tokens one decode takes; ``tree_branches`` (0: none) how many
+    leaves a draft tree scored in one decode may have (:meth:`score_tree`).
     """
 
     def __init__(self, path: str | Path, *, name: str | None = None, threads: int | None = None,
-                 context: int = DEFAULT_CONTEXT, sequences: int = DEFAULT_SEQUENCES,
+                 context: int | None = None, sequences: int = DEFAULT_SEQUENCES,
                  batch: int = 512, chat_template: str | None = None,
-                 tree_branches: int = 0, prefix_reuse: bool = True) -> None:
+                 tree_branches: int = 0, prefix_reuse: bool = True,
+                 kv_bytes: int = DEFAULT_KV_BYTES) -> None:
         L = _bindings()
         self._L = L
         p = Path(path)
@@ -205,9 +258,14 @@ class LlamaCppModel:
             raise ModelError(f"no GGUF file at {p}")
         if threads is not None and int(threads) < 1:
             raise ModelError(f"threads must be >= 1, got {threads}")
-        if not 1 <= int(sequences) + int(tree_branches) <= 64 or int(tree_branches) < 0:
-            raise ModelError(f"sequences + tree_branches must be 1..64 (llama.cpp's limit), "
-                             f"got {sequences} + {tree_branches}")
+        if int(sequences) < 1 or int(tree_branches) < 0 or (
+                int(sequences) + int(tree_branches) > MAX_SEQUENCES):
+            raise ModelError(f"sequences + tree_branches must be 1..{MAX_SEQUENCES} (llama.cpp's "
+                             f"limit), got {sequences} + {tree_branches}")
+        if context is not None and int(context) < 1:
+            raise ModelError(f"context must be >= 1 position, got {context}")
+        if int(batch) < 1:
+            raise ModelError(f"batch must be >= 1 token, got {batch}")
         self.path = p
         self.threads = int(threads) if threads is not None else (os.cpu_count() or 1)
         mp = L.llama_model_default_params()
@@ -218,6 +276,19 @@ class LlamaCppModel:
         self._model = L.llama_model_load_from_file(str(p).encode(), mp)
         if not self._model:
             raise ModelError(f"llama.cpp cannot load {p} (not a GGUF model it supports)")
+        #: the positions the model was trained for (the GGUF's ``context_length``; 0:
+        #: the file does not say)
+        self.trained_context = int(L.llama_model_n_ctx_train(self._model))
+        #: bytes of KV cache one position of one session takes
+        self.kv_bytes_per_cell = _kv_bytes_per_cell(L, self._model)
+        if context is None:
+            context = default_context(self.trained_context, self.kv_bytes_per_cell,
+                                      int(sequences), int(kv_bytes))
+        elif 0 < self.trained_context < int(context):
+            L.llama_model_free(self._model)
+            self._model = None
+            raise ModelError(f"context={context} is longer than the {self.trained_context} "
+                             f"positions {p.name} was trained for")
         cp = L.llama_context_default_params()
         cp.n_ctx = int(context) * int(sequences)
         cp.n_batch = cp.n_ubatch = int(batch)
@@ -235,10 +306,13 @@ class LlamaCppModel:
         if not self._ctx:
             L.llama_model_free(self._model)
             self._model = None
-            raise ModelError(f"llama.cpp cannot make a context for {p} "
-                             f"(context={context}, sequences={sequences})")
+            need = int(context) * int(sequences) * self.kv_bytes_per_cell
+            raise ModelError(f"llama.cpp cannot make a context for {p} (context={context} x "
+                             f"sequences={sequences}: {need / (1 << 20):.0f} MiB of KV cache); "
+                             "a shorter context or fewer sequences may fit")
         self._mem = L.llama_get_memory(self._ctx)
-        self.context = int(L.llama_n_ctx(self._ctx)) // int(sequences)
+        # llama.cpp pads the cells it allocates: the positions asked for bound a session
+        self.context = min(int(context), int(L.llama_n_ctx(self._ctx)) // int(sequences))
         self.sequences = int(sequences)
         self.tree_branches = int(tree_branches)
         self.batch = int(batch)
@@ -278,6 +352,18 @@ class LlamaCppModel:
     def __repr__(self) -> str:
         return (f"LlamaCppModel({self.name!r}, vocab={self.vocab.size}, threads={self.threads}, "
                 f"context={self.context}, sequences={self.sequences})")
+
+    @property
+    def context_tokens(self) -> int:
+        """The most ids one session may hold, its prompt and all it generates: its
+        cells less the BOS put in front of them (the cloud's ``ServerLimits.context``;
+        a longer session is refused before any compute)."""
+        return self.context - (1 if self.add_bos else 0)
+
+    @property
+    def kv_bytes(self) -> int:
+        """The KV cache this model's context holds, every sequence's cells."""
+        return self.context * self.sequences * self.kv_bytes_per_cell
 
     @classmethod
     def from_gguf(cls, file: str | Path, **kw: Any) -> LlamaCppModel:

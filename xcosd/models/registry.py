@@ -53,9 +53,9 @@ BACKEND_KEYWORDS: dict[str, frozenset[str]] = {
     "ngram": frozenset({"corpus", "cache", "alpha", "use_cache"}),
     "synthetic": frozenset({"a", "b", "skew", "busy", "name"}),
     "transformers": frozenset({"name", "threads", "cache", "attn_implementation",
-                               "prefix_reuse"}),
+                               "prefix_reuse", "context"}),
     "llama.cpp": frozenset({"name", "threads", "context", "sequences", "batch", "tree_branches",
-                            "chat_template", "prefix_reuse"}),
+                            "chat_template", "prefix_reuse", "kv_bytes"}),
 }
 
 
@@ -192,6 +192,14 @@ def _check_keywords(spec: str, kind: str, kw: dict[str, Any]) -> None:
                          f"{names} for {kind} models (they take: {known}, backend)")
 
 
+def takes_keyword(spec: str, key: str) -> bool:
+    """Whether :func:`load_model` passes ``key`` to the model ``spec`` names: the CLI
+    asks before it loads anything (``--slots`` on an n-gram target is a usage error,
+    not a failed load a minute later)."""
+    spec, backend = split_backend(spec)
+    return key in BACKEND_KEYWORDS[_kind(spec, backend)]
+
+
 def _check_vocab(name: str, spec: str) -> None:
     from ..vocab import QUICKTOK_ALIASES
 
@@ -221,10 +229,14 @@ def load_model(spec: str, *, backend: str | None = None, **kw: Any) -> LanguageM
     """A model by spec (see the module docstring). Keyword arguments go to the
     backend: ``corpus=[paths]``, ``cache=``, ``alpha=`` for n-grams; ``device=``,
     ``dtype=``, ``threads=``, ``cache=False`` (skip the converted-GGUF cache, see
-    :mod:`xcosd.models.model_cache`) for transformers; ``threads=``, ``context=``,
-    ``sequences=``, ``batch=`` for llama.cpp; ``prefix_reuse=False`` for either (a
-    new session computes its whole context, see :mod:`xcosd.models.prefix_cache`);
-    ``a=``, ``b=``, ``busy=`` for synthetic models. A keyword the model's backend does not take is a
+    :mod:`xcosd.models.model_cache`), ``context=`` for transformers; ``threads=``,
+    ``context=``, ``sequences=``, ``batch=``, ``kv_bytes=`` for llama.cpp;
+    ``prefix_reuse=False`` for either (a new session computes its whole context, see
+    :mod:`xcosd.models.prefix_cache`); ``a=``, ``b=``, ``busy=`` for synthetic models.
+    ``context`` is the positions one session may hold: by default the model's trained
+    context (on llama.cpp shortened to what ``kv_bytes``, 1 GiB, of cache holds for all
+    ``sequences``); longer than the trained context, or under 1, is refused. A keyword
+    the model's backend does not take is a
     :class:`~xcosd.errors.ModelError` naming it, raised before anything is loaded
     (so no cache is read, written or removed).
 

@@ -310,6 +310,17 @@ class _Slab(DynamicLayer):
         return self.keys, self.values
 
 
+def trained_context(config: Any) -> int:
+    """The positions a Hugging Face config says its model was trained for (0: none
+    said): ``max_position_embeddings``, or GPT-2's ``n_positions``."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        v = getattr(config, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    text = getattr(config, "text_config", None)  # a multimodal config's language model
+    return trained_context(text) if text is not None and text is not config else 0
+
+
 class TransformersModel:
     """A Hugging Face causal LM with per-session KV caches and batched scoring.
 
@@ -317,12 +328,25 @@ class TransformersModel:
     :meth:`from_gguf` (a ``.gguf`` file), or wrap an already-loaded model and
     tokenizer. ``device`` and ``dtype`` follow torch (``"cpu"``, ``"cuda"``;
     ``"float32"``, ``"bfloat16"`` ...); rows are always float32 probabilities.
+    ``context``: the positions one session may hold (default: the model's trained
+    context, its config's ``max_position_embeddings``; at most that). Caches grow
+    with what a session holds, so no memory is set aside for it.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str | None = None,
                  vocab: Vocabulary | None = None, device: str | torch.device | None = None,
                  prefix_reuse: bool = True,
-                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> None:
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+                 context: int | None = None) -> None:
+        #: the positions the model was trained for (0: its config does not say)
+        self.trained_context = trained_context(model.config)
+        if context is not None and int(context) < 1:
+            raise ModelError(f"context must be >= 1 position, got {context}")
+        if context is not None and 0 < self.trained_context < int(context):
+            raise ModelError(f"context={context} is longer than the {self.trained_context} "
+                             f"positions {name or 'the model'} was trained for")
+        #: the positions one session may hold (0: no bound known)
+        self.context = int(context) if context is not None else self.trained_context
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -383,6 +407,16 @@ class TransformersModel:
     def __repr__(self) -> str:
         return f"TransformersModel({self.name!r}, vocab={self.vocab.size}, device={self.device})"
 
+    @property
+    def context_tokens(self) -> int:
+        """The most ids one session may hold, its prompt and all it generates: the
+        context less the BOS put in front of it (0: no bound known). The cloud's
+        ``ServerLimits.context``: a longer session is refused before any compute,
+        where past its trained positions the model would compute rows it never learned."""
+        if not self.context:
+            return 0
+        return self.context - (1 if self._add_bos else 0)
+
     # -- loading ---------------------------------------------------------------
 
     @classmethod
@@ -390,7 +424,7 @@ class TransformersModel:
                         device: str = "cpu", dtype: str | torch.dtype | None = None,
                         name: str | None = None, attn_implementation: str | None = None,
                         threads: int | None = None, cache: bool | None = None,
-                        **kw: Any) -> TransformersModel:
+                        context: int | None = None, **kw: Any) -> TransformersModel:
         """Load a local model directory (``config.json``, weights, tokenizer), or
         the GGUF file ``gguf_file`` inside ``path``. Never downloads.
 
@@ -424,7 +458,8 @@ class TransformersModel:
                                        **{k: v for k, v in extra.items()
                                           if k != "local_files_only"}, **kw)
                 if hit is not None:
-                    return cls(hit[0], hit[1], name=name or default, vocab=hit[2], device=device)
+                    return cls(hit[0], hit[1], name=name or default, vocab=hit[2], device=device,
+                               context=context)
         if gguf_file is not None:
             extra["gguf_file"] = gguf_file
         try:
@@ -433,7 +468,7 @@ class TransformersModel:
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             raise ModelError(f"cannot load a causal LM from {path}"
                              f"{' / ' + gguf_file if gguf_file else ''}: {e}") from e
-        out = cls(model, tok, name=name or default, device=device)
+        out = cls(model, tok, name=name or default, device=device, context=context)
         if entry is not None:
             model_cache.store(entry, ident, out.model, tok, out.vocab)
         return out

@@ -66,7 +66,7 @@ from typing import Any
 import msgpack
 
 from ..errors import ErrorCode, ProtocolError, TransportError, XcosdError
-from ..models.base import LanguageModel
+from ..models.base import LanguageModel, context_tokens
 from ..protocol import pack
 from ..protocol.cloud import (
     CloseReason,
@@ -231,7 +231,10 @@ class CloudNode:
     its device (xcosd/accel/); ``None`` decides by the target (a model on an
     accelerator does, the CPU keeps the numpy path: :func:`~xcosd.nodes.scheduler.verifies_on_device`).
     ``drain_timeout_s``: how long :meth:`drain` lets running generations finish
-    before it hands the rest off (xcosd/nodes/drain.py).
+    before it hands the rest off (xcosd/nodes/drain.py). ``context``: the most
+    positions one session holds, its prompt and all it generates (default: what the
+    target holds, its ``context_tokens``; 0 when it knows no bound); sent in the
+    welcome, and an open past it is refused ``context_length`` before any compute.
     """
 
     def __init__(self, target: LanguageModel, bind: str = "tcp://127.0.0.1:5555", *,
@@ -250,9 +253,15 @@ class CloudNode:
                  metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                  transport_options: dict[str, Any] | None = None,
                  keep_queue_waits: bool = False, drain_timeout_s: float = 30.0,
-                 verify_on_device: bool | None = None) -> None:
+                 verify_on_device: bool | None = None, context: int | None = None) -> None:
         if max_peer_queue < 1:
             raise ValueError(f"max_peer_queue must be >= 1, got {max_peer_queue}")
+        holds = context_tokens(target)
+        if context is not None and context < 1:
+            raise ValueError(f"context must be >= 1 position, got {context}")
+        if context is not None and 0 < holds < context:
+            raise ValueError(f"context={context} exceeds the {holds} ids a session of the "
+                             "target holds")
         self.target = target
         self.bind = bind
         self.transport = transport
@@ -264,7 +273,8 @@ class CloudNode:
         #: bytes one peer may have waiting each way (one message always fits)
         self.max_peer_bytes = 4 * max_message_bytes
         self.limits = ServerLimits(max_message_bytes, max_sessions, max_draft, heartbeat_s,
-                                   timeout_s, max_tree)
+                                   timeout_s, max_tree,
+                                   context=holds if context is None else context)
         # the header bound admits the longest legal prompt: refused as too_large, a
         # prompt could not be answered on its session and its edge would wait forever
         self.frame_limits = Limits(max_bytes=max_message_bytes, max_frames=64 + max(max_draft, max_tree),
