@@ -93,6 +93,11 @@ def key_files(tmp_path: Path) -> tuple[str, str]:
     (["edge", "--prompts-file", "/no/such/file", "hi"], "does not exist"),
     (["bench", "load", "--scaling", "1,x"], "--scaling"),
     (["serve", "--curve-allow-any"], "need --curve-secret"),
+    (["serve", "--slots", "65"], "--slots: expected an integer in 1..64"),
+    (["serve", "--slots", "4", "--target", "."], "runs on llama.cpp with the suffix"),
+    (["serve", "--context", "0"], "--context: expected an integer >= 1"),
+    (["serve", "--context", "512"], "--context applies to llama.cpp and transformers models"),
+    (["edge", "--draft-context", "512", "hi"], "--draft-context applies to llama.cpp"),
     (["nonsense"], "invalid choice: 'nonsense'"),
     (["edge", "--no-such-flag", "hi"], "unrecognized arguments: --no-such-flag"),
 ])

@@ -52,6 +52,7 @@ from .options import (
     check_curve_client,
     check_device,
     check_model,
+    check_model_keywords,
     device_kw,
     endpoints,
     existing_file,
@@ -139,6 +140,7 @@ def check(args: argparse.Namespace) -> None:
     check_curve_client(args)
     check_model(args.draft, "--draft")
     check_device(args, "draft-")
+    check_model_keywords(args.draft, {"--draft-context": ("context", args.draft_context)})
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:

@@ -89,6 +89,8 @@ positive_int = _number(int, "an integer >= 1", lambda v: v >= 1)
 nonneg_int = _number(int, "an integer >= 0", lambda v: v >= 0)
 positive_float = _number(float, "a number > 0", lambda v: v > 0)
 nonneg_float = _number(float, "a number >= 0", lambda v: v >= 0)
+#: ``--slots``: llama.cpp's sequences of one context (``LLAMA_MAX_SEQ``)
+slot_count = _number(int, "an integer in 1..64", lambda v: 1 <= v <= 64)
 
 
 def draft_cost(s: str) -> float | str:
@@ -381,6 +383,23 @@ def check_model(spec: str, what: str = "model") -> None:
         raise UsageError(f"{what}: {e.message}") from None
 
 
+def check_model_keywords(spec: str, flags: dict[str, Any]) -> None:
+    """Each of ``flags`` (``{"--context": ("context", 512)}``: the flag, the
+    :func:`~xcosd.models.load_model` keyword it becomes and its value, ``None`` when
+    not given) applies to the model ``spec`` names; else a usage error naming both,
+    before any model loads."""
+    from ..models.registry import takes_keyword
+
+    for flag, (key, value) in flags.items():
+        if value is None or takes_keyword(spec, key):
+            continue
+        if key == "sequences":
+            hint = (" (it runs on llama.cpp with the suffix @llama.cpp)"
+                    if takes_keyword(spec, "context") else "")
+            raise UsageError(f"{flag} applies to a llama.cpp model, not {spec!r}{hint}")
+        raise UsageError(f"{flag} applies to llama.cpp and transformers models, not {spec!r}")
+
+
 def add_curve_client_args(p: argparse.ArgumentParser, secret_help: str) -> None:
     """A device's CURVE key files (``xcosd edge``, ``xcosd bench load --connect``)."""
     p.add_argument("--curve-secret", default=None, type=existing_file, help=secret_help)
@@ -463,14 +482,19 @@ def add_device_args(p: argparse.ArgumentParser, what: str, prefix: str = "") -> 
     p.add_argument(f"--{prefix}threads", default=None, type=positive_int, metavar="N",
                    help=f"CPU threads of {what}'s compute (llama.cpp's threads; torch's for "
                         "transformers models; default: llama.cpp every core, torch its own)")
+    p.add_argument(f"--{prefix}context", default=None, type=positive_int, metavar="N",
+                   help=f"positions one session of {what} holds, prompt and generation "
+                        "(llama.cpp and transformers models; default: the model's trained "
+                        "context, on llama.cpp at most what 1 GiB of KV cache holds for all "
+                        "its sessions; longer than the trained context is refused)")
 
 
 def device_kw(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
-    """The ``device`` / ``dtype`` / ``threads`` keywords of
+    """The ``device`` / ``dtype`` / ``threads`` / ``context`` keywords of
     :func:`xcosd.models.load_model` from the flags :func:`add_device_args` added."""
     attr = prefix.replace("-", "_")
     out: dict[str, Any] = {}
-    for key in ("device", "dtype", "threads"):
+    for key in ("device", "dtype", "threads", "context"):
         v = getattr(args, attr + key, None)
         if v is not None:
             out[key] = v

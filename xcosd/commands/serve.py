@@ -54,6 +54,7 @@ from .options import (
     check_curve_transport,
     check_device,
     check_model,
+    check_model_keywords,
     device_kw,
     endpoint,
     existing_dir,
@@ -64,6 +65,7 @@ from .options import (
     nonneg_int,
     positive_float,
     positive_int,
+    slot_count,
 )
 
 
@@ -98,6 +100,11 @@ def add_parser(sub: Any) -> None:
                    help="endpoint to bind")
     add_transport_arg(p)
     add_device_args(p, "the target")
+    p.add_argument("--slots", type=slot_count, default=None, metavar="N",
+                   help="sessions whose cache a llama.cpp target keeps at once (1..64, "
+                        "default 8); past them the least recently used is evicted and its "
+                        "whole context evaluated again at its next round. Each slot costs "
+                        "--context positions of KV cache, allocated at start")
     p.add_argument("--verify", choices=("auto", "device", "host"), default="auto",
                    help="where each batch is warped and verified: next to the target's rows "
                         "in torch on its device, or in numpy on the host; auto: on the device "
@@ -201,6 +208,8 @@ def check(args: argparse.Namespace) -> None:
         return  # the broker loads no model
     check_model(args.target, "--target")
     check_device(args)
+    check_model_keywords(args.target, {"--context": ("context", args.context),
+                                       "--slots": ("sequences", args.slots)})
     check_curve_transport(args, bool(args.curve_secret))
     if (args.curve_allow or args.curve_allow_any) and not args.curve_secret:
         raise UsageError("--curve-allow and --curve-allow-any need --curve-secret")
@@ -318,7 +327,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from ..models import load_model
 
     print(f"loading {args.target} ...", file=sys.stderr, flush=True)
-    target = await asyncio.to_thread(load_model, args.target, **device_kw(args))
+    target = await asyncio.to_thread(load_model, args.target, **target_kw(args))
     methods = tuple(args.methods) if args.methods else None
     replica = args.join is not None
     if replica:
@@ -327,6 +336,27 @@ async def _serve(args: argparse.Namespace) -> int:
         return await _serve_node(args, target, methods, replica)
     async with _draining() as (drain, stop):
         return await _serve_node(args, target, methods, replica, drain, stop)
+
+
+def target_kw(args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`~xcosd.models.load_model` keywords of the target's options."""
+    kw = device_kw(args)
+    if args.slots is not None:
+        kw["sequences"] = args.slots
+    return kw
+
+
+def context_note(model: Any) -> str:
+    """What the serving line says of a model's context: the tokens a session holds
+    and, on llama.cpp, the sessions whose cache is kept."""
+    from ..models.base import context_tokens
+
+    n = context_tokens(model)
+    if not n:
+        return ""
+    slots = getattr(model, "sequences", None)
+    return f", sessions of up to {n} tokens" + (
+        f" ({slots} cached at once)" if isinstance(slots, int) else "")
 
 
 async def _serve_node(args: argparse.Namespace, target: Any, methods: tuple[str, ...] | None,
@@ -369,7 +399,7 @@ async def _run_node(args: argparse.Namespace, target: Any, methods: tuple[str, .
     ) as cloud:
         where = f"as a replica of the broker at {cloud.endpoint}" if replica else \
             f"on {cloud.endpoint}"
-        print(f"serving {target.name} {where}"
+        print(f"serving {target.name} {where}{context_note(target)}"
               + (f", metrics on {cloud.metrics_endpoint}" if cloud.metrics_endpoint else ""),
               file=sys.stderr, flush=True)
         waits = [asyncio.ensure_future(e.wait()) for e in (stop, drain) if e is not None]
@@ -437,6 +467,10 @@ def replica_argv(args: argparse.Namespace, backend: str, index: int,
         argv += ["--device", args.device]
     if args.dtype is not None:
         argv += ["--dtype", args.dtype]
+    for flag, value in (("--threads", args.threads), ("--context", args.context),
+                        ("--slots", args.slots)):
+        if value is not None:
+            argv += [flag, str(value)]
     argv += ["--verify", args.verify]
     if args.no_merge:
         argv.append("--no-merge")
