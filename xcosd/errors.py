@@ -133,3 +133,18 @@ class ModelError(XcosdError):
     """A language model could not be loaded or run."""
 
     code = ErrorCode.MODEL
+
+
+def context_length_message(context: int, prompt_tokens: int, completion_tokens: int | None,
+                           what: str = "prompt") -> str:
+    """Why a generation does not fit the target's context, in the words OpenAI's and
+    vLLM's servers use (clients and people know them): both lengths named.
+    ``completion_tokens`` ``None``: the prompt alone leaves no room for a token.
+    ``what``: the request's part that holds the prompt (``prompt``, ``messages``)."""
+    head = f"This model's maximum context length is {context} tokens. However, "
+    if completion_tokens is None:
+        return (head + f"your {what} resulted in {prompt_tokens} tokens, which leaves no "
+                f"room for the completion. Please reduce the length of the {what}.")
+    return (head + f"you requested {prompt_tokens + completion_tokens} tokens ({prompt_tokens} "
+            f"in the {what}, {completion_tokens} in the completion). Please reduce the "
+            f"length of the {what} or completion.")

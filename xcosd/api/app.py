@@ -67,7 +67,7 @@ from ..nodes.arrivals import Arrival
 from ..nodes.edge import EdgeNode
 from ..nodes.stats import GenerationResult, GenerationStats
 from . import responses as R
-from .errors import APIError, invalid
+from .errors import APIError, context_exceeded, invalid
 from .guard import REQUEST_ID, RequestGuard, internal_error, internal_error_response
 from .json_body import decode_json
 from .keys import CLIENT, ApiKeys, KeyGate
@@ -87,14 +87,17 @@ STATUS_FOR_CODE: dict[str, int] = {
     ErrorCode.CONNECT: 503, ErrorCode.TRANSPORT: 503, ErrorCode.HANDSHAKE: 503,
     ErrorCode.VERSION: 503, ErrorCode.VOCAB: 503, ErrorCode.CURVE: 503,
     ErrorCode.MODEL: 502, ErrorCode.INTERNAL: 502,
-    ErrorCode.BUDGET: 400,
+    ErrorCode.BUDGET: 400, ErrorCode.CONTEXT_LENGTH: 400,
 }
 #: the OpenAI error ``code`` of a code whose own name would not say enough
-API_CODE_FOR: dict[str, str] = {ErrorCode.BUDGET: "uplink_budget_exceeded"}
+API_CODE_FOR: dict[str, str] = {ErrorCode.BUDGET: "uplink_budget_exceeded",
+                                ErrorCode.CONTEXT_LENGTH: "context_length_exceeded"}
 
 
-def api_error_for(exc: BaseException) -> APIError:
-    """The HTTP answer to a generation that failed with ``exc``."""
+def api_error_for(exc: BaseException, prompt_param: str | None = None) -> APIError:
+    """The HTTP answer to a generation that failed with ``exc``; ``prompt_param``
+    (``prompt``, ``messages``) is named by a refusal of the prompt's length (the
+    cloud's ``context_length``, when the edge's own check did not see it coming)."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, TimeoutError):
@@ -105,9 +108,15 @@ def api_error_for(exc: BaseException) -> APIError:
         status = STATUS_FOR_CODE.get(code, 500)
         headers = {"Retry-After": "1"} if status in (429, 503) else None
         msg = ("the cloud is unreachable: " if status == 503 else "") + exc.message
-        return APIError(status, msg, None, API_CODE_FOR.get(code, code), headers)
+        param = prompt_param if code == ErrorCode.CONTEXT_LENGTH else None
+        return APIError(status, msg, param, API_CODE_FOR.get(code, code), headers)
     log.error("request %s: generation failed", REQUEST_ID.get(), exc_info=exc)
     return internal_error(type(exc).__name__)
+
+
+def _prompt_param(req: CompletionRequest | ChatRequest) -> str:
+    """The request field that holds its prompt, as OpenAI's errors name it."""
+    return "messages" if isinstance(req, ChatRequest) else "prompt"
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -427,12 +436,14 @@ class OpenAIApp:
                     return Response(status_code=499)
                 if not self._serves(req.model):
                     raise self._unknown_model(req.model)
-            if isinstance(req, CompletionRequest) and isinstance(req.prompt, str):
+            text = req.prompt if isinstance(req, CompletionRequest) and isinstance(
+                req.prompt, str) else None
+            text_bytes = len(text.encode("utf-8", "surrogatepass")) if text is not None else 0
+            if text is not None and self._surely_fits(cfg, text_bytes):
                 # a text prompt opens as text (the cloud tokenises it as it would
                 # for tokenize): the generation starts now, its length in tokens
                 # (usage, the limit) is learned beside it, off the first token's path
-                text = req.prompt
-                bounded = self._bounded(cfg, len(text.encode("utf-8", "surrogatepass")))
+                bounded = self._bounded(cfg, text_bytes)
                 gen = _Generation(lambda on_text, st: self.edge.generate(
                     text, config=bounded, on_text=on_text, arrival=mark, stats=st),
                     arrived, mark)
@@ -441,9 +452,14 @@ class OpenAIApp:
             if prompt is None:  # the client left while the prompt was prepared
                 return Response(status_code=499)
             if gen is None:
-                bounded = self._bounded(cfg, 4 * len(prompt))
+                # the prompt's length is known and nothing has reached the cloud: one
+                # that cannot fit the target's context is refused here, before any compute
+                fitted = self._fit(req, cfg, len(prompt))
+                start: str | list[int] = text if text is not None else prompt
+                bounded = self._bounded(fitted, text_bytes if text is not None
+                                        else 4 * len(prompt))
                 gen = _Generation(lambda on_text, st: self.edge.generate(
-                    prompt, config=bounded, on_text=on_text, arrival=mark, stats=st),
+                    start, config=bounded, on_text=on_text, arrival=mark, stats=st),
                     arrived, mark)
             if req.stream:
                 response = await self._stream(request, req, chat, gen, len(prompt))
@@ -453,12 +469,40 @@ class OpenAIApp:
         except BaseException as e:
             if isinstance(e, asyncio.CancelledError):
                 raise
-            raise api_error_for(e) from None
+            raise api_error_for(e, _prompt_param(req)) from None
         finally:
             if gen is not None and not handed_over:
                 await gen.cancel()  # a refusal or a client gone: its session closes
             if not handed_over:
                 self._done()
+
+    def _surely_fits(self, cfg: GenerationConfig, text_bytes: int) -> bool:
+        """Whether a text prompt of ``text_bytes`` bytes fits the target's context
+        with the request's ``max_tokens`` whatever its tokens, so its generation may
+        start before they are counted: a token spells at least one byte, and
+        SentencePiece puts one prefix space in front. A longer text is tokenised
+        first (a round trip, on a prompt that long a small share of its compute) and
+        checked as ids are (:meth:`_fit`). No bound known (not yet connected): the
+        cloud's own check answers."""
+        context = self.edge.target_context
+        return not context or text_bytes + 1 + cfg.max_new_tokens <= context
+
+    def _fit(self, req: CompletionRequest | ChatRequest, cfg: GenerationConfig,
+             prompt_tokens: int) -> GenerationConfig:
+        """``cfg`` for a prompt of ``prompt_tokens`` target tokens within the target's
+        context (the cloud's welcome), or the 400 OpenAI answers: with ``max_tokens``
+        given, prompt and completion must fit; without, the server's default is cut
+        to the room the prompt leaves (as vLLM's default is that room), and only a
+        prompt that leaves none is refused."""
+        context = self.edge.target_context
+        if not context or prompt_tokens + cfg.max_new_tokens <= context:
+            return cfg
+        param = _prompt_param(req)
+        if req.max_tokens_given:
+            raise context_exceeded(context, prompt_tokens, cfg.max_new_tokens, param)
+        if prompt_tokens >= context:
+            raise context_exceeded(context, prompt_tokens, None, param)
+        return cfg.replace(max_new_tokens=context - prompt_tokens)
 
     def _bounded(self, cfg: GenerationConfig, prompt_bytes: int) -> GenerationConfig:
         """``cfg`` with the policy's bound on the bytes its generation sends."""
@@ -483,8 +527,8 @@ class OpenAIApp:
         if isinstance(req, ChatRequest):
             ids = list(await self.edge.chat_prompt([m.as_dict() for m in req.messages]))
         elif isinstance(req.prompt, str):
-            if self.edge.arrivals.pending > int(mark.pending):  # others are arriving
-                await mark.until_sent()
+            if gen is not None and self.edge.arrivals.pending > int(mark.pending):
+                await mark.until_sent()  # others are arriving: after this one's open
             if gen is not None and gen.task.done() and not gen.task.cancelled() and (
                     gen.task.exception() is not None):
                 raise gen.task.exception()  # type: ignore[misc]  # e.g. the cloud away
@@ -547,7 +591,7 @@ class OpenAIApp:
             return Response(status_code=499)
         if first is None and gen.task.exception() is not None:
             self._count(gen, "error", prompt_tokens, None)
-            raise api_error_for(gen.task.exception())  # type: ignore[arg-type]
+            raise api_error_for(gen.task.exception(), _prompt_param(req))  # type: ignore[arg-type]
         return _EventStream(self._events(req, chat, gen, prompt_tokens, first))
 
     async def _events(self, req: CompletionRequest | ChatRequest, chat: bool, gen: _Generation,
@@ -601,7 +645,7 @@ class OpenAIApp:
                 res = await gen.task
             except Exception as e:
                 reason = "error"
-                yield R.sse(api_error_for(e).body())
+                yield R.sse(api_error_for(e, _prompt_param(req)).body())
                 yield R.DONE
                 return
             reason = res.finish_reason

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import context_length_message
 from ..http.errors import TYPE_FOR_STATUS, error_object
 
 
@@ -52,3 +53,13 @@ def unsupported(param: str, why: str) -> APIError:
     (ignoring it would change the output the client asked for)."""
     return APIError(400, f"'{param}' is not supported by this server: {why}", param,
                     "unsupported_parameter")
+
+
+def context_exceeded(context: int, prompt_tokens: int, completion_tokens: int | None,
+                     param: str) -> APIError:
+    """A 400 ``context_length_exceeded`` as OpenAI and vLLM answer it: the prompt
+    (``param``: ``prompt`` or ``messages``) with ``completion_tokens`` (``None``: none
+    asked, and the prompt leaves no room for one) does not fit the ``context`` tokens
+    of the target; the message names both lengths."""
+    return APIError(400, context_length_message(context, prompt_tokens, completion_tokens, param),
+                    param, "context_length_exceeded")

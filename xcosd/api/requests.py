@@ -121,6 +121,9 @@ class Sampling:
 
     model: str
     max_tokens: int
+    #: whether the request named ``max_tokens`` (else it is the server's default, which
+    #: a prompt near the end of the target's context shortens, xcosd/api/app.py)
+    max_tokens_given: bool
     temperature: float
     top_p: float
     top_k: int
@@ -325,6 +328,7 @@ def _sampling(body: Mapping[str, Any], limits: RequestLimits) -> dict[str, Any]:
     return dict(
         model=model,
         max_tokens=limits.default_max_tokens if max_tokens is None else max_tokens,
+        max_tokens_given=max_tokens is not None,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         top_k=max(0, int(_integer(body, "top_k", 0, -1, 1 << 31) or 0)),

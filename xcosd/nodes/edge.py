@@ -507,6 +507,15 @@ class EdgeNode:
         w = self._handshake.welcome
         return w.target_size if w is not None else None
 
+    @property
+    def target_context(self) -> int:
+        """The most target tokens one session holds, prompt and generation together,
+        as the cloud's welcome said (0: no bound known, or before the handshake): a
+        generation past it is refused ``context_length`` by the cloud, so the HTTP
+        API checks it before it opens one."""
+        w = self._handshake.welcome
+        return w.limits.context if w is not None else 0
+
     # -- connection ------------------------------------------------------------------
 
     async def _teardown(self) -> None:

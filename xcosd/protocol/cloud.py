@@ -45,7 +45,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ErrorCode, InvalidDistribution, ProtocolError, XcosdError
+from ..errors import (
+    ErrorCode,
+    InvalidDistribution,
+    ProtocolError,
+    XcosdError,
+    context_length_message,
+)
 from ..methods import get_method
 from ..methods.base import (
     Draft,
@@ -840,10 +846,9 @@ class CloudConnection:
         prompt_ids = self._prompt_ids(msg, space)
         context = cfg.limits.context
         if context and len(prompt_ids) + msg.max_new_tokens > context:
-            raise ProtocolError(
-                f"the target's context is {context} tokens: a prompt of {len(prompt_ids)} "
-                f"tokens and max_new_tokens={msg.max_new_tokens} need "
-                f"{len(prompt_ids) + msg.max_new_tokens}", code=ErrorCode.CONTEXT_LENGTH)
+            raise ProtocolError(context_length_message(context, len(prompt_ids),
+                                                       msg.max_new_tokens),
+                                code=ErrorCode.CONTEXT_LENGTH)
         out = CloudOutput()
         if old is not None:  # the edge re-opened it (it resumed): the old one ends
             out.extend(self.end(old, CloseReason.CLOSED))
