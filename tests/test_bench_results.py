@@ -214,3 +214,21 @@ def test_edge_runtime_section_judges_its_goals_and_where_drafting_pays() -> None
     assert "modeled xcosd-e seeded / ar: RTT 5 ms" in text
     assert "drafting pays from RTT 100 ms." in text
     assert edge_runtime.section_lines(None) == []
+
+
+def test_slots_section_compares_each_short_row_with_the_one_that_holds_every_session() -> None:
+    from xcosd.bench import slots
+
+    def row(n: int, fed: float, ms: float, tps: float) -> dict[str, Any]:
+        return {"slots": n, "evictions": 0 if n >= 12 else 40, "fed_per_token": fed,
+                "over_floor": fed / 17, "mean_batch": 12.0, "round_fed": fed * 12 - 60,
+                "round_ms": ms, "tokens_per_s": tps, "kv_bytes_per_cell": 18432}
+
+    rep = {"model": "gemma3-270m@llama.cpp", "threads": 1, "sessions": 12, "prompt_tokens": 96,
+           "tokens": 6, "context": 118, "rows": [row(4, 100.0, 11000.0, 1.0),
+                                                 row(16, 6.0, 220.0, 6.0)]}
+    text = "\n".join(slots.section_lines(rep))
+    assert "| 4 | 40 | 100.0 | 5.88 | 12.0 | 1140 | 11000 | 1.00 | 50.0x | 0.17x |" in text
+    assert "- 4 slots for 12 sessions: about 11 sessions evaluated again each round" in text
+    assert "(1140 tokens fed a round against 12), a round 50x as long" in text
+    assert "16 slots for" not in text and "(18 KiB a position" in text

@@ -35,6 +35,7 @@ from xcosd.bench import (
     pair_report,
     plots,
     scale,
+    slots,
     streaming,
     trees,
 )
@@ -724,7 +725,7 @@ def section_models(md: Any) -> list[str]:
 
 def sizes_note(run: Any) -> list[str]:
     return ["## Sizes used", "",
-            "To fit `make bench` in about 41 minutes on 2 cores the sizes are small: the "
+            "To fit `make bench` in about 43 minutes on 2 cores the sizes are small: the "
             "load tests measure 4 s (scaling points) and 8 s (64 devices) after 2 s of "
             "warm-up, the cloud CPU rows 3 s after 1.5 s (3 s at 128k and 262k; 3 passes at "
             "vocab 256); the "
@@ -733,7 +734,8 @@ def sizes_note(run: Any) -> list[str]:
             "codecs), the real pair 1 prompt x 12 tokens "
             "(f32, T=1); the TV uses 2000 (1500 at top-p/top-k, 600 for the real pair) "
             "one-draft rounds per context at 3 contexts (1 for the real pair), and the real "
-            "pair end to end 3 prompts x 32 tokens per row; the soak runs "
+            "pair end to end 3 prompts x 32 tokens per row, the slots bench 12 sessions "
+            "of 96 prompt tokens x 6 tokens; the soak runs "
             "256 devices for 600 s (its memory baseline at 360 s), and its bare-pyzmq "
             "control 240 s. Small samples "
             "make acceptance rates noisy by a few percent; the commands above take larger "
@@ -798,8 +800,10 @@ SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
                      ("## Methods", REAL_PAIR_HEADING, "## Framework overhead", "## Sizes used",
                       MUTATION_HEADING)),
             "kv-batch": (KV_HEADING, lambda: section_kv(_load("kv_batch.json")),
-                         ("## Framework overhead", "## Codecs", "## Sizes used",
+                         (slots.HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
                           MUTATION_HEADING)),
+            "slots": (slots.HEADING, lambda: slots.section_lines(_load(slots.OUT_NAME)),
+                      ("## Framework overhead", "## Codecs", "## Sizes used", MUTATION_HEADING)),
             "real-pair": (REAL_PAIR_HEADING, lambda: section_real_pair(_load("real_pair.json")),
                           ("## Framework overhead", "## Codecs", "## Sizes used",
                            MUTATION_HEADING)),
@@ -901,6 +905,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += kept_section(GUIDELLM_HEADING)
     doc += section_overlap(_load("overlap.json"))
     doc += section_kv(_load("kv_batch.json"))
+    doc += slots.section_lines(_load(slots.OUT_NAME))
     doc += section_transport(_load("transport.json"))
     doc += section_rounds(_load("rounds.json"))
     doc += cloud_cpu.section_cloud_cpu(_load(cloud_cpu.OUT.name))

@@ -5,7 +5,7 @@
 Each step is a separate process (a crash or a hung model cannot take the others
 down) whose exact command line, exit status and wall time are saved in
 ``bench/out/run_all.json``; :mod:`xcosd.bench.results` prints them in RESULTS.md.
-The sizes below were chosen so the whole run fits in about 41 minutes on 2 cores.
+The sizes below were chosen so the whole run fits in about 43 minutes on 2 cores.
 
 Run it from the repository root: every step reads and writes ``bench/out/`` and
 ``docs/`` relative to the working directory (see :data:`xcosd.bench.report.OUT_DIR`).
@@ -97,6 +97,8 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
         # batched verification on the real target: cost and copy share per batch
         s.append(("kv-batch", [PY, "-m", "xcosd.bench.kv_batch", "--sessions", "1,8,64",
                                "--contexts", "64,1024,2048", "--json", f"{out}/kv_batch.json"]))
+        # more sessions than the llama.cpp target keeps caches for: 4, 8, 12 slots
+        s.append(("slots", [PY, "-m", "xcosd.bench.slots", "--json", f"{out}/slots.json"]))
         # the pair end to end against transformers' generate and its assisted generation
         s.append(("real-pair", [PY, "-m", "xcosd.bench.real_pair", "--prompts", "3",
                                 "--tokens", "32", "--json", f"{out}/real_pair.json"]))

@@ -8,7 +8,8 @@ devices against one cloud for a while with faults injected throughout (device
 kills, cloud restarts, lost and duplicated messages) and checks every output.
 ``http-streams`` opens many streams at once through one edge's OpenAI-compatible
 API and checks every one against the edge's own ``generate``. ``live`` runs the real
-pair over an emulated link, ``ar`` beside ``xcosd-e`` and ``tree="auto"``.
+pair over an emulated link, ``ar`` beside ``xcosd-e`` and ``tree="auto"``. ``slots``
+serves more sessions than a llama.cpp target keeps caches for.
 """
 
 from __future__ import annotations
@@ -60,8 +61,10 @@ def add_parser(sub: Any) -> None:
                                    "output checked), `http-streams` (many concurrent streams "
                                    "through one edge's HTTP API), `trees` (draft trees "
                                    "next to chains and ar), `live` (the real pair over an "
-                                   "emulated link: ar, xcosd-e and tree=auto side by side) and "
-                                   "`chat` (multi-turn chats, prefix reuse on and off).")
+                                   "emulated link: ar, xcosd-e and tree=auto side by side), "
+                                   "`chat` (multi-turn chats, prefix reuse on and off) and "
+                                   "`slots` (more sessions than a llama.cpp target keeps "
+                                   "caches for).")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
     bsub.required = True
     _add_load(bsub)
@@ -73,6 +76,7 @@ def add_parser(sub: Any) -> None:
     _add_trees(bsub)
     _add_live(bsub)
     _add_chat(bsub)
+    _add_slots(bsub)
 
 
 def _add_outputs(p: Any, what: str) -> None:
@@ -776,3 +780,40 @@ def run_live(args: argparse.Namespace) -> int:
             repr(args.temperature), "--top-p", repr(args.top_p),
             "--json", args.json or str(live_link.OUT_DIR / live_link.OUT_NAME)]
     return live_link.main(argv)
+
+
+def _add_slots(bsub: Any) -> None:
+    p = bsub.add_parser("slots", help="more sessions than a llama.cpp target keeps caches for",
+                        description="Gemma-3-270m on llama.cpp as a cloud's target with each "
+                                    "--slots count, serving --sessions generations at once: "
+                                    "evictions, tokens fed per generated token (sessions "
+                                    "evaluated again), time per round and tokens/s "
+                                    "(xcosd/bench/slots.py).")
+    p.add_argument("--slots", default="4,8,12", metavar="N[,N...]",
+                   help="comma-separated slot counts, one run each")
+    p.add_argument("--sessions", type=positive_int, default=12)
+    p.add_argument("--prompt-tokens", type=positive_int, default=96)
+    p.add_argument("--tokens", type=positive_int, default=6, help="tokens per session")
+    p.add_argument("--threads", type=positive_int, default=1, help="the target's threads")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="write the report there (default: bench/out/slots.json)")
+    p.set_defaults(func=run_slots, check=check_slots)
+
+
+def check_slots(args: argparse.Namespace) -> None:
+    try:
+        counts = [int(x) for x in args.slots.split(",")]
+    except ValueError:
+        raise UsageError(f"--slots: expected comma-separated integers, got {args.slots!r}") from None
+    if not all(1 <= n <= 64 for n in counts):
+        raise UsageError("--slots: each count must be in 1..64")
+    check_model("gemma3-270m@llama.cpp", "bench slots")
+
+
+def run_slots(args: argparse.Namespace) -> int:
+    from ..bench import slots
+
+    argv = ["--slots", args.slots, "--sessions", str(args.sessions), "--prompt-tokens",
+            str(args.prompt_tokens), "--tokens", str(args.tokens), "--threads",
+            str(args.threads), "--json", args.json or str(slots.OUT_DIR / slots.OUT_NAME)]
+    return slots.main(argv)
