@@ -232,3 +232,33 @@ def test_slots_section_compares_each_short_row_with_the_one_that_holds_every_ses
     assert "- 4 slots for 12 sessions: about 11 sessions evaluated again each round" in text
     assert "(1140 tokens fed a round against 12), a round 50x as long" in text
     assert "16 slots for" not in text and "(18 KiB a position" in text
+
+
+def test_chat_section_reads_the_goal_and_the_shared_prompt_from_the_report() -> None:
+    from xcosd.bench import chat_turns
+
+    def turn(k: int, ttft: float, computed: int) -> dict[str, Any]:
+        return {"turn": k, "prompt_tokens": 400 + 160 * k, "ttft_s": ttft, "total_s": ttft + 1,
+                "cloud_computed": computed, "edge_computed": computed + 3,
+                "prompt_up_bytes": 900, "up_bytes": 1500, "answer_chars": 40}
+
+    def shared(computed: int, reused: int) -> dict[str, Any]:
+        return {"devices": 16, "system_tokens": 400, "cloud_computed": computed,
+                "cloud_reused": reused, "ttft_median_s": 2.0}
+
+    on = [turn(k, 1.0 + 0.05 * k, 170) for k in range(1, 9)]
+    off = [turn(k, 2.0 * k, 400 + 160 * k) for k in range(1, 9)]
+    rep = {"draft": "smollm2-135m", "target": "gemma3-270m", "backend": "llama.cpp",
+           "threads_per_side": 1, "turns": 8, "devices": 16, "system_tokens": 400,
+           "turn_tokens": 150, "max_tokens": 16,
+           "arms": {"reuse": {"turns": on, "shared": shared(1100, 6000)},
+                    "no reuse": {"turns": off, "shared": shared(7000, 0)}},
+           "goal": {"turn": 8, "ratio_reuse": on[7]["ttft_s"] / on[0]["ttft_s"],
+                    "ratio_no_reuse": 8.0, "ttft_speedup_at_turn": 11.4, "target": 1.5,
+                    "met": True}}
+    text = "\n".join(chat_turns.section_lines(rep))
+    assert text.startswith(chat_turns.HEADING)
+    assert "Turn 8's first token against turn 1's: 1.33x with reuse, 8.00x without" in text
+    assert "(goal at most 1.5x: met)" in text
+    assert "the cloud computed 1100 positions (2.8 system prompts' worth)" in text
+    assert chat_turns.section_lines(None) == []

@@ -43,7 +43,8 @@ from xcosd.bench.real_pair import DRAFT, TARGET
 from xcosd.bench.report import OUT_DIR, machine, table, write_json
 
 HEADING = "## Multi-turn chats"
-OUT = OUT_DIR / "chat_turns.json"
+OUT_NAME = "chat_turns.json"
+OUT = OUT_DIR / OUT_NAME
 EDGE_CORE, CLOUD_CORE = 0, 1
 #: the goal: turn 8's time to first token against turn 1's, with reuse
 GOAL_TURN, GOAL_RATIO = 8, 1.5
@@ -284,6 +285,24 @@ def report(rep: dict[str, Any]) -> str:
                    f" system prompts' worth), took {s['cloud_reused']} from cache; median "
                    f"first token {s['ttft_median_s']:.2f} s.")
     return "\n".join(out)
+
+
+def section_lines(rep: dict[str, Any] | None) -> list[str]:
+    """The RESULTS.md section."""
+    if rep is None:
+        return []
+    return [HEADING, "",
+            f"From `python -m xcosd.bench.chat_turns` (bench/out/{OUT_NAME}): "
+            f"{rep['draft']} drafting for {rep['target']} on {rep['backend']}, "
+            f"{rep['threads_per_side']} thread a side (the cloud's loop in a thread pinned to "
+            "one core, the edge, its HTTP API and the `openai` client on the other). One chat: "
+            f"a system prompt of {rep['system_tokens']} tokens, then {rep['turns']} user turns "
+            f"of {rep['turn_tokens']} tokens, each answered streamed (`max_tokens` "
+            f"{rep['max_tokens']}, seeded: the same answers in both arms), with prefix reuse "
+            "on and off on both models. `TTFT`: the request to its first streamed text; "
+            "`computed`: the positions each side's model computed for the turn (prompt, "
+            "drafts and verification); `prompt up B`: the render request and the open on the "
+            "uplink.", "", report(rep), ""]
 
 
 def main(argv: list[str] | None = None) -> int:

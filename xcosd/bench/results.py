@@ -27,6 +27,7 @@ from typing import Any
 from xcosd.bench import (
     accel,
     balancers,
+    chat_turns,
     cloud_cpu,
     edge_runtime,
     http_api,
@@ -832,6 +833,10 @@ SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
                              lambda: edge_runtime.section_lines(_load(edge_runtime.OUT_NAME)),
                              (KV_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
                               MUTATION_HEADING)),
+            "chat": (chat_turns.HEADING,
+                     lambda: chat_turns.section_lines(_load(chat_turns.OUT_NAME)),
+                     (KV_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
+                      MUTATION_HEADING)),
             "live-link": (live_link.HEADING,
                           lambda: live_link.section_lines(_load(live_link.OUT_NAME)),
                           (KV_HEADING, "## Framework overhead", "## Codecs", "## Sizes used",
@@ -899,6 +904,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += edge_runtime.section_lines(_load(edge_runtime.OUT_NAME))
     doc += pair_report.section_lines(_load(pair_report.OUT_NAME))
     doc += live_link.section_lines(_load(live_link.OUT_NAME))
+    doc += chat_turns.section_lines(_load(chat_turns.OUT_NAME))
     doc += streaming.section_lines(_load(streaming.OUT.name))
     doc += http_api.section_lines(_load(http_api.OUT.name))
     doc += http_streams.section_lines(_load(http_streams.OUT.name))

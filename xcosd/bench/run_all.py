@@ -111,6 +111,9 @@ def steps(skip_real: bool) -> list[tuple[str, list[str]]]:
                                   "--measure", "--json", "--out", f"{out}/pair_report.json"]))
         s.append(("live-link", [PY, "-m", "xcosd.bench.live_link", "--json",
                                 f"{out}/live_link.json"]))
+        # multi-turn chats through the OpenAI API, prefix reuse on and off
+        s.append(("chat", [PY, "-m", "xcosd.bench.chat_turns", "--json",
+                           f"{out}/chat_turns.json"]))
     s.append(("results", [PY, "-m", "xcosd.bench.results"]))
     return s
 
