@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from xcosd.errors import ModelError
+from xcosd.errors import ModelError, TransportError
 from xcosd.models import registry
 from xcosd.nodes.pump import Pump
 from xcosd.protocol import RoundVerified
@@ -296,6 +296,74 @@ def test_one_tenants_flood_of_prompts_leaves_anothers_conversation_cached(lpair)
     assert draft.tokens_fed - fed == 10  # the new tokens only
     assert draft.evictions == live  # no live session gave its cells up
     draft.end(nxt)
+
+
+def test_a_peers_next_turn_is_served_from_cache_through_anothers_flood_and_a_restart(
+        lpair) -> None:
+    """Over ZeroMQ, the cloud's target and each edge's draft on llama.cpp: peer A's
+    chat turn ends; peer B runs more distinct long prompts than the target has
+    sequences; A's next turn still starts from its cached turn on the target (the
+    fair share: B's retired caches gave way to B's) and on its draft, and names
+    the rendered ids by reference. A cloud restart then costs the reference (the
+    new connection holds nothing: the turn goes whole) but not the cache: the
+    target is the same model, and its cells are the positions of the tokens they
+    record, whoever left them."""
+    import xcosd
+
+    draft, target = lpair
+    chat = [{"role": "system", "content": "Answer in one short sentence. " * 8},
+            {"role": "user", "content": "What is a list?"}]
+
+    async def run() -> None:
+        cloud = await xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0").start()
+        endpoint = cloud.endpoint
+        try:
+            async with xcosd.EdgeNode(draft=draft, connect=endpoint, heartbeat_s=0.05) as a, \
+                    xcosd.EdgeNode(draft=draft, connect=endpoint) as b:
+                ids = await a.chat_prompt(chat)
+                first = await a.generate(ids, max_new_tokens=4, seed=1)
+                chat.extend([{"role": "assistant", "content": first.text},
+                             {"role": "user", "content": "And a tuple?"}])
+                reused = target.reused_tokens, draft.reused_tokens
+                ids2 = await a.chat_prompt(chat)
+                second = await a.generate(ids2, max_new_tokens=4, seed=2)
+                assert target.reused_tokens - reused[0] >= len(ids)  # the history, both sides
+                assert draft.reused_tokens - reused[1] >= len(ids) // 2
+                chat.extend([{"role": "assistant", "content": second.text},
+                             {"role": "user", "content": "And a dict?"}])
+                words = TEXT.split()
+                for i in range(target.sequences + 2):  # B: distinct long prompts
+                    await b.generate(" ".join(words[i:] + words[:i]), max_new_tokens=1,
+                                     seed=i)
+                # (the two edges share one draft model here, as one device: B's prompts
+                # evict A's on it; the target keeps A's turn, B's caches giving way)
+                reused = target.reused_tokens
+                ids3 = await a.chat_prompt(chat)
+                await a.generate(ids3, max_new_tokens=4, seed=3)
+                assert target.reused_tokens - reused >= len(ids2)
+                assert cloud.counters["errors_by_code"].get("no_context", 0) == 0
+                # the cloud restarts: the reference is refused, the cache is not lost
+                await cloud.close()
+                for _ in range(2000):  # ZeroMQ frees the port a moment after close
+                    try:
+                        restarted = await xcosd.CloudNode(target=target, bind=endpoint).start()
+                        break
+                    except TransportError:
+                        await asyncio.sleep(0.005)
+                try:
+                    chat.extend([{"role": "assistant", "content": "A dict maps keys."},
+                                 {"role": "user", "content": "And a set?"}])
+                    reused = target.reused_tokens
+                    ids4 = await a.chat_prompt(chat)
+                    assert ids4 == target.chat_prompt(chat)
+                    await a.generate(ids4, max_new_tokens=4, seed=4)
+                    assert target.reused_tokens - reused >= len(ids3)
+                finally:
+                    await restarted.close()
+        finally:
+            await cloud.close()
+
+    asyncio.run(run())
 
 
 # -- loading ---------------------------------------------------------------------------

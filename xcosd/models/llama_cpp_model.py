@@ -473,7 +473,7 @@ class LlamaCppModel:
         session.cached = 0
         session.cache = None
 
-    def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
+    def cached_prefix(self, prompt_ids: Sequence[int], tenant: str = "") -> int:
         """How many of ``prompt_ids`` a session started with them would take from a
         cached prefix instead of computing (0 while a decode holds the context: the
         answer is a hint, and this never waits)."""
@@ -483,7 +483,7 @@ class LlamaCppModel:
             prefix = [self._start] if self._start is not None and (
                 self.add_bos or not prompt_ids) else []
             found = best_donor([*prefix, *prompt_ids], list(self._lru.values()), _Seq.cells,
-                               lambda r: r.tokens is not None)
+                               lambda r: r.tokens is not None, lambda r: r.tenant, tenant)
         finally:
             self._lock.release()
         if found is None:
@@ -741,7 +741,8 @@ class LlamaCppModel:
         """Give ``s`` a sequence, starting from the longest cached prefix of its
         context ``full`` where that pays: a retired sequence is taken over, a live
         one's cells are copied (``llama_memory_seq_cp``, applied before the next
-        decode computes anything) and cut to what is shared."""
+        decode computes anything) and cut to what is shared
+        (:func:`~xcosd.models.prefix_cache.best_donor` says which and how)."""
         if s.seq is not None:
             self._lru.move_to_end(s.seq)
             return
@@ -749,9 +750,10 @@ class LlamaCppModel:
         found = None
         if self.prefix_reuse:
             found = best_donor(full, [r for r in self._lru.values() if r is not s],
-                               _Seq.cells, lambda r: r.tokens is not None)
-        if found is not None and found[0].tokens is not None:  # retired: take it over
-            donor, n = found
+                               _Seq.cells, lambda r: r.tokens is not None, lambda r: r.tenant,
+                               s.tenant)
+        if found is not None and found[2]:  # its own retired sequence: take it over
+            donor, n, _ = found
             assert donor.seq is not None
             s.seq, s.length = donor.seq, donor.length
             donor.seq, donor.length, donor.tokens = None, 0, None
@@ -768,7 +770,7 @@ class LlamaCppModel:
         s.seq = self._free.pop()
         self._lru[s.seq] = s
         if found is not None:
-            donor, n = found
+            donor, n, _ = found
             self._L.llama_memory_seq_cp(self._mem, donor.seq, s.seq, -1, -1)
             s.length = donor.length
             self._cut(s, n)

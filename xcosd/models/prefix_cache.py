@@ -29,39 +29,48 @@ import numpy as np
 
 from ..protocol.contexts import common_prefix
 
-#: shared ids from which copying a live session's cache beats computing them (a
+#: shared ids from which copying another session's cache beats computing them (a
 #: copy of llama.cpp's per-sequence buffer costs about what a few dozen prompt
-#: tokens do; a retired cache is taken over, not copied, whatever it shares)
+#: tokens do; a tenant's own retired cache is taken over, not copied)
 MIN_COPY = 32
 
 E = TypeVar("E")
 
 
 def best_donor(context: Sequence[int] | np.ndarray, entries: Iterable[E],
-               tokens: Callable[[E], np.ndarray], retired: Callable[[E], bool]
-               ) -> tuple[E, int] | None:
-    """The entry whose cached tokens share the longest prefix with ``context`` among
-    those worth starting from (:func:`worth_reusing`: a live one must share at least
-    :data:`MIN_COPY`), and that length (a retired one on a tie: it is taken over, not
-    copied); ``None`` when none is. At most ``len(context) - 1`` counts: the last
-    position is fed again for its row, so sharing all of it gains no more."""
+               tokens: Callable[[E], np.ndarray], retired: Callable[[E], bool],
+               tenant: Callable[[E], str], mine: str) -> tuple[E, int, bool] | None:
+    """Where a session of tenant ``mine`` whose context is ``context`` starts from:
+    ``(entry, shared positions, take it over)``, the longest prefix among the
+    entries worth it (:func:`worth_reusing`; taking over on a tie), or ``None``. At
+    most ``len(context) - 1`` counts: the last position is fed again for its row,
+    so sharing all of it gains no more."""
     a = np.asarray(context, dtype=np.int64)
     cap = max(a.shape[0] - 1, 0)
-    best: tuple[E, int] | None = None
-    best_retired = False
+    best: tuple[E, int, bool] | None = None
     for e in entries:
-        n = min(common_prefix(tokens(e), a), cap)
-        r = retired(e)
-        if not worth_reusing(n, r):
+        held = tokens(e)
+        n = min(common_prefix(held, a), cap)
+        how = worth_reusing(n, held.shape[0], retired(e) and tenant(e) == mine)
+        if how is None:
             continue
-        if best is None or n > best[1] or (n == best[1] and r and not best_retired):
-            best, best_retired = (e, n), r
+        if best is None or n > best[1] or (n == best[1] and how and not best[2]):
+            best = (e, n, how)
     return best
 
 
-def worth_reusing(n: int, is_retired: bool) -> bool:
-    """Whether starting from a donor sharing ``n`` tokens pays."""
-    return n > 0 and (is_retired or n >= MIN_COPY)
+def worth_reusing(n: int, held: int, own_retired: bool) -> bool | None:
+    """How a cache holding ``held`` positions, ``n`` of them shared, is worth
+    starting from: taken over (``True``: a retired cache of the same tenant that
+    the new session shares at least half of, or :data:`MIN_COPY`: a chat's next
+    turn, not an unrelated prompt that shares its first token and would throw a
+    long cache away), copied (``False``: at least :data:`MIN_COPY` shared, from any
+    cache, so another tenant's stays theirs), or not at all (``None``)."""
+    if n <= 0:
+        return None
+    if own_retired and (2 * n >= held or n >= MIN_COPY):
+        return True
+    return False if n >= MIN_COPY else None
 
 
 def victim(evictable: Sequence[E], tenant: Callable[[E], str], retired: Callable[[E], bool],

@@ -536,7 +536,7 @@ class TransformersModel:
         session.cached = 0
         session.cache = None
 
-    def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
+    def cached_prefix(self, prompt_ids: Sequence[int], tenant: str = "") -> int:
         """How many of ``prompt_ids`` a session started with them would take from a
         cached prefix instead of computing."""
         if not self.prefix_reuse:
@@ -546,7 +546,8 @@ class TransformersModel:
         with self._pool:
             found = best_donor([*prefix, *prompt_ids], [*self._retired.values(),
                                                          *self._live.values()],
-                               _KV.cells, lambda r: r.tokens is not None)
+                               _KV.cells, lambda r: r.tokens is not None, lambda r: r.tenant,
+                               tenant)
         if found is None:
             return 0
         return max(0, found[1] - len(prefix))
@@ -577,18 +578,19 @@ class TransformersModel:
 
     def _reuse(self, kv: _KV, full: list[int]) -> None:
         """A session with nothing cached starts from the longest cached prefix of its
-        context ``full``: a retired cache sharing it is taken over, a live one
-        sharing at least ``MIN_COPY`` positions has them copied."""
+        context ``full``: its own retired cache is taken over, another's shared
+        positions are copied (:func:`~xcosd.models.prefix_cache.best_donor`)."""
         if not self.prefix_reuse or kv.bufs or kv.length:
             return
         with self._pool:
             found = best_donor(full, [*self._retired.values(),
                                       *(r for r in self._live.values() if r is not kv)],
-                               _KV.cells, lambda r: r.tokens is not None)
+                               _KV.cells, lambda r: r.tokens is not None, lambda r: r.tenant,
+                               kv.tenant)
             if found is None:
                 return
-            donor, n = found
-            if donor.tokens is not None:  # retired: take its buffers over
+            donor, n, take = found
+            if take:  # its own retired buffers: take them over
                 del self._retired[id(donor)]
                 kv.bufs, kv.length = donor.bufs, n
                 donor.bufs, donor.length, donor.tokens = [], 0, None
