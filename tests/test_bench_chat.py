@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.skipif(not HAVE, reason="needs make setup-real"), pyte
 def test_reuse_computes_the_new_turn_only_and_the_shared_prompt_once(tmp_path) -> None:
     out = tmp_path / "chat.json"
     assert main(["bench", "chat", "--turns", "2", "--devices", "2", "--system-tokens", "80",
-                 "--turn-tokens", "30", "--max-tokens", "3", "--json", str(out)]) == 0
+                 "--turn-tokens", "30", "--max-tokens", "3", "--context", "512",
+                 "--json", str(out)]) == 0
     rep = json.loads(out.read_text())
     on, off = rep["arms"]["reuse"], rep["arms"]["no reuse"]
     for a, b in zip(on["turns"], off["turns"], strict=True):

@@ -214,7 +214,7 @@ async def _devices(draft: Any, target: Any, endpoint: str, system: str, question
 
 
 def run(turns: int, devices: int, system_tokens: int, turn_tokens: int,
-        max_tokens: int) -> dict[str, Any]:
+        max_tokens: int, context: int | None = None) -> dict[str, Any]:
     from xcosd.models import load_model
 
     _pin(EDGE_CORE)
@@ -225,10 +225,11 @@ def run(turns: int, devices: int, system_tokens: int, turn_tokens: int,
         print(f"{label}:", flush=True)
         t0 = time.perf_counter()
         slots = max(8, min(64, devices + 2))
+        sized = {} if context is None else {"context": context}
         target = load_model(f"{TARGET}@llama.cpp", threads=1, sequences=slots,
-                            prefix_reuse=reuse)
+                            prefix_reuse=reuse, **sized)
         draft = load_model(f"{DRAFT}@llama.cpp", threads=1, sequences=slots,
-                           prefix_reuse=reuse)
+                           prefix_reuse=reuse, **sized)
         system, at = _text_of(system_tokens, target, paras, 0)
         chat_turns = []
         for _ in range(turns):
@@ -312,9 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system-tokens", type=int, default=400)
     ap.add_argument("--turn-tokens", type=int, default=150)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--context", type=int, default=None,
+                    help="positions per session on both models (default: the models' own)")
     ap.add_argument("--json", type=Path, default=OUT)
     args = ap.parse_args(argv)
-    rep = run(args.turns, args.devices, args.system_tokens, args.turn_tokens, args.max_tokens)
+    rep = run(args.turns, args.devices, args.system_tokens, args.turn_tokens, args.max_tokens,
+              args.context)
     print(HEADING)
     print(report(rep))
     write_json(args.json, rep)

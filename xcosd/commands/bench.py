@@ -753,6 +753,8 @@ def _add_chat(bsub: Any) -> None:
     p.add_argument("--system-tokens", type=positive_int, default=400)
     p.add_argument("--turn-tokens", type=positive_int, default=150)
     p.add_argument("--max-tokens", type=positive_int, default=16, help="tokens per answer")
+    p.add_argument("--context", type=positive_int, default=None,
+                   help="positions per session on both models (default: the models' own)")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="write the report there (default: bench/out/chat_turns.json)")
     p.set_defaults(func=run_chat, check=check_live)
@@ -763,7 +765,8 @@ def run_chat(args: argparse.Namespace) -> int:
 
     argv = ["--turns", str(args.turns), "--devices", str(args.devices), "--system-tokens",
             str(args.system_tokens), "--turn-tokens", str(args.turn_tokens), "--max-tokens",
-            str(args.max_tokens), "--json", args.json or str(chat_turns.OUT)]
+            str(args.max_tokens), "--json", args.json or str(chat_turns.OUT),
+            *(["--context", str(args.context)] if args.context else [])]
     return chat_turns.main(argv)
 
 
