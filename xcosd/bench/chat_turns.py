@@ -225,7 +225,7 @@ def run(turns: int, devices: int, system_tokens: int, turn_tokens: int,
         print(f"{label}:", flush=True)
         t0 = time.perf_counter()
         slots = max(8, min(64, devices + 2))
-        sized = {} if context is None else {"context": context}
+        sized: dict[str, Any] = {} if context is None else {"context": context}
         target = load_model(f"{TARGET}@llama.cpp", threads=1, sequences=slots,
                             prefix_reuse=reuse, **sized)
         draft = load_model(f"{DRAFT}@llama.cpp", threads=1, sequences=slots,
