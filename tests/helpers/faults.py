@@ -26,7 +26,7 @@ import numpy as np
 
 from xcosd.errors import XcosdError
 from xcosd.nodes.drafter import Drafter
-from xcosd.nodes.pump import Pump
+from xcosd.nodes.pump import Pump, free_model_state
 from xcosd.nodes.scheduler import score_batch, score_on_device
 from xcosd.protocol import (
     CloudConfig,
@@ -38,6 +38,7 @@ from xcosd.protocol import (
     Open,
     RequestMsg,
     ScoreNeeded,
+    SessionClosed,
 )
 from xcosd.protocol.messages import Error
 
@@ -115,7 +116,9 @@ class FaultyLink:
         self.events += out.events
         send = list(out.send)
         for ev in out.events:
-            if isinstance(ev, ScoreNeeded):
+            if isinstance(ev, SessionClosed):
+                free_model_state(self.pump.target, ev.session)
+            elif isinstance(ev, ScoreNeeded):
                 # as the pump scores: next to the target's rows where it verifies there
                 score = score_on_device if self.pump.on_device else score_batch
                 [outcome] = score(self.pump.target, [ev])
@@ -202,6 +205,8 @@ class FaultyLink:
                 if rng.random() < p:
                     c.restarts += 1
                     c.open_round += isinstance(up[0], Open) and up[0].draft is not None
+                    for gone in self.cloud.sessions.values():  # the old node's sessions
+                        free_model_state(self.pump.target, gone)
                     self.cloud = self._new_cloud()
                 for m in self._to_cloud(up.popleft()):
                     send(down, m)

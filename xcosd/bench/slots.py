@@ -76,10 +76,11 @@ def _prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
 
 async def _run_one(slots: int, prompts: list[list[int]], tokens: int, threads: int,
                    context: int) -> dict[str, Any]:
-    import xcosd
+    from xcosd.config import GenerationConfig
     from xcosd.models import load_model
     from xcosd.models.llama_cpp_model import LlamaCppModel
     from xcosd.models.synthetic import SyntheticModel
+    from xcosd.nodes import CloudNode, EdgeNode
     from xcosd.vocab import VocabMap
 
     target = load_model(f"{TARGET}@llama.cpp", threads=threads, context=context,
@@ -87,14 +88,14 @@ async def _run_one(slots: int, prompts: list[list[int]], tokens: int, threads: i
     assert isinstance(target, LlamaCppModel)
     draft = SyntheticModel(target.vocab, name="no-draft")
     vmap = VocabMap(draft.vocab, target.vocab)
-    cfg = xcosd.GenerationConfig(method="ar", max_new_tokens=tokens, do_sample=False,
+    cfg = GenerationConfig(method="ar", max_new_tokens=tokens, do_sample=False,
                                  ignore_eos=True)
     timed = _Calls(target)
     try:
         async with contextlib.AsyncExitStack() as stack:
-            cloud = await stack.enter_async_context(xcosd.CloudNode(
+            cloud = await stack.enter_async_context(CloudNode(
                 target=timed, bind="tcp://127.0.0.1:0", max_sessions=4 * len(prompts)))
-            edges = [await stack.enter_async_context(xcosd.EdgeNode(
+            edges = [await stack.enter_async_context(EdgeNode(
                 draft=draft, connect=cloud.endpoint, vocab_map=vmap, config=cfg))
                 for _ in prompts]
             await edges[0].generate(prompts[0][:8], max_new_tokens=2)  # warm: first decode

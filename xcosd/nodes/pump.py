@@ -39,6 +39,7 @@ from ..protocol import (
     RoundSettled,
     ScoreNeeded,
     ServerLimits,
+    SessionClosed,
     TokensEmitted,
     pack,
     unpack,
@@ -53,6 +54,14 @@ from ..wire.frames import FrameList, message_bytes
 from .drafter import Drafter
 from .scheduler import score_batch, score_on_device
 from .stats import GenerationStats
+
+
+def free_model_state(target: LanguageModel, session: Any) -> None:
+    """A closed session's model state freed, as a cloud node's scheduler frees it
+    (``LanguageModel.end``: a model that keeps prefixes retires it for reuse)."""
+    handle, session.handle = session.handle, None
+    if handle is not None:
+        target.end(handle)
 
 
 def wire_bytes(frames: FrameList) -> int:
@@ -148,7 +157,9 @@ class Pump:
         self.events += out.events
         send = list(out.send)
         for ev in out.events:
-            if isinstance(ev, ScoreNeeded):
+            if isinstance(ev, SessionClosed):
+                free_model_state(self.target, ev.session)
+            elif isinstance(ev, ScoreNeeded):
                 st.target_calls += 1
                 [outcome] = (score_on_device(self.target, [ev]) if self.on_device
                              else score_batch(self.target, [ev]))
