@@ -447,8 +447,9 @@ N_LAW = 400
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("direction", "method", "warper"), [
-    ("smollm2->gemma3", "xcosd-e", "T1"), ("smollm2->gemma3", "xcosd", "topp0.9"),
-    ("gemma3->smollm2", "xcosd", "T1"), ("gemma3->smollm2", "xcosd-e", "topp0.9")])
+    # each direction, each method and each warper once (the other combinations run on
+    # the synthetic pairs' law tests; these are about the real vocabularies and rows)
+    ("smollm2->gemma3", "xcosd-e", "T1"), ("gemma3->smollm2", "xcosd", "topp0.9")])
 def test_the_law_through_the_state_machines(lpair, direction: str, method: str, warper: str
                                             ) -> None:
     draft, target = lpair if direction.startswith("smollm2") else lpair[::-1]
