@@ -260,5 +260,6 @@ def test_chat_section_reads_the_goal_and_the_shared_prompt_from_the_report() -> 
     assert text.startswith(chat_turns.HEADING)
     assert "Turn 8's first token against turn 1's: 1.33x with reuse, 8.00x without" in text
     assert "(goal at most 1.5x: met)" in text
-    assert "the cloud computed 1100 positions (2.8 system prompts' worth)" in text
+    assert "the cloud computed 1100 positions, 700 beyond one system prompt" in text
+    assert "against turn 1 without reuse (the first turn of a cold process" in text
     assert chat_turns.section_lines(None) == []

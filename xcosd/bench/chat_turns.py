@@ -268,23 +268,29 @@ def report(rep: dict[str, Any]) -> str:
         rows.append([a["turn"], a["prompt_tokens"], f"{a['ttft_s']:.2f}", f"{b['ttft_s']:.2f}",
                      f"{b['ttft_s'] / a['ttft_s']:.1f}x", a["cloud_computed"],
                      b["cloud_computed"], a["edge_computed"], b["edge_computed"],
-                     a["prompt_up_bytes"], a["up_bytes"]])
+                     a["prompt_up_bytes"], 4 * a["prompt_tokens"], a["up_bytes"]])
     out = [table(rows, ["turn", "prompt", "TTFT reuse s", "TTFT none s", "speedup",
                         "cloud computed", "(none)", "edge computed", "(none)",
-                        "prompt up B", "all up B"], markdown=True)]
+                        "prompt up B", "whole ids B", "all up B"], markdown=True)]
     out.append("(prompt up B: the render request and the open, by reference to the "
-               "previous turn in both arms; all up B: the turn's every uplink message.)")
+               "previous turn in both arms; whole ids B: what the prompt's ids alone cost an "
+               "open that sends them whole, 4 bytes each, before the chat's text that a whole "
+               "render sends too; all up B: the turn's every uplink message.)")
     g = rep["goal"]
     out.append(f"\nTurn {g['turn']}'s first token against turn 1's: {g['ratio_reuse']:.2f}x "
                f"with reuse, {g['ratio_no_reuse']:.2f}x without (goal at most "
-               f"{g['target']}x: {'met' if g['met'] else 'not met'}).")
+               f"{g['target']}x: {'met' if g['met'] else 'not met'}); against turn 1 without "
+               f"reuse (the first turn of a cold process is the slower one here): "
+               f"{on[g['turn'] - 1]['ttft_s'] / off[0]['ttft_s']:.2f}x.")
     for label in ("reuse", "no reuse"):
         s = rep["arms"][label]["shared"]
         out.append(f"{s['devices']} devices opening at once with one system prompt of "
                    f"{s['system_tokens']} tokens, {label}: the cloud computed "
-                   f"{s['cloud_computed']} positions ({s['cloud_computed'] / s['system_tokens']:.1f}"
-                   f" system prompts' worth), took {s['cloud_reused']} from cache; median "
-                   f"first token {s['ttft_median_s']:.2f} s.")
+                   f"{s['cloud_computed']} positions, {s['cloud_computed'] - s['system_tokens']} "
+                   "beyond one system prompt (each device's question, drafts and answer; "
+                   f"{s['devices'] * s['system_tokens']} would be the prompt once a device), "
+                   f"took {s['cloud_reused']} from cache; median first token "
+                   f"{s['ttft_median_s']:.2f} s.")
     return "\n".join(out)
 
 
