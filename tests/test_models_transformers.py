@@ -460,6 +460,7 @@ def test_prefixes_are_reused_within_float_rounding_and_bounded_fairly(model: Tra
         assert sum(r.nbytes() for r in model._retired.values()) <= 4 * one
         fed = model.tokens_fed
         nxt = model.start(history + ids[12:15])
+        nxt.tenant = "a"  # its own next turn: it takes its cache over
         model.score([(nxt, [])])
         assert model.tokens_fed - fed == 3  # its cache was still there
         model.end(nxt)
