@@ -57,7 +57,7 @@ from ..protocol.contexts import common_prefix
 from ..vocab import Vocabulary
 from ..vocab.llama import llama_table
 from .base import Session
-from .prefix_cache import MIN_COPY, best_donor, victim
+from .prefix_cache import MIN_COPY, Cached, best_donor, victim
 from .tree_scoring import leaf_paths, score_tree_by_paths
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ def _init_backend(L: Any) -> None:
 
 
 @dataclass(eq=False)
-class _Seq:
+class _Seq(Cached):
     """A session's place in the context: its sequence id (``None``: not resident,
     evaluated again on its next score) and how many positions of
     ``prefix + ids`` the context holds for it.
@@ -215,23 +215,9 @@ class _Seq:
     ``None``), until its room is needed: a later session that starts with the same
     tokens takes it over (:mod:`xcosd.models.prefix_cache`)."""
 
-    prefix: list[int]
     seq: int | None = None
-    length: int = 0
     #: the model whose context holds the sequence (a session is one model's)
     owner: Any = field(default=None, repr=False)
-    #: the live session's ids (the same list as ``Session.ids``)
-    ids: list[int] | None = field(default=None, repr=False)
-    #: whose cache it is (a cloud's peer), for the fair share of the room
-    tenant: str = ""
-    #: a retired sequence's tokens, position by position
-    tokens: np.ndarray | None = field(default=None, repr=False)
-
-    def cells(self) -> np.ndarray:
-        """The tokens the context holds for it, position by position."""
-        if self.tokens is not None:
-            return self.tokens
-        return np.asarray((self.prefix + (self.ids or []))[: self.length], dtype=np.int64)
 
 
 class LlamaCppModel:

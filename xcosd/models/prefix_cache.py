@@ -23,6 +23,7 @@ mechanics are each backend's own.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
@@ -35,6 +36,26 @@ from ..protocol.contexts import common_prefix
 MIN_COPY = 32
 
 E = TypeVar("E")
+
+
+@dataclass(eq=False)
+class Cached:
+    """What both backends record of a session's cache: ``length`` positions of
+    ``prefix + ids`` (a live session's ``ids``, the same list as ``Session.ids``),
+    or, once the session ended and its cache is kept (retired), ``tokens``; and
+    whose it is (``tenant``, a cloud's peer) for the fair share of the room."""
+
+    prefix: list[int]
+    length: int = 0
+    ids: list[int] | None = field(default=None, repr=False)
+    tenant: str = ""
+    tokens: np.ndarray | None = field(default=None, repr=False)
+
+    def cells(self) -> np.ndarray:
+        """The tokens its cache holds, position by position."""
+        if self.tokens is not None:
+            return self.tokens
+        return np.asarray((self.prefix + (self.ids or []))[: self.length], dtype=np.int64)
 
 
 def best_donor(context: Sequence[int] | np.ndarray, entries: Iterable[E],

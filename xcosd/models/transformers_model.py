@@ -76,7 +76,7 @@ except ImportError as e:  # the cache layers below subclass transformers' own
 from ..vocab import Vocabulary, vocabulary_from_hf
 from . import model_cache
 from .base import Session
-from .prefix_cache import best_donor, victim
+from .prefix_cache import Cached, best_donor, victim
 
 log = logging.getLogger(__name__)
 
@@ -91,26 +91,11 @@ DEFAULT_PREFIX_CACHE_BYTES = 256 << 20
 
 
 @dataclass(eq=False)
-class _KV:
+class _KV(Cached):
     """A session's cache: per layer, (key, value) buffers whose first ``length``
     positions hold ``prefix + ids[:n]``, where ``n = session.cached``."""
 
-    prefix: list[int]
     bufs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    length: int = 0
-    #: the live session's ids (the same list as ``Session.ids``)
-    ids: list[int] | None = field(default=None, repr=False)
-    #: whose cache it is (a cloud's peer), for the fair share of the room
-    tenant: str = ""
-    #: an ended session's tokens, position by position: it is retired, kept for a
-    #: later session that starts with them (``xcosd/models/prefix_cache.py``)
-    tokens: np.ndarray | None = field(default=None, repr=False)
-
-    def cells(self) -> np.ndarray:
-        """The tokens its buffers hold, position by position."""
-        if self.tokens is not None:
-            return self.tokens
-        return np.asarray((self.prefix + (self.ids or []))[: self.length], dtype=np.int64)
 
     def nbytes(self) -> int:
         """The memory its buffers take."""
