@@ -24,6 +24,11 @@ What is recorded (``tests/data/golden_generations.json``, one line per case):
 * ``faults/...``: generations through dropped, duplicated and late messages and
   cloud restarts (``tests/helpers/faults.py``): resumes, resends, redone rounds and
   speculated drafts, what the injector did recorded with each.
+* ``zmq/...``: real :class:`~xcosd.EdgeNode` / :class:`~xcosd.CloudNode` on
+  ZeroMQ loopback: token ids, rounds, message counts and uplink bytes per type (a
+  verdict carries the cloud's measured compute time, so downlink bytes are not
+  reproducible; the uplink is). Their tokens must also equal the ``pump/`` case of
+  the same settings: the nodes run the same state machines.
 
 
 A seed is a function of the case's name (CRC-32), so adding a case changes no other.
@@ -48,6 +53,7 @@ commit after it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import functools
 import hashlib
@@ -63,6 +69,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from xcosd.config import GenerationConfig
 from xcosd.methods import METHODS
 from xcosd.methods.tree import TreeShape
 from xcosd.models.base import LanguageModel
@@ -238,6 +245,9 @@ def pump_cases() -> list[Case]:
 #: the pairs whose connection setup is recorded (``handshake/<pair>``; the eos and
 #: accelerator pairs have the bigram pair's vocabularies, so its setup)
 PAIRS = ("bigram", "close", "spelled", "o200k")
+#: the ``pump/`` cases run again over ZeroMQ (their shapes are GenerationConfig's)
+ZMQ_OF = ("pump/bigram/chain/xcosd-e/T1", "pump/bigram/tree-3x2/xcosd-e/T1/tree_row_codec=sparse",
+          "pump/bigram/chain/sd-uplink/topk", "pump/bigram/chain/straightforward/greedy")
 
 
 @functools.cache
@@ -387,6 +397,33 @@ def in_process_names() -> list[str]:
     return [f"handshake/{p}" for p in PAIRS] + list(cases())
 
 
+async def record_zmq() -> dict[str, dict[str, Any]]:
+    """The ``zmq/`` cases, one after another through one cloud and one edge (a late
+    answer asked for again would add messages: the edge waits a minute first)."""
+    import xcosd
+
+    target, draft = pair()
+    out: dict[str, dict[str, Any]] = {}
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud, \
+            xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, resend_after_s=60.0) as edge:
+        for of in ZMQ_OF:
+            c = cases()[of]
+            p = WARPERS[c.warper]
+            shape = None if c.tree is None else TREES[c.tree]
+            cfg = GenerationConfig(
+                method=c.method, codec=c.codec, draft_len=c.draft_len, adaptive_draft=c.adaptive,
+                tree=shape.label if isinstance(shape, TreeShape) else shape,
+                temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                max_new_tokens=c.tokens, seed=c.seed, **dict(c.kw))
+            r = await edge.generate(c.text, config=cfg)
+            st = r.stats
+            out["zmq/" + of.removeprefix("pump/")] = {
+                "ids": [int(t) for t in r.token_ids], "finish": r.finish_reason,
+                "rounds": st.rounds, "up": st.messages_up, "down": st.messages_down,
+                "uplink": dict(sorted(st.uplink_by_type.items()))}
+    return out
+
+
 def environment() -> dict[str, str]:
     """The versions the bits depend on."""
     out = {"numpy": np.__version__}
@@ -471,10 +508,12 @@ GOLDEN = load()
 
 def test_the_recorded_cases_are_the_cases_here() -> None:
     """A case added here is recorded, and a recorded one is still run."""
-    recorded = set(GOLDEN["cases"])
+    recorded = {n for n in GOLDEN["cases"] if not n.startswith("zmq/")}
     here = set(in_process_names())
     assert not here - recorded, f"not recorded: {sorted(here - recorded)[:5]} ..."
     assert not recorded - here, f"recorded, no longer run: {sorted(recorded - here)[:5]} ..."
+    zmq = {"zmq/" + n.removeprefix("pump/") for n in ZMQ_OF}
+    assert {n for n in GOLDEN["cases"] if n.startswith("zmq/")} == zmq
 
 
 def test_every_change_to_the_corpus_is_named() -> None:
@@ -504,12 +543,27 @@ def test_a_generation_through_the_state_machines(name: str) -> None:
     check(name, record_in_process(name))
 
 
+async def test_generations_over_zeromq() -> None:
+    """Real nodes on loopback: the recorded ids, rounds, message counts and uplink
+    bytes, and the same tokens as the state machines gave in process."""
+    got = await record_zmq()
+    wrong = [why for name, rec in got.items() if (why := mismatch(name, rec)) is not None]
+    wrong += [f"{name}: token ids {rec['ids']} over ZeroMQ, {pumped} in process"
+              for name, rec in got.items()
+              if rec["ids"] != (pumped := GOLDEN["cases"]["pump/" + name.removeprefix("zmq/")]
+                                ["ids"])]
+    if wrong:
+        pytest.fail("\n".join(wrong), pytrace=False)
+
+
 # ------------------------------------------------------------------------- the recorder
 
 
 def record_all() -> dict[str, dict[str, Any]]:
     """Every case's record as the code gives it now."""
-    return {n: record_in_process(n) for n in in_process_names()}
+    out = {n: record_in_process(n) for n in in_process_names()}
+    out.update(asyncio.run(record_zmq()))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
