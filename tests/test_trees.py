@@ -6,6 +6,7 @@ whole tree generations is ``tests/test_law_trees.py``."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -228,3 +229,19 @@ def test_rows_after_a_depth_in_one_call() -> None:
             path = spelled[node] + path
             node = parents[node]
         np.testing.assert_array_equal(row, target.table[[7, *path][-1]])
+
+
+def test_every_small_shape_is_named_so_that_parse_reads_it_back() -> None:
+    """A round's shape travels as its label (``RoundSettled``, the metrics, the bench's
+    rows), so a label must name that very tree or none (``tree:N``): every shape of
+    up to 6 nodes, among them ``(-1, -1, 1, 0)``, as large as the full ``2x1`` and
+    with the same widths at its first nodes but not that tree."""
+    assert TreeShape((-1, -1, 1, 0)).label == "tree:4"
+    shapes = [parents for n in range(1, 7)
+              for parents in itertools.product(*(range(-1, i) for i in range(n)))]
+    assert len(shapes) == 1 + 2 + 6 + 24 + 120 + 720
+    for parents in shapes:
+        label = TreeShape(parents).label
+        if not label.startswith("tree:"):
+            assert TreeShape.parse(label).parents == parents, (parents, label)
+
