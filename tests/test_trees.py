@@ -18,6 +18,7 @@ from xcosd.methods.tree import (
     Siblings,
     TreeShape,
     check_tree_method,
+    device_state,
     draft_tree,
     residual,
     rows_needed,
@@ -244,4 +245,37 @@ def test_every_small_shape_is_named_so_that_parse_reads_it_back() -> None:
         label = TreeShape(parents).label
         if not label.startswith("tree:"):
             assert TreeShape.parse(label).parents == parents, (parents, label)
+
+
+def _point(pos: int) -> np.ndarray:
+    """A V_C row with all its mass at position ``pos``."""
+    row = np.zeros(SPACE.n_common, dtype=np.float32)
+    row[pos] = 1.0
+    return row
+
+
+def test_device_state_names_the_rejected_node_s_last_child_and_its_row() -> None:
+    """The device's record of a rejection of every child of a node below the root is
+    that node's: the row its last child was drawn from and that child's token, not
+    the root's. Here the root's two children are both the token at V_C position 0
+    (its row is a point there: nothing is left after the first, so the second starts
+    over), and node 0's three children, drawn without replacement from the other
+    three positions, are each of those once: the last one from a point row. No
+    method's device half reads ``rejected`` today (SR-DV's candidates skip the
+    rejected draft by the server's record), so no law test can see a wrong one; this
+    pins it for the one that will."""
+    shape = TreeShape((-1, -1, 0, 0, 0))
+    rows = {-1: _point(0), 0: np.array([0.0, 0.5, 0.25, 0.25], dtype=np.float32)}
+    for seed in range(5):
+        drafted = draft_tree(get_method("xcosd"), shape,
+                             lambda nodes, ids: [rows[v] for v in nodes], SPACE,
+                             np.random.default_rng(seed), "f32")
+        ids = drafted.draft.ids.tolist()
+        assert ids[:2] == [0, 0] and sorted(ids[2:]) == [2, 3, 5]
+        dev = device_state(drafted, 0)
+        assert dev.rejected == ids[4]
+        np.testing.assert_array_equal(dev.q_common, _point(int(SPACE.to_common[ids[4]])))
+        root = device_state(drafted, -1)
+        assert root.rejected == 0
+        np.testing.assert_array_equal(root.q_common, rows[-1])
 
