@@ -20,6 +20,7 @@ from xcosd.methods.tree import (
     check_tree_method,
     device_state,
     draft_tree,
+    rebuild_tree_reject,
     residual,
     rows_needed,
     server_rows,
@@ -279,3 +280,49 @@ def test_device_state_names_the_rejected_node_s_last_child_and_its_row() -> None
         assert root.rejected == 0
         np.testing.assert_array_equal(root.q_common, rows[-1])
 
+
+def test_rebuilt_rejection_is_the_walk_s_at_a_node_below_the_root() -> None:
+    """After a cloud restart the redone round's state is rebuilt from the rows
+    (``rebuild_tree_reject``); at node 0 of ``spine:1x3`` (one child at the root,
+    three below it) it must be the residual the walk left after node 0's first two
+    children, ``normalise(max(normalise(max(p - q_1, 0)) - q_2, 0))`` with ``q_k``
+    the row node ``k`` was drawn from, and equal the state the walk itself reached
+    when it rejected all three: a residual taken over the root's children instead
+    would resample from the wrong law. A leaf has no children to reject."""
+    m = get_method("xcosd")
+    shape = TreeShape.parse("spine:1x3")
+    q = np.full(4, 0.25, dtype=np.float32)
+    # after the context all on token 3 (node 0, drawn from a point there, is
+    # accepted); after node 0 a row above q at two positions of V_C (each rejected
+    # child changes the residual there) and below it at two (the walk can reject
+    # all three: 11 of these 40 seeds)
+    after = np.array([0.35, 0.1, 0.05, 0.05, 0.1, 0.35], dtype=np.float32)
+    p = np.stack([np.eye(6, dtype=np.float32)[3], after, *[np.full(6, 1 / 6, np.float32)] * 3])
+    rows = {-1: _point(int(SPACE.to_common[3])), 0: q}
+    walked = 0
+    for seed in range(40):
+        drafted = draft_tree(m, shape, lambda nodes, ids: [rows[v] for v in nodes], SPACE,
+                             np.random.default_rng(seed), "f32")
+        tree = drafted.draft
+        rebuilt = rebuild_tree_reject(m, p, tree, 0, SPACE)
+        r = after.astype(np.float64)
+        sib = q.astype(np.float64)
+        for c in (1, 2):
+            r = np.maximum(r - SPACE.expand(sib), 0.0)
+            r /= r.sum()
+            sib[SPACE.to_common[tree.ids[c]]] = 0.0
+            sib /= sib.sum()
+        np.testing.assert_allclose(rebuilt.p_star, r, rtol=1e-5, atol=1e-7)
+        assert rebuilt.q_common is not None
+        np.testing.assert_allclose(rebuilt.q_common, sib, rtol=1e-6)
+        assert rebuilt.rejected == int(tree.ids[3])
+        v = verify_tree(m, p, tree, SPACE, np.random.default_rng(seed))
+        if v.reject is not None and v.node == 0:
+            walked += 1
+            np.testing.assert_array_equal(rebuilt.p_star, v.reject.p_star)
+            np.testing.assert_array_equal(rebuilt.p_raw, v.reject.p_raw)
+            np.testing.assert_array_equal(rebuilt.q_common, v.reject.q_common)
+            assert rebuilt.rejected == v.reject.rejected
+        with pytest.raises(ValueError, match="no children"):
+            rebuild_tree_reject(m, p, tree, 1, SPACE)
+    assert walked > 0
