@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 import xcosd.methods.tree as tree_mod
+import xcosd.simulate as simulate_mod
 from xcosd.errors import InvalidDistribution
 from xcosd.methods import Space, get_method
 from xcosd.methods.tli import restrict_to_common
@@ -44,6 +45,7 @@ from xcosd.simulate import simulate_tree_round
 from xcosd.vocab import VocabMap
 
 from .helpers.law import bigram_law, check_law, committed_row, support_law
+from .helpers.stats import assert_exact
 from .session_pairs import DRAFT_EOS, DRAFT_TOKENS, BigramModel, pair, real_pair
 
 TOKENS = 4
@@ -300,6 +302,70 @@ def test_tree_lossy_controls_fail(trap: TreeLink, control: str, variant: str) ->
                                 distinct=distinct)
     report = check_law(seqs, exact_law(trap, variant, "f32", T1))
     assert not report.ok, f"{control}/{variant} passed: {report}"
+
+
+# -- after a cloud restart ----------------------------------------------------------
+
+
+@contextmanager
+def after_a_restart() -> Iterator[dict[str, int]]:
+    """Every follow-up of a tree round's rejection answered from the state
+    ``rebuild_tree_reject`` makes from the rows alone, as a cloud restarted between
+    the verdict and the device's request answers the redone round; the count is of
+    the rejections so rebuilt at a node below the root."""
+    orig = simulate_mod.verify_tree
+    seen = {"rebuilt_below_root": 0}
+
+    def verify(method: Any, p: Any, draft: Any, space: Space,
+               rng: np.random.Generator) -> tree_mod.TreeVerified:
+        v = orig(method, p, draft, space, rng)
+        if v.reject is not None:
+            v.reject = tree_mod.rebuild_tree_reject(
+                method, p, draft, v.node, space, candidate_rounds=v.reject.candidate_rounds,
+                fallback_sent=v.reject.fallback_sent)
+            seen["rebuilt_below_root"] += v.node >= 0
+        return v
+
+    simulate_mod.verify_tree = verify
+    try:
+        yield seen
+    finally:
+        simulate_mod.verify_tree = orig
+
+
+#: V_C = {0, 2, 3, 5} of a 6-token target, V_O = {1, 4}
+RESTART_SPACE = Space(6, np.array([0, 2, 3, 5]))
+
+
+def test_tree_round_law_after_a_cloud_restart() -> None:
+    """One ``spine:1x3`` round (the root's one child, three below it) after a prompt
+    whose next token is certainly 3, drafted as 3: node 0 is always accepted, and the
+    round's next token must follow the target's row after it, whatever the walk did
+    below. xcosd-e with K = 1, M = 2, every follow-up answered from a rebuilt state
+    (:func:`after_a_restart`). With these rows the walk rejects all three children
+    in about a quarter of the rounds and a follow-up comes in one round of 16, enough
+    that a state rebuilt with the wrong number of rejected siblings (the root's one
+    child: no residual step, where node 0's first two need two) moves the token's law
+    by TV ~0.04 (chi-square p ~1e-8 against ~0.5 here); N = 6,000 rounds of a
+    6-token vocabulary, a few seconds."""
+    space = RESTART_SPACE
+    q = np.array([0.4, 0.3, 0.2, 0.1], dtype=np.float32)
+    after = np.array([0.35, 0.05, 0.1, 0.05, 0.05, 0.4], dtype=np.float32)
+    point = np.zeros(space.n_common, dtype=np.float32)
+    point[space.to_common[3]] = 1.0
+    p = np.stack([np.eye(6, dtype=np.float32)[3], after, *[np.full(6, 1 / 6, np.float32)] * 3])
+    m = get_method("xcosd-e", codec="f32", K=1, M=2)
+    rng = np.random.default_rng(1700)
+    tokens: list[int] = []
+    with after_a_restart() as seen:
+        for _ in range(6_000):
+            res = simulate_tree_round(m, TreeShape.parse("spine:1x3"), lambda ids: p,
+                                      lambda nodes, ids: [point if v < 0 else q for v in nodes],
+                                      space, rng, row_codec="f32")
+            assert res.tokens[0] == 3
+            tokens.append(res.tokens[1])
+    assert seen["rebuilt_below_root"] > 1_000, seen
+    assert_exact(tokens, after, "xcosd-e K=1 M=2, follow-ups from a rebuilt state")
 
 
 # -- the real vocabularies ---------------------------------------------------------

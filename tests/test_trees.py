@@ -6,6 +6,7 @@ whole tree generations is ``tests/test_law_trees.py``."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -17,7 +18,9 @@ from xcosd.methods.tree import (
     Siblings,
     TreeShape,
     check_tree_method,
+    device_state,
     draft_tree,
+    rebuild_tree_reject,
     residual,
     rows_needed,
     server_rows,
@@ -228,3 +231,98 @@ def test_rows_after_a_depth_in_one_call() -> None:
             path = spelled[node] + path
             node = parents[node]
         np.testing.assert_array_equal(row, target.table[[7, *path][-1]])
+
+
+def test_every_small_shape_is_named_so_that_parse_reads_it_back() -> None:
+    """A round's shape travels as its label (``RoundSettled``, the metrics, the bench's
+    rows), so a label must name that very tree or none (``tree:N``): every shape of
+    up to 6 nodes, among them ``(-1, -1, 1, 0)``, as large as the full ``2x1`` and
+    with the same widths at its first nodes but not that tree."""
+    assert TreeShape((-1, -1, 1, 0)).label == "tree:4"
+    shapes = [parents for n in range(1, 7)
+              for parents in itertools.product(*(range(-1, i) for i in range(n)))]
+    assert len(shapes) == 1 + 2 + 6 + 24 + 120 + 720
+    for parents in shapes:
+        label = TreeShape(parents).label
+        if not label.startswith("tree:"):
+            assert TreeShape.parse(label).parents == parents, (parents, label)
+
+
+def _point(pos: int) -> np.ndarray:
+    """A V_C row with all its mass at position ``pos``."""
+    row = np.zeros(SPACE.n_common, dtype=np.float32)
+    row[pos] = 1.0
+    return row
+
+
+def test_device_state_names_the_rejected_node_s_last_child_and_its_row() -> None:
+    """The device's record of a rejection of every child of a node below the root is
+    that node's: the row its last child was drawn from and that child's token, not
+    the root's. Here the root's two children are both the token at V_C position 0
+    (its row is a point there: nothing is left after the first, so the second starts
+    over), and node 0's three children, drawn without replacement from the other
+    three positions, are each of those once: the last one from a point row. No
+    method's device half reads ``rejected`` today (SR-DV's candidates skip the
+    rejected draft by the server's record), so no law test can see a wrong one; this
+    pins it for the one that will."""
+    shape = TreeShape((-1, -1, 0, 0, 0))
+    rows = {-1: _point(0), 0: np.array([0.0, 0.5, 0.25, 0.25], dtype=np.float32)}
+    for seed in range(5):
+        drafted = draft_tree(get_method("xcosd"), shape,
+                             lambda nodes, ids: [rows[v] for v in nodes], SPACE,
+                             np.random.default_rng(seed), "f32")
+        ids = drafted.draft.ids.tolist()
+        assert ids[:2] == [0, 0] and sorted(ids[2:]) == [2, 3, 5]
+        dev = device_state(drafted, 0)
+        assert dev.rejected == ids[4]
+        np.testing.assert_array_equal(dev.q_common, _point(int(SPACE.to_common[ids[4]])))
+        root = device_state(drafted, -1)
+        assert root.rejected == 0
+        np.testing.assert_array_equal(root.q_common, rows[-1])
+
+
+def test_rebuilt_rejection_is_the_walk_s_at_a_node_below_the_root() -> None:
+    """After a cloud restart the redone round's state is rebuilt from the rows
+    (``rebuild_tree_reject``); at node 0 of ``spine:1x3`` (one child at the root,
+    three below it) it must be the residual the walk left after node 0's first two
+    children, ``normalise(max(normalise(max(p - q_1, 0)) - q_2, 0))`` with ``q_k``
+    the row node ``k`` was drawn from, and equal the state the walk itself reached
+    when it rejected all three: a residual taken over the root's children instead
+    would resample from the wrong law. A leaf has no children to reject."""
+    m = get_method("xcosd")
+    shape = TreeShape.parse("spine:1x3")
+    q = np.full(4, 0.25, dtype=np.float32)
+    # after the context all on token 3 (node 0, drawn from a point there, is
+    # accepted); after node 0 a row above q at two positions of V_C (each rejected
+    # child changes the residual there) and below it at two (the walk can reject
+    # all three: 11 of these 40 seeds)
+    after = np.array([0.35, 0.1, 0.05, 0.05, 0.1, 0.35], dtype=np.float32)
+    p = np.stack([np.eye(6, dtype=np.float32)[3], after, *[np.full(6, 1 / 6, np.float32)] * 3])
+    rows = {-1: _point(int(SPACE.to_common[3])), 0: q}
+    walked = 0
+    for seed in range(40):
+        drafted = draft_tree(m, shape, lambda nodes, ids: [rows[v] for v in nodes], SPACE,
+                             np.random.default_rng(seed), "f32")
+        tree = drafted.draft
+        rebuilt = rebuild_tree_reject(m, p, tree, 0, SPACE)
+        r = after.astype(np.float64)
+        sib = q.astype(np.float64)
+        for c in (1, 2):
+            r = np.maximum(r - SPACE.expand(sib), 0.0)
+            r /= r.sum()
+            sib[SPACE.to_common[tree.ids[c]]] = 0.0
+            sib /= sib.sum()
+        np.testing.assert_allclose(rebuilt.p_star, r, rtol=1e-5, atol=1e-7)
+        assert rebuilt.q_common is not None
+        np.testing.assert_allclose(rebuilt.q_common, sib, rtol=1e-6)
+        assert rebuilt.rejected == int(tree.ids[3])
+        v = verify_tree(m, p, tree, SPACE, np.random.default_rng(seed))
+        if v.reject is not None and v.node == 0:
+            walked += 1
+            np.testing.assert_array_equal(rebuilt.p_star, v.reject.p_star)
+            np.testing.assert_array_equal(rebuilt.p_raw, v.reject.p_raw)
+            np.testing.assert_array_equal(rebuilt.q_common, v.reject.q_common)
+            assert rebuilt.rejected == v.reject.rejected
+        with pytest.raises(ValueError, match="no children"):
+            rebuild_tree_reject(m, p, tree, 1, SPACE)
+    assert walked > 0
