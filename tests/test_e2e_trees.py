@@ -172,7 +172,7 @@ async def test_the_tree_policy_learns_across_a_node_s_generations(
     target, draft = pair()
     async with (xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud,
                 xcosd.EdgeNode(draft=draft, connect=cloud.endpoint,
-                               link=LinkSpec.of(rtt_s=0.02)) as edge):
+                               link=LinkSpec.of(rtt_s=0.1)) as edge):
         trees = 0
         ended: list[tuple[list[float], int]] = []
         for _ in range(24):
