@@ -499,12 +499,15 @@ async def test_a_peer_that_never_reads_delays_only_itself(tmp_path: Path) -> Non
                                transport_options={"hwm": 8}) as cloud:
         # the healthy run starts once the deaf peer's backlog is full: its replies
         # are being dropped (how many the buffers between the two absorb first
-        # depends on the machine's timing, not on the cloud)
+        # depends on the machine's timing, not on the cloud), or, on a loaded
+        # machine where the buffers absorbed the flood until the attacker itself
+        # stalled, the peer was dropped whole once silent past its timeout
         st, res = await _served_through(
             cloud, "deaf", tmp_path / "attacker.err",
-            started=lambda st, st0: st["dropped"] > 0 and st["messages"] > st0["messages"] + 500)
+            started=lambda st, st0: (st["dropped"] > 0 or st["peers_dropped"] > 0)
+            and st["messages"] > st0["messages"] + 500)
     assert res.stats.busy_retries == 0
-    assert st["dropped"] > 0  # its replies were dropped, not kept
+    assert st["dropped"] > 0 or st["peers_dropped"] > 0  # its replies not kept
 
 
 # ------------------------------------------------------------- sessions, batches
