@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -274,6 +275,12 @@ def own_replica_keys(back_curve: Any) -> Iterator[list[str]]:
 @many_sessions_gc()  # thousands of sessions' objects (xcosd/gc_tuning.py)
 def run(args: argparse.Namespace) -> int:
     raise_fd_limit()  # a descriptor per device connection (xcosd.transport.fds)
+    # replicas share their supervisor's stderr: Python writes stderr through, so a
+    # print's text and its newline are two writes, and two replicas' lines came out
+    # spliced into one; buffered to the line, each line is one write (atomic on a
+    # pipe up to PIPE_BUF) and stays whole
+    if isinstance(sys.stderr, io.TextIOWrapper):
+        sys.stderr.reconfigure(line_buffering=True, write_through=False)
     if args.replicas is not None:
         return run_main(_broker(args), args.uvloop)
     return run_main(_serve(args), args.uvloop)
