@@ -66,7 +66,7 @@ import importlib.util
 import json
 import sys
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,7 @@ from xcosd.sampling import SamplingParams
 from xcosd.vocab import VocabMap
 
 from .helpers.faults import Faults, FaultyLink
+from .helpers.torch_threads import torch_on_one_thread
 from .session_pairs import close_pair, pair, real_pair
 
 DATA = Path(__file__).parent / "data" / "golden_generations.json"
@@ -297,19 +298,6 @@ def models(name: str) -> tuple[LanguageModel, LanguageModel, VocabMap | None]:
     return built[0], built[1], None
 
 
-@contextlib.contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread for the accelerator cases, as the accel law tests run."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------------- the recording
 
 
@@ -377,7 +365,7 @@ def run_case(case: Case, pair_models: tuple[LanguageModel, LanguageModel, VocabM
     ``handshake/`` records it once per pair)."""
     finish: str | None
     counts: dict[str, int] = {}
-    with one_torch_thread() if case.pair == "accel" else contextlib.nullcontext():
+    with torch_on_one_thread() if case.pair == "accel" else contextlib.nullcontext():
         pump = new_pump(case.pair, *pair_models)
         if case.faults:
             link = RecordingLink(pump, Faults(), seed=case.seed + 1)
