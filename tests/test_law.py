@@ -161,6 +161,11 @@ def generate_faulty(link: Pump, variant: str, n: int, seed: int,
 HIGH_POWER = ("xcosd", "xcosd-e")
 
 
+def fault_n(variant: str) -> int:
+    """N for ``variant``'s fault tests: N_HIGH for :data:`HIGH_POWER`, else N_WARPER."""
+    return N_HIGH if variant in HIGH_POWER else N_WARPER
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(LOSSLESS))
 def test_every_lossless_method_through_faults(link: Pump, variant: str) -> None:
@@ -169,7 +174,7 @@ def test_every_lossless_method_through_faults(link: Pump, variant: str) -> None:
     generations: every kind of fault happens, and resumes happen before the verdict,
     while opening and (where the method has follow-ups) mid-resolution, where the
     round is completed (Redo)."""
-    n = N_HIGH if variant in HIGH_POWER else N_WARPER
+    n = fault_n(variant)
     seqs, rejected_at, faulty = generate_faulty(link, variant, n, seed=1_000_000)
     report = check_law(seqs, exact_law(link, variant, "f32", T1))
     c = faulty.counts
@@ -247,7 +252,7 @@ def test_adaptive_draft_length_through_faults(link: Pump, variant: str) -> None:
     policy really acted: first rounds cut short by the stop, and second rounds whose
     length the first verdict set."""
     rounds: list[list[int]] = []
-    n = N_HIGH if variant in HIGH_POWER else N_WARPER
+    n = fault_n(variant)
     seqs, _, faulty = generate_faulty(link, variant, n, seed=8_000_000,
                                       drafting=adaptive, rounds=rounds)
     report = check_law(seqs, exact_law(link, variant, "f32", T1))
