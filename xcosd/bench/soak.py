@@ -332,7 +332,8 @@ def mismatch_kind(got: Sequence[int], want: Sequence[int]) -> str | None:
 CLOUD_COUNTERS = ("sessions_opened", "sessions_closed", "sessions_timed_out",
                   "sessions_idle_reaped", "sessions_failed", "peers_dropped", "rounds",
                   "emitted_tokens", "follow_ups", "messages", "errors_sent", "dropped",
-                  "dropped_outbox", "dropped_flood", "refused_flood", "internal_errors")
+                  "dropped_outbox", "dropped_flood", "dropped_control", "refused_flood",
+                  "internal_errors")
 
 
 class _Device:

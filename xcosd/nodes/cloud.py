@@ -21,7 +21,9 @@ peer's turn:
   message past its peer's bound (``max_peer_queue`` messages or
   ``4 * max_message_bytes`` bytes) is dropped unread and counted
   (``dropped_flood``), or, for a draft, refused ``busy`` (``refused_flood``),
-  which an edge retries.
+  which an edge retries. Control messages (pings, vocabulary requests, frames that
+  cannot be decoded) past a peer's :data:`CONTROL_RATE` budget are dropped
+  unanswered (``dropped_control``).
 * **Serving** takes the peers round-robin, at most :data:`PEER_TURN` messages of
   one peer per turn, and yields every :data:`SERVE_BURST` messages. A follow-up
   request (sampling candidates or a residual over the vocabulary: the expensive
@@ -36,7 +38,9 @@ peer's turn:
   outgoing queue per peer, written by that peer's own task with a
   :data:`SEND_TIMEOUT_S` deadline per message: a peer that does not read delays
   only its own replies; past the bound they are dropped and counted (``dropped``,
-  ``dropped_outbox``).
+  ``dropped_outbox``). A peer whose queue is half full is not served until it
+  drains, so its flood waits, then is dropped at intake, never served into replies
+  that would be dropped.
 * **Reaping**: a peer silent for ``timeout_s`` loses its sessions; a session with
   no draft or follow-up for ``session_idle_s`` is closed even when its peer keeps
   pinging (``sessions_idle_reaped``) while the cloud is short of sessions (at
@@ -90,8 +94,10 @@ from ..protocol.messages import (
     Hello,
     Message,
     Open,
+    Ping,
     RequestMsg,
     ServerLimits,
+    VocabRequest,
     from_wire,
     session_of,
 )
@@ -118,6 +124,14 @@ PEER_TURN = 8
 SERVE_BURST = 32
 #: replies one peer's sender writes before it lets the loop run other tasks
 SEND_BURST = 32
+#: control messages (a ping, a vocabulary request, a message that cannot be decoded:
+#: each asks for a reply and does no session's work) one peer may send per second,
+#: and in one burst; past it they are dropped unanswered (``dropped_control``). An
+#: edge pings once a heartbeat and asks for a vocabulary once a connection; a peer past this is flooding, and
+#: answering it would spend the loop on replies it may never read (the HTTP/2
+#: ping and settings floods, CVE-2019-9512 and CVE-2019-9515, are the same attack)
+CONTROL_RATE = 100.0
+CONTROL_BURST = 200.0
 #: :meth:`CloudNode.close` returns within about this long, whatever the traffic
 CLOSE_TIMEOUT_S = 3.0
 #: the share of ``max_sessions`` in use from which idle sessions are closed after
@@ -145,9 +159,9 @@ class _Peer:
     the socket, and whether its follow-up is in the worker thread (``busy``: then
     nothing else touches ``conn`` until it is back)."""
 
-    __slots__ = ("busy", "conn", "deferred", "dropped", "gone", "held", "id", "inbox",
-                 "inbox_bytes", "last_seen", "outbox", "outbox_bytes", "ready", "renders",
-                 "sender")
+    __slots__ = ("busy", "conn", "control", "control_at", "deferred", "dropped", "gone",
+                 "held", "id", "inbox", "inbox_bytes", "last_seen", "outbox", "outbox_bytes",
+                 "ready", "renders", "sender")
 
     def __init__(self, peer: bytes, conn: CloudConnection, now: float) -> None:
         self.id = peer
@@ -169,6 +183,9 @@ class _Peer:
         self.gone: CloseReason | None = None
         self.dropped = False
         self.last_seen = now
+        #: its control-message budget (a token bucket: CONTROL_RATE, CONTROL_BURST)
+        self.control = CONTROL_BURST
+        self.control_at = now
 
 
 def _receive_packed(conn: CloudConnection, msg: Message
@@ -328,7 +345,7 @@ class CloudNode:
             "sessions_opened": 0, "sessions_closed": 0, "sessions_timed_out": 0,
             "sessions_failed": 0, "sessions_idle_reaped": 0, "rounds": 0, "draft_tokens": 0,
             "accepted_tokens": 0, "emitted_tokens": 0, "follow_ups": 0, "messages": 0,
-            "errors_sent": 0, "dropped": 0, "dropped_outbox": 0, "dropped_flood": 0,
+            "errors_sent": 0, "dropped": 0, "dropped_outbox": 0, "dropped_flood": 0, "dropped_control": 0,
             "refused_flood": 0, "follow_ups_held": 0, "peers_dropped": 0, "internal_errors": 0,
             #: peers cut off because their CURVE key was revoked
             "peers_revoked": 0,
@@ -584,8 +601,28 @@ class CloudNode:
         self._apply(p, p.conn.refuse("busy", f"{len(p.inbox)} messages from this peer are "
                                      "waiting to be served; retry later", *sr))
 
+    @staticmethod
+    def _control_allowed(p: _Peer) -> bool:
+        """Take one control message from ``p``'s budget, if it has one left."""
+        now = time.monotonic()
+        p.control = min(CONTROL_BURST, p.control + (now - p.control_at) * CONTROL_RATE)
+        p.control_at = now
+        if p.control < 1.0:
+            return False
+        p.control -= 1.0
+        return True
+
+    def _backed_up(self, p: _Peer) -> bool:
+        """Whether ``p``'s replies are backing up (half its outgoing bound): it is
+        then not served until its sender has written them down, so a peer that does
+        not read costs the cloud no work whose replies would only be dropped; its
+        messages wait in its inbox and past that bound are dropped unread at intake."""
+        return (2 * len(p.outbox) >= self.max_peer_queue
+                or 2 * p.outbox_bytes >= self.max_peer_bytes)
+
     def _mark_ready(self, p: _Peer) -> None:
-        if p.inbox and not p.ready and not p.busy and not p.held and not p.dropped:
+        if (p.inbox and not p.ready and not p.busy and not p.held and not p.dropped
+                and not self._backed_up(p)):
             p.ready = True
             self._ready.append(p)
             self._work.set()
@@ -602,7 +639,8 @@ class CloudNode:
             p = self._ready.popleft()
             p.ready = False
             turn = 0
-            while p.inbox and turn < PEER_TURN and not (p.busy or p.held or p.dropped):
+            while (p.inbox and turn < PEER_TURN and not (p.busy or p.held or p.dropped)
+                   and not self._backed_up(p)):
                 item = p.inbox.popleft()
                 turn += 1
                 try:
@@ -628,9 +666,17 @@ class CloudNode:
             header, buffers = decode_message(frames, limits=self.frame_limits)
             msg: Message = from_wire(header, [bytes(b) for b in buffers])
         except ProtocolError as e:
-            self._apply(p, conn.refuse(e.code, e.message, session_of(header)))
+            # a typed error answers it, out of the same budget: a peer sending
+            # garbage without end gets no reply past it
+            if self._control_allowed(p):
+                self._apply(p, conn.refuse(e.code, e.message, session_of(header)))
+            else:
+                self.counters["dropped_control"] += 1
             return
         assert self._scheduler is not None
+        if type(msg) in (Ping, VocabRequest) and not self._control_allowed(p):
+            self.counters["dropped_control"] += 1
+            return
         if not self._drain.accepting and isinstance(msg, (Hello, Open)):
             # leaving: this edge connects again (through a balancer, elsewhere) and
             # opens or resumes its session there
@@ -919,6 +965,7 @@ class CloudNode:
             while p.outbox and not p.dropped:
                 frames, n = p.outbox.popleft()
                 p.outbox_bytes -= n
+                self._mark_ready(p)  # served again once its replies drain
                 try:
                     async with asyncio.timeout(SEND_TIMEOUT_S):  # no task per send
                         await listener.send(p.id, frames)

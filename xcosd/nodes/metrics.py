@@ -189,6 +189,9 @@ class CloudCollector:
         yield counter("xcosd_messages_received", "Messages received.", g("messages", 0))
         yield counter("xcosd_messages_dropped", "Replies dropped because the peer was gone "
                       "or did not read.", g("dropped", 0))
+        yield counter("xcosd_control_messages_dropped", "Pings, vocabulary requests and "
+                      "undecodable frames past their peer's budget, dropped unanswered.",
+                      g("dropped_control", 0))
         yield counter("xcosd_internal_errors", "Messages whose handling hit a bug (logged; "
                       "the node keeps serving).", g("internal_errors", 0))
         yield counter("xcosd_renders", "Prompts tokenised and chats rendered for edges.",
