@@ -127,9 +127,10 @@ SEND_BURST = 32
 #: control messages (a ping, a vocabulary request, a message that cannot be decoded:
 #: each asks for a reply and does no session's work) one peer may send per second,
 #: and in one burst; past it they are dropped unanswered (``dropped_control``). An
-#: edge pings once a heartbeat and asks for a vocabulary once a connection; a peer past this is flooding, and
-#: answering it would spend the loop on replies it may never read (the HTTP/2
-#: ping and settings floods, CVE-2019-9512 and CVE-2019-9515, are the same attack)
+#: edge pings once a heartbeat and asks for a vocabulary once a connection; a peer
+#: past this is flooding, and answering it would spend the loop on replies it may
+#: never read (the HTTP/2 ping and settings floods, CVE-2019-9512 and -9515, are the
+#: same attack)
 CONTROL_RATE = 100.0
 CONTROL_BURST = 200.0
 #: :meth:`CloudNode.close` returns within about this long, whatever the traffic
