@@ -13,7 +13,8 @@ The empirical law of the 5-token sequences is compared with the exact one
 (``tests/helpers/law.py``: every position, every consecutive pair, the pooled
 joint). Each test states the deviation it is built to catch: at N = 20,000 a TV 0.02
 change of the joint at one step (``tests/test_law_power.py`` measures power >= 0.9).
-The N = 20,000 tests run with faults injected (``tests/helpers/faults.py``: cloud
+The fault tests (N = 20,000 for the papers' two methods, 6,000 for the other
+lossless variants) run with faults injected (``tests/helpers/faults.py``: cloud
 restarts, dropped, duplicated and late messages at random points), so the law is
 checked on every fault path and on the fault-free rounds between them at once;
 control sessions that recover the old, wrong ways (the cloud's seed replayed on
@@ -155,22 +156,30 @@ def generate_faulty(link: Pump, variant: str, n: int, seed: int,
     return seqs, rejected_at, faulty
 
 
+#: the papers' two methods run at N_HIGH through faults; the other lossless variants
+#: (the same state machines and fault paths, another commit rule) at N_WARPER
+HIGH_POWER = ("xcosd", "xcosd-e")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(LOSSLESS))
 def test_every_lossless_method_through_faults(link: Pump, variant: str) -> None:
-    """Built to catch TV 0.02 at one step (power >= 0.9, test_law_power.py), with a
-    fault at a random point of most generations: every kind of fault happens, and
-    resumes happen before the verdict, while opening and (where the method has
-    follow-ups) mid-resolution, where the round is completed (Redo)."""
-    seqs, rejected_at, faulty = generate_faulty(link, variant, N_HIGH, seed=1_000_000)
+    """Built to catch TV 0.02 at one step for :data:`HIGH_POWER`, TV 0.035 for the
+    others (power >= 0.9, test_law_power.py), with a fault at a random point of most
+    generations: every kind of fault happens, and resumes happen before the verdict,
+    while opening and (where the method has follow-ups) mid-resolution, where the
+    round is completed (Redo)."""
+    n = N_HIGH if variant in HIGH_POWER else N_WARPER
+    seqs, rejected_at, faulty = generate_faulty(link, variant, n, seed=1_000_000)
     report = check_law(seqs, exact_law(link, variant, "f32", T1))
     c = faulty.counts
+    each = n // 200  # every fault path taken in about one generation in 200 or more
     assert report.ok, f"{variant} through faults ({c}): {report}"
-    assert min(c.dropped, c.duplicated, c.delayed, c.restarts, c.resends, c.stale) > 100, c
-    assert c.by_phase.get("waiting", 0) > 100 and c.by_phase.get("opening", 0) > 100, c
-    assert c.open_round > 100, c  # faults that hit round 0 riding on its open
+    assert min(c.dropped, c.duplicated, c.delayed, c.restarts, c.resends, c.stale) > each, c
+    assert c.by_phase.get("waiting", 0) > each and c.by_phase.get("opening", 0) > each, c
+    assert c.open_round > each, c  # faults that hit round 0 riding on its open
     if variant in ("xcosd-nopresample", "xcosd-e-K1M3"):  # K = 20 rarely asks for more
-        assert c.redone > 100, c  # rounds completed after a restart mid-resolution
+        assert c.redone > each, c  # rounds completed after a restart mid-resolution
     if variant != "ar":
         assert (rejected_at[:DRAFT_LEN] > 0).all(), rejected_at
 
@@ -231,13 +240,15 @@ def adaptive(i: int) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["xcosd-e", "xcosd-nopresample"])
 def test_adaptive_draft_length_through_faults(link: Pump, variant: str) -> None:
-    """The default policy keeps the law (built to catch TV 0.02 at one step), through
-    the same faults: each round's length comes from earlier verdicts and its
-    drafting stops after an unsure token, both only from what was known before the
-    next token was drawn. The test checks the policy really acted: first rounds cut
-    short by the stop, and second rounds whose length the first verdict set."""
+    """The default policy keeps the law (built to catch TV 0.02 at one step for
+    xcosd-e, TV 0.035 for the other), through the same faults: each round's length
+    comes from earlier verdicts and its drafting stops after an unsure token, both
+    only from what was known before the next token was drawn. The test checks the
+    policy really acted: first rounds cut short by the stop, and second rounds whose
+    length the first verdict set."""
     rounds: list[list[int]] = []
-    seqs, _, faulty = generate_faulty(link, variant, N_HIGH, seed=8_000_000,
+    n = N_HIGH if variant in HIGH_POWER else N_WARPER
+    seqs, _, faulty = generate_faulty(link, variant, n, seed=8_000_000,
                                       drafting=adaptive, rounds=rounds)
     report = check_law(seqs, exact_law(link, variant, "f32", T1))
     assert report.ok, f"{variant}, adaptive, through faults ({faulty.counts}): {report}"
