@@ -22,7 +22,7 @@ from typing import Any
 
 from ..gc_tuning import many_sessions_gc
 from ..methods.tree import DEFAULT_ROW_CODEC
-from ..protocol.draft_length import DEFAULT_CONFIDENCE, DEFAULT_COST
+from ..policies.draft_length import DEFAULT_CONFIDENCE, DEFAULT_COST
 from .options import (
     UsageError,
     add_curve_client_args,

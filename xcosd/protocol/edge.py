@@ -71,9 +71,10 @@ from ..methods.base import (
     TokenReply,
 )
 from ..methods.tree import DraftedTree, TreeShape, check_tree_method, device_state
+from ..policies.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST, DraftLength
+from ..policies.tree_policy import RankRates, walk_ranks
 from ..sampling import SamplingParams
 from ..vocab import VocabMap, Vocabulary
-from .draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST, DraftLength
 from .errors import exception_for
 from .messages import (
     PROTOCOL_VERSION,
@@ -94,7 +95,6 @@ from .messages import (
     Welcome,
 )
 from .output import Output
-from .tree_shape import RankRates, walk_ranks
 from .vocab_transfer import table_to_vocab, upload_for
 
 # ---------------------------------------------------------------------- handshake
@@ -287,7 +287,7 @@ class DraftNeeded:
     drop: int
     append: list[int]
     #: stop after a drafted token whose probability was below this
-    #: (:class:`~xcosd.protocol.draft_length.DraftLength`; 0: draft ``length``)
+    #: (:class:`~xcosd.policies.draft_length.DraftLength`; 0: draft ``length``)
     stop_below: float = 0.0
     #: draft a tree of this shape instead of a chain (``xcosd.methods.tree.draft_tree``,
     #: its rows through ``row_codec``, siblings without replacement when ``distinct``),
