@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # HAProxy (Debian's package), which the balancer tests run in front of `xcosd serve`
-# processes (tests/test_balancer.py): installed where it is missing, silently
+# processes (tests/test_haproxy_fleet.py): installed where it is missing, silently
 setup-haproxy:
 	@command -v haproxy >/dev/null 2>&1 || test -x /usr/sbin/haproxy || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -15,8 +15,8 @@ from xcosd.commands.options import generation_config
 from xcosd.config import GenerationConfig
 from xcosd.models import SyntheticModel
 from xcosd.nodes.pump import Pump
+from xcosd.policies.draft_length import MAX_PROBE, PROBE, STEP, DraftLength, best_length
 from xcosd.protocol import RoundVerified
-from xcosd.protocol.draft_length import MAX_PROBE, PROBE, STEP, DraftLength, best_length
 from xcosd.sampling import SamplingParams
 
 from .session_pairs import pair

@@ -159,7 +159,7 @@ async def test_the_tree_policy_learns_across_a_node_s_generations(
     the chain policy's length does, so 4-token generations (far fewer rounds than a
     probe's interval) still measure the later ranks. A seeded one with a set cost
     neither takes nor hands on anything."""
-    from xcosd.protocol.tree_shape import RankRates
+    from xcosd.policies.tree_policy import RankRates
 
     adopted: list[tuple[list[float], int]] = []
     adopt = RankRates.adopt

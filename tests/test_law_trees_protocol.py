@@ -42,11 +42,12 @@ from xcosd.methods.base import RequestKind
 from xcosd.methods.tree import DraftTree, TreeShape
 from xcosd.nodes import scheduler
 from xcosd.nodes.pump import Pump
-from xcosd.protocol import DraftMsg, EdgeSession, Error, Message, VerdictMsg, tree_shape
+from xcosd.policies import tree_policy
+from xcosd.policies.draft_length import DEFAULT_COST
+from xcosd.policies.tree_policy import PROBE_EVERY, RankRates, TreeCosts, probe_shape
+from xcosd.protocol import DraftMsg, EdgeSession, Error, Message, VerdictMsg
 from xcosd.protocol.cloud import CloudPhase
-from xcosd.protocol.draft_length import DEFAULT_COST
 from xcosd.protocol.messages import Redo
-from xcosd.protocol.tree_shape import PROBE_EVERY, RankRates, TreeCosts, probe_shape
 from xcosd.sampling import SamplingParams, warp
 
 from .helpers.faults import Faults, FaultyLink
@@ -206,7 +207,7 @@ def test_the_tree_policy_probes_keep_the_law(link: Pump, monkeypatch: pytest.Mon
     """``tree="auto"`` at the default draft cost picks chains here; with a probe due at
     every chain pick, each round drafts the chain's probe (a second child at every
     node): the law holds (N = 600) and the probes' walks took the residual path."""
-    monkeypatch.setattr(tree_shape, "PROBE_EVERY", 1)
+    monkeypatch.setattr(tree_policy, "PROBE_EVERY", 1)
     assert RankRates().best(DEFAULT_COST).is_chain
     seqs, walks = generate(link, "xcosd-e", "auto", N_COVER, seed=40_000, costs={})
     report = check_law(seqs, exact_law(link, "xcosd-e", "f32", T1))

@@ -31,6 +31,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("sampling / vocab", ("xcosd.sampling", "xcosd.vocab")),
     ("codecs", ("xcosd.codecs",)),
     ("methods", ("xcosd.methods", "xcosd.simulate")),
+    # the edge's drafting policies (draft length, tree shape): decisions from past
+    # verdicts over the methods' types, below the protocol that uses them
+    ("policies", ("xcosd.policies",)),
     # the methods' server halves in torch, next to the logits (imports torch)
     ("accel", ("xcosd.accel",)),
     ("wire", ("xcosd.wire",)),

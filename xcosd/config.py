@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .protocol.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST
+from .policies.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST
 from .sampling import SamplingParams
 
 #: the method options a GenerationConfig carries, as fields (None: the method's default)
@@ -56,10 +56,10 @@ class GenerationConfig:
       a round's fixed cost (round trip plus verification), or ``"auto"``: measured
       by the node as it goes (the lengths then depend on timing). ``None`` (the
       default): ``"auto"`` for an unseeded generation, the fixed
-      :data:`~xcosd.protocol.draft_length.DEFAULT_COST` for a seeded one, whose
+      :data:`~xcosd.policies.draft_length.DEFAULT_COST` for a seeded one, whose
       output must not depend on timing. ``draft_confidence`` > 0 also stops a
       round after a token the draft gave a probability below it
-      (:class:`~xcosd.protocol.draft_length.DraftLength`; exact either way).
+      (:class:`~xcosd.policies.draft_length.DraftLength`; exact either way).
       ``adaptive_draft=False`` drafts ``draft_len`` tokens every round.
     * ``speculate``: while a block's verdict is in flight the device drafts on, as
       if the block were accepted whole and the bonus were the draft's next token,
@@ -73,7 +73,7 @@ class GenerationConfig:
       each with two; ``"spine:4x2x2"``; ``"chain:4"``), or ``"auto"``: the tree
       policy picks each round's shape from the measured acceptance per sibling rank,
       a chain or ``ar`` where a tree does not pay
-      (:class:`~xcosd.protocol.tree_shape.RankRates`). ``None`` (the default): chains,
+      (:class:`~xcosd.policies.tree_policy.RankRates`). ``None`` (the default): chains,
       by the draft-length policy above. A cloud that verifies no trees (its
       ``max_tree`` is 0) gets chains; one that verifies smaller trees gets the shape
       pruned to its limit. ``tree_row_codec``: how the draft rows the cloud's

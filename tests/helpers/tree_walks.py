@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from xcosd.methods.tree import DraftedTree, TreeShape
+from xcosd.methods.tree import DeviceTree, TreeShape
 from xcosd.protocol import EdgeSession, RoundVerified, VerdictMsg
 from xcosd.protocol.edge import EdgeOutput
 
@@ -73,7 +73,7 @@ def watching(walks: Walks, base: type[EdgeSession] = EdgeSession) -> type[EdgeSe
     """``base`` counting each tree verdict it takes into ``walks``."""
 
     class Watched(base):  # type: ignore[valid-type,misc]
-        def _tree_verdict(self, drafted: DraftedTree, msg: VerdictMsg) -> EdgeOutput:
+        def _tree_verdict(self, drafted: DeviceTree, msg: VerdictMsg) -> EdgeOutput:
             walks.see(drafted.draft.shape, msg.accepted)
             return super()._tree_verdict(drafted, msg)
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from ..config import GenerationConfig
 from ..methods import LOSSY, METHODS
-from ..protocol.draft_length import DEFAULT_CAP
+from ..policies.draft_length import DEFAULT_CAP
 from .errors import APIError, invalid
 from .requests import Sampling
 

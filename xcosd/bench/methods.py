@@ -29,7 +29,7 @@ from ..methods import METHODS
 from ..models.base import LanguageModel
 from ..nodes.pump import Generation, Pump
 from ..nodes.stats import merge
-from ..protocol.draft_length import DEFAULT_CONFIDENCE, DEFAULT_COST
+from ..policies.draft_length import DEFAULT_CONFIDENCE, DEFAULT_COST
 from ..transport import LinkSpec
 from ..vocab import VocabMap, Vocabulary
 from .grid import CODECS, RATES_MBPS, RTT_MS, WARPERS, all_methods, codecs_for

@@ -36,8 +36,8 @@ import numpy as np
 
 from ..errors import VocabError
 from ..nodes.drafter import tli_row
-from ..protocol.draft_length import DEFAULT_CAP, DEFAULT_COST, DraftLength, best_length
-from ..protocol.tree_shape import best_shape, expected_tokens, round_cost
+from ..policies.draft_length import DEFAULT_CAP, DEFAULT_COST, DraftLength, best_length
+from ..policies.tree_policy import best_shape, expected_tokens, round_cost
 from ..sampling import SamplingParams, warp
 from ..vocab import VocabMap
 from .real_pair import PROMPTS as REAL_PAIR_PROMPTS
@@ -206,7 +206,7 @@ def chain_trips(alphas: np.ndarray, k: int) -> float:
 def policy_trips(alphas: np.ndarray, *, step_cost: float, cap: int, runs: int,
                  rng: np.random.Generator) -> float:
     """Expected rounds to emit the sequence under the draft-length policy itself
-    (:class:`~xcosd.protocol.draft_length.DraftLength`, seeded generations' set
+    (:class:`~xcosd.policies.draft_length.DraftLength`, seeded generations' set
     cost): its length follows its acceptance estimate round by round, so runs of
     low acceptance cost shorter rounds, which :func:`chain_trips` at one ``k``
     misses. Monte Carlo over ``runs`` walks; a round drafts at most one token

@@ -26,7 +26,7 @@ from typing import Any
 
 from xcosd.bench import (
     accel,
-    balancers,
+    balancing_ways,
     chat_turns,
     cloud_cpu,
     edge_runtime,
@@ -815,8 +815,8 @@ SECTIONS = {"load": ("## Load test", lambda: section_load(_load("load.json")),
             "replicas": ("## Replicas", lambda: scale.section_lines(_load(scale.OUT_FILE.name)),
                          ("## Soak", "## Methods", REAL_PAIR_HEADING, "## Framework overhead",
                           "## Sizes used", MUTATION_HEADING)),
-            "balancers": (balancers.HEADING,
-                          lambda: balancers.section_lines(_load(balancers.OUT_FILE.name)),
+            "balancers": (balancing_ways.HEADING,
+                          lambda: balancing_ways.section_lines(_load(balancing_ways.OUT_FILE.name)),
                           ("## Soak", "## Methods", REAL_PAIR_HEADING, "## Framework overhead",
                            "## Sizes used", MUTATION_HEADING)),
             "sampling": (SAMPLING_HEADING, lambda: section_sampling(_load("sampling.json")),
@@ -895,7 +895,7 @@ def main(argv: list[str] | None = None) -> int:
     doc += section_load(load)
     doc += section_scaling(scaling)
     doc += scale.section_lines(_load(scale.OUT_FILE.name))
-    doc += balancers.section_lines(_load(balancers.OUT_FILE.name))
+    doc += balancing_ways.section_lines(_load(balancing_ways.OUT_FILE.name))
     doc += section_soak(_load("soak.json"))
     doc += section_methods(methods)
     doc += section_model_layer(_load("model_layer.json"))

@@ -8,9 +8,9 @@ drafting it). The rows, in one run:
 
 * ``ar``: the target alone;
 * ``chain``: the chain policy, what a session runs by default (``tree=None``: the
-  draft length of ``xcosd/protocol/draft_length.py`` at its default cost);
+  draft length of ``xcosd/policies/draft_length.py`` at its default cost);
 * ``auto``: the tree policy as a session runs it (``tree="auto"``: ``RankRates`` and
-  its default costs, ``xcosd/protocol/tree_shape.py``);
+  its default costs, ``xcosd/policies/tree_policy.py``);
 * fixed shapes (``chain:D``, ``W1xW2x...``, ``spine:W1xW2x...``);
 * ``chain:measured`` and ``auto:measured``: both policies given the costs this run
   measured for the GPU-like deployment (below), as ``draft_cost="auto"`` would
@@ -27,7 +27,7 @@ uplink bytes and compute are noted as the messages pass (the block carries its
 parents, the verdict's count names the node the walk stopped at): the per-rank
 acceptance the tree policy estimates, and what a node costs (least squares over the
 rounds: the edge's compute against depth and nodes, the uplink bytes against nodes
-and committed rows), from which :meth:`~xcosd.protocol.tree_shape.TreeCosts.measured`
+and committed rows), from which :meth:`~xcosd.policies.tree_policy.TreeCosts.measured`
 gives the measured rows' costs.
 """
 
@@ -46,10 +46,8 @@ from ..methods.tree import DEFAULT_ROW_CODEC, DraftTree, TreeShape
 from ..models.base import LanguageModel
 from ..nodes.pump import Generation, Pump
 from ..nodes.stats import merge
-from ..protocol import Message, VerdictMsg
-from ..protocol.draft_length import DEFAULT_COST
-from ..protocol.edge import EdgeSession
-from ..protocol.tree_shape import (
+from ..policies.draft_length import DEFAULT_COST
+from ..policies.tree_policy import (
     NODE_BYTES,
     RANKS,
     TreeCosts,
@@ -59,6 +57,8 @@ from ..protocol.tree_shape import (
     round_cost,
     walk_ranks,
 )
+from ..protocol import Message, VerdictMsg
+from ..protocol.edge import EdgeSession
 from ..sampling import SamplingParams
 from ..transport import sequence_latency
 from ..vocab import VocabMap

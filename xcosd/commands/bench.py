@@ -22,7 +22,7 @@ from typing import Any
 
 from ..gc_tuning import many_sessions_gc
 from ..methods.tree import DEFAULT_ROW_CODEC
-from ..protocol.draft_length import DEFAULT_CONFIDENCE, DEFAULT_COST
+from ..policies.draft_length import DEFAULT_CONFIDENCE, DEFAULT_COST
 from .options import (
     UsageError,
     add_curve_client_args,
@@ -557,17 +557,17 @@ def run_scale(args: argparse.Namespace) -> int:
     if args.balancers != "none":
         import asyncio
 
-        from ..bench import balancers
+        from ..bench import balancing_ways
         from ..bench.report import machine
 
-        brep = asyncio.run(balancers.compare(
+        brep = asyncio.run(balancing_ways.compare(
             cfg, _replica_counts(args.balancers),
             log=lambda line: print(line, file=sys.stderr, flush=True)))
         brep.update(schema_version=1, kind="balancers", config=cfg.to_dict(),
                     machine=machine(), command=command)
-        print(balancers.format_report(brep))
-        _write_json(str(balancers.OUT_FILE), brep)
-        failed = failed or balancers.failed(brep)
+        print(balancing_ways.format_report(brep))
+        _write_json(str(balancing_ways.OUT_FILE), brep)
+        failed = failed or balancing_ways.failed(brep)
     return 1 if failed else 0
 
 # ------------------------------------------------------------------ soak

@@ -87,7 +87,7 @@ def _progress(enabled: bool) -> Any:
 def run(args: argparse.Namespace) -> int:
     from ..bench import pair_report as pr
     from ..models import load_model
-    from ..protocol.draft_length import DEFAULT_COST
+    from ..policies.draft_length import DEFAULT_COST
 
     kw: dict[str, Any] = {} if args.threads is None else {"threads": args.threads}
     show = _progress(args.progress if args.progress is not None else is_tty(sys.stderr))

@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequen
 from typing import Any
 
 from ..gc_tuning import many_sessions_gc
-from ..protocol.tree_shape import DEFAULT_MAX_TREE
+from ..policies.tree_policy import DEFAULT_MAX_TREE
 from ..transport.fds import raise_fd_limit
 from .allow_reload import reloading_allow
 from .options import (

@@ -224,7 +224,8 @@ class DraftTree(Draft):
     drawn from), with each node's parent, the encoded committed rows of the nodes the
     server needs them for (``rows[node]``, ``-1`` for the context), all with
     ``row_codec``, and the sibling scheme. A chain is the tree whose node ``i`` hangs
-    from node ``i - 1``; what crosses for it is the plain :class:`Draft`."""
+    from node ``i - 1``; what crosses for it is the plain :class:`Draft`. This is what
+    the device sends; what it keeps of the round is a :class:`DeviceTree`."""
 
     parents: np.ndarray
     rows: dict[int, bytes]
@@ -323,10 +324,12 @@ def draw_child(row: np.ndarray, rng: np.random.Generator) -> int:
 
 
 @dataclass(eq=False)
-class DraftedTree:
-    """The device's record of a drafted tree: the uplink and, per node with
-    children, the row its last child was drawn from (V_C order), which resolves a
-    rejection of every child there."""
+class DeviceTree:
+    """The device's record of a drafted tree (what it keeps, as
+    :class:`~xcosd.methods.base.DeviceState` is for a chain's rejection): the uplink
+    it sent (:class:`DraftTree`, the part that crosses) and, per node with children,
+    the row its last child was drawn from (V_C order), which resolves a rejection of
+    every child there. It never crosses the wire."""
 
     draft: DraftTree
     rows: dict[int, np.ndarray] = field(default_factory=dict)
@@ -339,7 +342,7 @@ RowsAt = Callable[[list[int], list[int]], list[np.ndarray]]
 
 def draft_tree(method: Method, shape: TreeShape, rows_at: RowsAt, space: Space,
                rng: np.random.Generator, row_codec: Codec | str | None = None, *,
-               distinct: bool = True) -> DraftedTree:
+               distinct: bool = True) -> DeviceTree:
     """Draw a tree of ``shape``: depth by depth, ``rows_at(nodes, ids)`` gives the
     TLI rows after those nodes (``ids``: the tokens drawn so far, by node), then
     each node's children are drawn from its row (committed through the row codec
@@ -368,10 +371,10 @@ def draft_tree(method: Method, shape: TreeShape, rows_at: RowsAt, space: Space,
                 sib.take(pos)
     draft = DraftTree(parents=np.asarray(shape.parents, dtype=np.int64), ids=ids,
                       q_values=q_values, rows=sent, row_codec=codec.name, distinct=distinct)
-    return DraftedTree(draft, kept)
+    return DeviceTree(draft, kept)
 
 
-def device_state(drafted: DraftedTree, node: int) -> DeviceState:
+def device_state(drafted: DeviceTree, node: int) -> DeviceState:
     """The device's state for a rejection of every child of ``node``: its row and
     the last child tested."""
     last = drafted.draft.shape.children[node + 1][-1]
@@ -544,8 +547,8 @@ __all__ = [
     "DEFAULT_ROW_CODEC",
     "MAX_NODES",
     "PARENT_BYTES",
+    "DeviceTree",
     "DraftTree",
-    "DraftedTree",
     "RowsAt",
     "Siblings",
     "TreeShape",

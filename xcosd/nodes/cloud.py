@@ -71,6 +71,7 @@ import msgpack
 
 from ..errors import ErrorCode, ProtocolError, TransportError, XcosdError
 from ..models.base import LanguageModel, context_tokens
+from ..policies.tree_policy import DEFAULT_MAX_TREE
 from ..protocol import pack
 from ..protocol.cloud import (
     CloseReason,
@@ -101,7 +102,6 @@ from ..protocol.messages import (
     from_wire,
     session_of,
 )
-from ..protocol.tree_shape import DEFAULT_MAX_TREE
 from ..transport import LinkListener, LinkSpec, Listener, listen
 from ..transport.burst import Burst
 from ..wire.frames import Limits, decode_message, message_bytes

@@ -19,7 +19,7 @@ from ..errors import InvalidDistribution, VocabError
 from ..methods.base import Method, Space
 from ..methods.round import draft_token
 from ..methods.tli import restrict_kept_support, restrict_to_common
-from ..methods.tree import DraftedTree, TreeShape, draft_tree
+from ..methods.tree import DeviceTree, TreeShape, draft_tree
 from ..models.base import LanguageModel, Session
 from ..models.tree_scoring import rows_after
 from ..protocol.edge import DraftNeeded
@@ -127,7 +127,7 @@ class Drafter:
             self.session = self.model.start(self.prompt_ids)
         return self.session
 
-    def run(self, need: DraftNeeded) -> Drafts | DraftedTree:
+    def run(self, need: DraftNeeded) -> Drafts | DeviceTree:
         """Apply the context edits ``need`` carries, then draft up to ``need.length``
         tokens: ``(target ids, TLI rows q, rows sampled from)``. Speculated tokens the
         edits confirm come first (see the class docstring). With a ``shape``, draft
@@ -175,7 +175,7 @@ class Drafter:
         self.caught_up += len(append)
 
     def tree(self, shape: TreeShape, method: Method, space: Space, rng: np.random.Generator,
-             row_codec: str | None = None, distinct: bool = True) -> DraftedTree:
+             row_codec: str | None = None, distinct: bool = True) -> DeviceTree:
         """Draft a tree of ``shape`` at the model's context, which is left as it was:
         a depth's rows in one call (:func:`~xcosd.models.tree_scoring.rows_after`: one
         forward for a model with a tree scorer), each node's children drawn from its

@@ -55,9 +55,10 @@ from ..errors import BudgetError, ErrorCode, ProtocolError, TransportError, Xcos
 from ..methods import FullVectorReply, HybridReply, Method, Space, get_method
 from ..methods.tree import DraftTree
 from ..models.base import ContextModel, LanguageModel
+from ..policies.draft_length import DraftLength
+from ..policies.tree_policy import RankRates
 from ..protocol import pack
 from ..protocol.contexts import Chat, ContextStore, RenderStore
-from ..protocol.draft_length import DraftLength
 from ..protocol.edge import (
     DraftNeeded,
     EdgeHandshake,
@@ -83,7 +84,6 @@ from ..protocol.messages import (
     VerdictMsg,
     from_wire,
 )
-from ..protocol.tree_shape import RankRates
 from ..sampling import SamplingParams
 from ..transport import LinkConnection, LinkSpec, Meter, connect, sequence_latency
 from ..transport.addresses import Addresses, resolve, split_endpoints

@@ -75,9 +75,9 @@ from starlette.routing import Route
 from ..errors import ErrorCode
 from ..http import ConnectionLimits, HttpServer
 from ..http.exposition import metrics_response
+from ..policies.tree_policy import DEFAULT_MAX_TREE, policy_shapes
 from ..protocol.errors import CODES
 from ..protocol.messages import MESSAGE_TYPES
-from ..protocol.tree_shape import DEFAULT_MAX_TREE, policy_shapes
 
 log = logging.getLogger(__name__)
 

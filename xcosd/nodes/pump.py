@@ -29,6 +29,8 @@ import numpy as np
 from ..methods import Space, get_method
 from ..methods.tree import TreeShape
 from ..models.base import LanguageModel
+from ..policies.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST
+from ..policies.tree_policy import DEFAULT_MAX_TREE
 from ..protocol import (
     CloudConfig,
     CloudConnection,
@@ -44,8 +46,6 @@ from ..protocol import (
     pack,
     unpack,
 )
-from ..protocol.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST
-from ..protocol.tree_shape import DEFAULT_MAX_TREE
 from ..sampling import SamplingParams
 from ..transport import LinkSpec, sequence_latency
 from ..transport.zeromq import zmtp_overhead

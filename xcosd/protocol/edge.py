@@ -70,10 +70,11 @@ from ..methods.base import (
     Space,
     TokenReply,
 )
-from ..methods.tree import DraftedTree, TreeShape, check_tree_method, device_state
+from ..methods.tree import DeviceTree, TreeShape, check_tree_method, device_state
+from ..policies.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST, DraftLength
+from ..policies.tree_policy import RankRates, walk_ranks
 from ..sampling import SamplingParams
 from ..vocab import VocabMap, Vocabulary
-from .draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST, DraftLength
 from .errors import exception_for
 from .messages import (
     PROTOCOL_VERSION,
@@ -94,7 +95,6 @@ from .messages import (
     Welcome,
 )
 from .output import Output
-from .tree_shape import RankRates, walk_ranks
 from .vocab_transfer import table_to_vocab, upload_for
 
 # ---------------------------------------------------------------------- handshake
@@ -287,7 +287,7 @@ class DraftNeeded:
     drop: int
     append: list[int]
     #: stop after a drafted token whose probability was below this
-    #: (:class:`~xcosd.protocol.draft_length.DraftLength`; 0: draft ``length``)
+    #: (:class:`~xcosd.policies.draft_length.DraftLength`; 0: draft ``length``)
     stop_below: float = 0.0
     #: draft a tree of this shape instead of a chain (``xcosd.methods.tree.draft_tree``,
     #: its rows through ``row_codec``, siblings without replacement when ``distinct``),
@@ -450,7 +450,7 @@ class EdgeSession:
         self._pending_token: int | None = None
         self._draft: Draft | None = None
         #: this round's tree (``None``: a chain) and the path its verdict accepted
-        self._tree: DraftedTree | None = None
+        self._tree: DeviceTree | None = None
         self._path: list[int] = []
         #: this round's shape under the tree policy (a chain's too), for its estimates
         self._shape: TreeShape | None = None
@@ -611,16 +611,16 @@ class EdgeSession:
         self._drop, self._append = 0, []
         return EdgeOutput([], [need])
 
-    def take(self, got: tuple[np.ndarray, list[np.ndarray], list[np.ndarray]] | DraftedTree
+    def take(self, got: tuple[np.ndarray, list[np.ndarray], list[np.ndarray]] | DeviceTree
              ) -> EdgeOutput:
         """The drafter's answer to :class:`DraftNeeded`, whichever it drafted: a chain's
         ``(ids, TLI rows, rows sampled from)`` (:meth:`drafted`) or a tree
         (:meth:`drafted_tree`)."""
-        if isinstance(got, DraftedTree):
+        if isinstance(got, DeviceTree):
             return self.drafted_tree(got)
         return self.drafted(*got)
 
-    def drafted_tree(self, drafted: DraftedTree) -> EdgeOutput:
+    def drafted_tree(self, drafted: DeviceTree) -> EdgeOutput:
         """The drafter's answer to a :class:`DraftNeeded` with a ``shape``: the tree
         it drew (the draft model's context left as it was). Returns the message."""
         if self.phase is not EdgePhase.DRAFTING or self._shape is None:
@@ -775,7 +775,7 @@ class EdgeSession:
         self._advance(EdgeStep.REJECTED)
         return self._resolve(msg.reply)
 
-    def _tree_verdict(self, drafted: DraftedTree, msg: VerdictMsg) -> EdgeOutput:
+    def _tree_verdict(self, drafted: DeviceTree, msg: VerdictMsg) -> EdgeOutput:
         """A tree round's verdict: ``n`` names the node the walk stopped at (its index
         + 1, 0 for the context), whose path is the accepted one; a leaf ends with a
         bonus token, a node with children with the method's payload for the

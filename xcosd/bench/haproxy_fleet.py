@@ -5,7 +5,7 @@ it was given, which holds its sessions' KV caches) with HTTP health checks on ea
 cloud's ``/health`` (xcosd/nodes/drain.py: 503 while it drains or is full, so new
 connections go elsewhere). A cloud that is killed or leaves hands its edges to the
 balancer's next pick by exact resume. :func:`haproxy_config` is the configuration
-docs/DEPLOY.md shows; the balancer test (tests/test_balancer.py) and ``xcosd bench
+docs/DEPLOY.md shows; the balancer test (tests/test_haproxy_fleet.py) and ``xcosd bench
 scale`` run it.
 """
 

@@ -1,6 +1,6 @@
 """``xcosd bench scale``'s comparison of the ways to run N clouds, same run: behind
 xcosd's broker (``xcosd serve --replicas N``), behind HAProxy (N plain ``xcosd
-serve`` processes, xcosd/bench/balancer.py), and N independent clouds with the
+serve`` processes, xcosd/bench/haproxy_fleet.py), and N independent clouds with the
 devices spread over them by their own address lists (the no-balancer control).
 
 For each way and each N: tokens/s and time to first token (p50, p99) of
@@ -40,7 +40,7 @@ from typing import Any
 
 from ..nodes import EdgeNode, RoundObserved
 from ..transport.addresses import Addresses
-from .balancer import Balanced
+from .haproxy_fleet import Balanced
 from .load.config import PROMPTS
 from .report import OUT_DIR
 
@@ -456,7 +456,7 @@ def section_lines(rep: dict[str, Any] | None) -> list[str]:
              "`xcosd serve` processes, and N clouds with the devices spread over them evenly "
              f"by their own address lists (no balancer: the control); {c['duration_s']:g} s "
              f"measured after {c['warmup_s']:g} s warm-up, on {m.get('nproc', '?')} cores. "
-             "Code: xcosd/bench/balancers.py.", "",
+             "Code: xcosd/bench/balancing_ways.py.", "",
              table(point_rows(rep), POINT_HEADER, markdown=True), "",
              f"Then, at {counts} clouds, for each way, a run in which one cloud process is "
              "killed (SIGKILL) at the window's start and started again "

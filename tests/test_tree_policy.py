@@ -1,4 +1,4 @@
-"""The draft-tree policy (``xcosd/protocol/tree_shape.py``): its expected tokens per
+"""The draft-tree policy (``xcosd/policies/tree_policy.py``): its expected tokens per
 round against closed forms and a simulation of its own model, its costs (a chain's is
 the chain policy's; a node's from its bytes and compute), its choice against the
 chain policy's where later siblings never win or a node costs what a step does, and
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from xcosd.methods.tree import TreeShape
-from xcosd.protocol.draft_length import DEFAULT_COST, PRIOR_RATE, STEP, DraftLength, best_length
-from xcosd.protocol.tree_shape import (
+from xcosd.policies.draft_length import DEFAULT_COST, PRIOR_RATE, STEP, DraftLength, best_length
+from xcosd.policies.tree_policy import (
     NODE_BYTES,
     PROBE_EVERY,
     RankRates,

@@ -1,7 +1,7 @@
 """Three ``xcosd serve`` processes behind a real HAProxy (Debian's package; ``make
 setup`` installs it where it is missing), in TCP mode with HTTP checks of each
 cloud's ``/health`` (the configuration of docs/DEPLOY.md, from
-xcosd/bench/balancer.py).
+xcosd/bench/haproxy_fleet.py).
 
 A ``xcosd bench load --connect`` run of 32 devices goes through the balancer while
 one cloud is drained with SIGTERM and another is killed with SIGKILL and started
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import xcosd
-from xcosd.bench.balancer import Balanced, Process, haproxy_binary
+from xcosd.bench.haproxy_fleet import Balanced, Process, haproxy_binary
 from xcosd.models import SyntheticModel, load_model
 
 from .helpers.stats import assert_exact

@@ -15,7 +15,7 @@ Under the model that these probabilities hold at every node, the expected number
 tokens a round emits is ``1 + A(root)`` with ``A(v) = sum_i P(child i of v is the one
 accepted) * (1 + A(child i))`` and ``P(child i is the one) = b[i] * prod_{j<i} (1 - b[j])``
 (:func:`expected_tokens`; a chain of ``k`` gives ``1 + a + ... + a^k``, the chain
-policy's own figure, ``xcosd/protocol/draft_length.py``). A round costs a fixed part
+policy's own figure, ``xcosd/policies/draft_length.py``). A round costs a fixed part
 (the round trip and the cloud's call) plus ``step_cost`` per depth (a chain's draft
 step: a model that batches a depth's rows drafts it in one step), ``node_cost`` per
 node beyond the one a depth a chain has, and ``row_cost`` per branching node (its
