@@ -6,6 +6,8 @@ The laws through the whole protocol are in ``tests/test_law_accel.py``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -19,6 +21,7 @@ from xcosd.accel.warp import warp_rows
 from xcosd.errors import InvalidDistribution, ProtocolError
 from xcosd.methods import Space, get_method
 from xcosd.methods.base import (
+    Answer,
     CandidatesReply,
     Draft,
     FullVectorReply,
@@ -27,6 +30,8 @@ from xcosd.methods.base import (
     RequestKind,
     TokenReply,
 )
+from xcosd.methods.hybrid_resampling import HybridResampling
+from xcosd.methods.sr_dv import SrDv
 from xcosd.sampling import SamplingParams, warp
 from xcosd.vocab import VocabMap
 
@@ -228,6 +233,34 @@ def test_follow_ups_keep_the_numpy_paths_rules() -> None:
         on_request(m, st, Request(RequestKind.FALLBACK), space)
     with pytest.raises(ProtocolError):
         on_request(get_method("sd-uplink"), st, Request(RequestKind.OTHER), space)
+
+
+def test_the_device_reads_a_method_s_answers_not_its_name() -> None:
+    """A method the device path has never heard of, a subclass under a new name
+    with the same answers (and one answering with another kind), is verified by what
+    it declares: the same bits as the method it copies, and the other kind's reply."""
+    class Renamed(SrDv):
+        name = "renamed-sr-dv"
+
+    class TokenInstead(HybridResampling):
+        name = "hr-answering-tokens"
+        rejection = Answer.TOKEN
+
+    rounds, rows, _ = _rounds(60, seed=11)
+    done = 0
+    for rd, rw in zip(rounds, rows, strict=True):
+        if rd.method.name not in ("xcosd-e", "xcosd"):
+            continue
+        twin = Renamed() if rd.method.name == "xcosd-e" else TokenInstead()
+        [a] = verify_batch([rd], [rw])
+        [b] = verify_batch([dataclasses.replace(rd, method=twin)], [rw])
+        assert a.error is None and b.error is None and a.accepted == b.accepted
+        if rd.method.name == "xcosd-e" or a.reject is None:
+            assert _same(a.reply, b.reply)
+        else:  # a token from p*_j where HR sends its payload
+            assert isinstance(a.reply, HybridReply) and isinstance(b.reply, TokenReply)
+            done += 1
+    assert done > 0
 
 
 def test_bad_drafts_fail_their_session_alone() -> None:

@@ -20,14 +20,13 @@ from xcosd.api import OpenAIApp
 from xcosd.http import HttpServer
 
 from .helpers.real_chat import CONVERSATIONS, own_greedy, pair, templated
-from .test_models_real import needs_real, real_group
+from .test_models_real import needs_real
 
 __all__ = ["pair"]  # the module's fixture
 
 MAX_TOKENS = 24
 
 
-@real_group
 @pytest.mark.slow
 @pytest.mark.real
 @needs_real

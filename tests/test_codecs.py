@@ -292,6 +292,28 @@ def test_q8_commit_is_idempotent_when_the_grid_choice_would_change() -> None:
         assert once.tobytes() == c.commit(once).tobytes()
 
 
+def test_every_log_grid_lies_on_the_128_step_lattice() -> None:
+    """The encoder looks for the grid a committed vector is on only when its first
+    entry lies on the 128-steps lattice: every level of every grid must, and a raw
+    entry between two lattice points must not (else a committed vector would lose
+    its grid, and commit would stop being idempotent)."""
+    from xcosd.codecs.q8 import _LOG_STEPS, _levels_log, _on_log_lattice
+
+    rng = np.random.default_rng(7)
+    for scale in [1.0, 0.5, 3e-4, *rng.uniform(1e-6, 1.0, 6)]:
+        scale = float(np.float32(scale))
+        for steps in _LOG_STEPS:
+            levels = _levels_log(scale, steps)
+            assert all(_on_log_lattice(float(x), scale) for x in levels if x > 0), (scale, steps)
+        mids = np.float32(scale) * np.float32(2.0) ** (-(np.arange(1, 200) + 0.5) / 128)
+        assert not any(_on_log_lattice(float(x), scale) for x in mids), scale
+        # committed on a grid whose levels sit far below the finest grid's range,
+        # a vector keeps that grid whatever its first entry
+        v = np.concatenate(([scale], scale * 2.0 ** -rng.uniform(0, 30, 40))).astype(np.float32)
+        once = get_codec("q8").commit(v)
+        assert once.tobytes() == get_codec("q8").commit(once).tobytes()
+
+
 # ------------------------------------------- fast paths: bits, adversarial rows
 
 

@@ -582,7 +582,6 @@ def llama() -> tuple[LanguageModel, LanguageModel, VocabMap]:
 
 
 @pytest.mark.skipif(not HAVE_LLAMA, reason="needs make setup-real (llama-cpp-python, the real pair)")
-@pytest.mark.xdist_group("llama-pair")
 @pytest.mark.real
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(LLAMA_CASES))

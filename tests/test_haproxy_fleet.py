@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 import xcosd
 from xcosd.bench.haproxy_fleet import Balanced, Process, haproxy_binary
@@ -30,8 +29,6 @@ from xcosd.models import SyntheticModel, load_model
 
 from .helpers.stats import assert_exact
 from .helpers.waits import HANG_S, until
-
-pytestmark = pytest.mark.xdist_group("balancer")
 
 #: the deadline the drained cloud gets (it must be gone within it, plus a start-up
 #: margin for the process's own exit)

@@ -50,7 +50,8 @@ from xcosd.methods.base import CandidatesReply, Draft, RequestKind
 from xcosd.models.base import ModelWrapper
 from xcosd.nodes.cloud import CONTROL_BURST, CONTROL_RATE, IDLE_SLACK
 from xcosd.nodes.merging import REOPEN_MIN
-from xcosd.nodes.scheduler import FIRST_TURN_AFTER_S, Scheduler, score_batch
+from xcosd.nodes.scheduler import FIRST_TURN_AFTER_S, Scheduler
+from xcosd.nodes.scoring import score_batch
 from xcosd.protocol import (
     DraftMsg,
     EdgeHandshake,

@@ -1,7 +1,7 @@
 """The law tests of ``tests/test_law.py`` on the accelerator path.
 
 The same generations through the same state machines, but the cloud's rows go to
-:func:`xcosd.nodes.scheduler.score_on_device`: the target's rows become torch tensors
+:func:`xcosd.nodes.scoring.score_on_device`: the target's rows become torch tensors
 (on the CPU device here; the same code runs on a GPU in ``bench/gpu_check.py``) and
 :func:`xcosd.accel.verify_batch` warps, verifies and draws there, with Philox
 uniforms keyed by each session's seed. Every lossless method through the fault

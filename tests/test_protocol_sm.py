@@ -94,7 +94,7 @@ def test_the_draft_context_stays_in_step(link: Pump, method: str) -> None:
 def test_session_closed_while_its_round_is_scored() -> None:
     """A session closed between the draft and the batched forward pass must not
     break the batch: its outcome is an error the node drops, the others go on."""
-    from xcosd.nodes.scheduler import score_batch
+    from xcosd.nodes.scoring import score_batch
     from xcosd.protocol import ScoreNeeded
     from xcosd.protocol.cloud import CloseReason
 
@@ -122,7 +122,7 @@ def test_a_batch_warping_its_rows_together_gives_the_verdicts_of_warping_each_as
     (warp_together) instead of each row as verification reads it: the same rounds,
     verified both ways from the same seeds, get the same verdicts (accepted count,
     reply, rejection row) and draw the same random numbers (the next round's too)."""
-    from xcosd.nodes.scheduler import score_rows, verify_scored, warp_together
+    from xcosd.nodes.scoring import score_rows, verify_scored, warp_together
     from xcosd.protocol import ScoreNeeded
 
     settings = [SamplingParams(top_p=0.9)] * 3 + [SamplingParams(0.7, 0, 0.8)] * 2 + [
@@ -165,7 +165,7 @@ def test_a_batch_is_warped_in_calls_of_bounded_size() -> None:
     """The scheduler warps a batch's rows in runs of sessions of at most WARP_CHUNK
     entries (a session larger than that alone), every session in exactly one run,
     so verification still gives the event loop its turns."""
-    from xcosd.nodes.scheduler import WARP_CHUNK, warp_chunk_end
+    from xcosd.nodes.scoring import WARP_CHUNK, warp_chunk_end
     from xcosd.protocol.cloud import RoundOutcome
 
     g = np.random.default_rng(9)

@@ -196,7 +196,7 @@ def test_a_resumed_context_keeps_the_start_token(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from xcosd.models import TransformersModel
     from xcosd.models.tiny import byte_level_tokenizer, save_tiny_llama
-    from xcosd.nodes.scheduler import _prepare
+    from xcosd.nodes.scoring import _prepare
 
     tm = TransformersModel.from_pretrained(save_tiny_llama(tmp_path / "m", byte_level_tokenizer()))
     assert not tm._add_bos and tm._start is not None

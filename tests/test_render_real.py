@@ -17,14 +17,13 @@ import pytest
 import xcosd
 
 from .helpers.real_chat import CONVERSATIONS, own_greedy, pair, templated
-from .test_models_real import needs_real, real_group
+from .test_models_real import needs_real
 
 __all__ = ["pair"]  # the module's fixture
 
 MAX_NEW = 20
 
 
-@real_group
 @pytest.mark.slow
 @pytest.mark.real
 @needs_real

@@ -27,7 +27,7 @@ import numpy as np
 from xcosd.errors import XcosdError
 from xcosd.nodes.drafter import Drafter
 from xcosd.nodes.pump import Pump, free_model_state
-from xcosd.nodes.scheduler import score_batch, score_on_device
+from xcosd.nodes.scoring import score_batch, score_on_device
 from xcosd.protocol import (
     CloudConfig,
     CloudConnection,

@@ -4,9 +4,12 @@ The numpy path (:func:`xcosd.methods.round.verify_block`) copies every session's
 ``d + 1`` target rows to the host and warps, commits and verifies them one session at
 a time. Here the rows stay where the target computed them: one batched warp
 (:mod:`xcosd.accel.warp`), one gather of ``p(x_i)`` for every draft of every session,
-one accept test, and the draws each method makes on its terminal row (the bonus, a
-residual, SR-DV's candidates, hybrid resampling's ``theta_o`` and V_O sample) batched
-by kind. Only what crosses the wire comes back to the host: accept counts, token ids,
+one accept test, and the draws each method asks for on its terminal row (its
+:class:`~xcosd.methods.base.Answer` kinds: the bonus, a residual, SR-DV's candidates,
+hybrid resampling's ``theta_o`` and V_O sample) batched by kind. Which kind a method
+answers with, and which follow-up it refuses, the method says
+(:attr:`~xcosd.methods.base.Method.rejection`, :meth:`~xcosd.methods.base.Method.follow_up`):
+nothing here names a method. Only what crosses the wire comes back to the host: accept counts, token ids,
 candidate values, and the rows straightforward (all of V_T) and hybrid resampling (V_C)
 send. A rejected row stays on the device (:class:`DeviceReject`) for the follow-ups.
 
@@ -39,7 +42,9 @@ import torch
 
 from ..errors import InvalidDistribution, ProtocolError, XcosdError
 from ..methods.base import (
+    Answer,
     CandidatesReply,
+    CommitRule,
     Draft,
     FullVectorReply,
     HybridReply,
@@ -65,17 +70,12 @@ log = logging.getLogger(__name__)
 #: Philox streams: which draw of a round a uniform is for
 ACCEPT, TOKEN, OTHER, CANDIDATES = 0, 1, 2, 3
 
-#: methods verified here, by name
-METHODS = frozenset({"ar", "sd-uplink", "straightforward", "xcosd", "xcosd-e",
-                     "target-resample", "greedy-resample", "uhlm"})
-
-
 def supported(method: Method) -> bool:
-    """Whether a session of ``method`` is verified on the device: every method of
-    :data:`METHODS`, unless its codec compresses ``p`` in a way the device cannot
-    commit bit for bit as the host decodes it (:func:`~xcosd.accel.commit.device_commit`)."""
-    return method.name in METHODS and (method.codec_applies_to != "p"
-                                       or device_commit(method.codec) is not None)
+    """Whether a session of ``method`` is verified on the device: every method (each
+    names its answers as :class:`~xcosd.methods.base.Answer` kinds, all of which are
+    drawn here), unless its codec compresses ``p`` in a way the device cannot commit
+    bit for bit as the host decodes it (:func:`~xcosd.accel.commit.device_commit`)."""
+    return method.codec_applies_to != "p" or device_commit(method.codec) is not None
 
 
 def _commit(method: Method) -> Commit | None:
@@ -341,22 +341,44 @@ def _tree_reject(rd: Round, r: torch.Tensor, node: int) -> DeviceReject:
 def _tree_reply(rd: Round, state: DeviceReject, q_last: np.ndarray | None, key: np.ndarray,
                 rnd: np.ndarray) -> Reply:
     """The method's payload for a tree's rejection (a chain's, with the tree's row)."""
-    name = rd.method.name
-    term = state.p_star[None, :]
-    if name == "target-resample":
+    return _answers(_rejection(rd.method), rd.method, rd.space, [state], state.p_star[None, :],
+                    None if q_last is None else q_last[None, :], key, rnd)[0]
+
+
+def _rejection(method: Method) -> Answer:
+    if method.rejection is None:
+        raise ProtocolError(f"{method.name} sends no drafts to reject", code="internal")
+    return method.rejection
+
+
+def _answers(kind: Answer, method: Method, space: Space, states: Sequence[DeviceReject],
+             term: torch.Tensor, q: np.ndarray | None, key: np.ndarray,
+             rnd: np.ndarray) -> list[Reply]:
+    """``kind`` (:class:`~xcosd.methods.base.Answer`) drawn on the device, in one batched
+    call, for rejections that all want it from the same ``method`` and ``space``:
+    ``term`` their committed rows ``p*_j``, ``q`` their ``q_j`` over V_C where the kind
+    reads it, ``key`` and ``rnd`` their sessions' Philox keys and rounds. The host
+    draws the same kinds in :meth:`Method.answer <xcosd.methods.base.Method.answer>`."""
+    if kind is Answer.TOKEN:
         u = _device(uniforms(key, rnd, TOKEN, 0), term.device)
-        return TokenReply(int(draw(term, u[:, None])[0, 0]))
-    if name == "greedy-resample":
-        return TokenReply(int(term.argmax(dim=-1)[0]))
-    if name == "sd-uplink" and q_last is not None:
-        return _residual_draws(term, q_last[None, :], rd.space, key, rnd)[0]
-    if name == "straightforward":
-        return FullVectorReply(rd.method.codec.encode(state.raw.cpu().numpy()))
-    if name == "xcosd":
-        return _hybrid_payloads(rd.method.codec, rd.space, [state], _presample(rd.method))[0]
-    if name == "xcosd-e":
-        return _candidate_replies([state], _srdv(rd.method).K)[0]
-    raise ProtocolError(f"{name} is not verified on the device", code="internal")
+        return [TokenReply(int(t)) for t in draw(term, u[:, None])[:, 0].tolist()]
+    if kind is Answer.ARGMAX:
+        return [TokenReply(int(t)) for t in term.argmax(dim=-1).tolist()]
+    if kind is Answer.RESIDUAL:
+        if q is None:
+            raise ProtocolError(f"{method.name}: no q_j to form the residual with",
+                                code="internal")
+        return _residual_draws(term, q, space, key, rnd)
+    if kind is Answer.FULL:
+        host = torch.stack([st.raw for st in states]).cpu().numpy()
+        return [FullVectorReply(method.codec.encode(host[k])) for k in range(len(states))]
+    if kind is Answer.HYBRID:
+        return _hybrid_payloads(method.codec, space, states, _presample(method))
+    if kind is Answer.CANDIDATES:
+        return _candidate_replies(states, _srdv(method).K)
+    if kind is Answer.OTHER:
+        return [TokenReply(_other(st, space)) for st in states]
+    raise ProtocolError(f"{method.name}: no device draw for {kind}", code="internal")
 
 
 def _verify_chains(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outcome]:
@@ -373,9 +395,9 @@ def _verify_chains(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> lis
     term_raw = w[at] if ps is not w else None
     out: list[Outcome | None] = [None] * len(rounds)
     # every session whose terminal row is drawn from as it is: a bonus after a full
-    # acceptance, target-resample's rejection, ar
+    # acceptance, a rejection answered with a token from it (target-resample's), ar
     plain = [i for i, rd in enumerate(rounds) if rd.redo is None and (
-        accepted[i] == rd.draft.length or rd.method.name == "target-resample")]
+        accepted[i] == rd.draft.length or rd.method.rejection is Answer.TOKEN)]
     if plain:
         sel = torch.tensor(plain, device=dev)
         u = _device(uniforms(key[plain], rnd[plain], TOKEN, 0), dev)
@@ -384,51 +406,42 @@ def _verify_chains(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> lis
             full = accepted[i] == rounds[i].draft.length
             out[i] = Outcome(int(accepted[i]), TokenReply(int(t)), None if full else
                              _reject(rounds[i], term, term_raw, i, int(accepted[i])))
+    # a redo answers a follow-up, whatever the method: its reply comes from
+    # :func:`on_request`, session by session
+    for i in range(len(rounds)):
+        if out[i] is None and rounds[i].redo is not None:
+            try:
+                out[i] = _redo(rounds[i], _reject(rounds[i], term, term_raw, i,
+                                                  int(accepted[i])))
+            except Exception as e:  # a follow-up this session may not ask
+                out[i] = _failed(e)
     rest = [i for i in range(len(rounds)) if out[i] is None]
-    for gk, group in _by_method(rounds, rest).items():
-        name = gk[0]
+    for group in _by_answer(rounds, rest).values():
+        first = rounds[group[0]]
+        kind = _rejection(first.method)
         states = [_reject(rounds[i], term, term_raw, i, int(accepted[i])) for i in group]
-        if name == "redo":
-            for i, st in zip(group, states, strict=True):
-                try:
-                    out[i] = _redo(rounds[i], st)
-                except Exception as e:  # a follow-up this session may not ask
-                    out[i] = _failed(e)
-            continue
-        if name == "greedy-resample":
-            toks = term[torch.tensor(group, device=dev)].argmax(dim=-1).tolist()
-            replies: list[Reply] = [TokenReply(int(t)) for t in toks]
-        elif name in ("sd-uplink", "uhlm"):
-            replies = _residuals([rounds[i] for i in group], term[torch.tensor(group, device=dev)],
-                                 accepted[group], key[group], rnd[group])
-        elif name == "straightforward":
-            host = torch.stack([st.raw for st in states]).cpu().numpy()
-            replies = [FullVectorReply(rounds[i].method.codec.encode(host[k]))
-                       for k, i in enumerate(group)]
-        elif name == "xcosd":
-            m = rounds[group[0]].method
-            replies = _hybrid_payloads(m.codec, rounds[group[0]].space, states, _presample(m))
-        elif name == "xcosd-e":
-            replies = _candidate_replies(states, _srdv(rounds[group[0]].method).K)
-        else:
-            raise ProtocolError(f"{name} is not verified on the device", code="internal")
+        q = None
+        if kind is Answer.RESIDUAL:
+            q = np.stack([np.asarray(rounds[i].method.server_q(rounds[i].draft, int(accepted[i]),
+                                                               rounds[i].space), dtype=np.float32)
+                          for i in group])
+        replies = _answers(kind, first.method, first.space, states,
+                           term[torch.tensor(group, device=dev)], q, key[group], rnd[group])
         for i, st, rep in zip(group, states, replies, strict=True):
             out[i] = Outcome(int(accepted[i]), rep, st)
     return [o if o is not None else _failed(RuntimeError("unverified")) for o in out]
 
 
-def _by_method(rounds: Sequence[Round], idx: list[int]) -> dict[tuple[Any, ...], list[int]]:
+def _by_answer(rounds: Sequence[Round], idx: list[int]) -> dict[tuple[Any, ...], list[int]]:
     """The rejections to answer, grouped so that one batched call serves a group: by
-    method name, codec, the method's options and space (sessions of different peers
-    differ in each, and a payload is encoded, sized and gathered by them)."""
+    the answer the method gives, its codec, the method's options and space (sessions
+    of different peers differ in each, and a payload is encoded, sized and gathered
+    by them)."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i in idx:
         rd = rounds[i]
         m = rd.method
-        # a redo answers a follow-up, whatever the method: its reply comes from
-        # :func:`on_request`, session by session
-        key = (("redo", i) if rd.redo is not None else
-               (m.name, m.codec.name, tuple(sorted(m.options().items())), id(rd.space)))
+        key = (m.rejection, m.codec.name, tuple(sorted(m.options().items())), id(rd.space))
         groups.setdefault(key, []).append(i)
     return groups
 
@@ -482,7 +495,7 @@ def _committed(rounds: Sequence[Round], w: torch.Tensor, offs: np.ndarray,
     out = w.clone()
     for i, commit in lossy:
         rd, lo, hi = rounds[i], int(offs[i]), int(offs[i]) + lens[i]
-        if rd.method.name == "straightforward":
+        if rd.method.commit_rule is CommitRule.FULL:
             out[lo:hi] = committed_full(commit, w[lo:hi])
         else:
             on = _on(rd.space, w.device)
@@ -515,15 +528,6 @@ def _uniform_row(states: Sequence[DeviceReject], stream: np.ndarray | int, k: in
     u = uniforms(key[:, None], rnd[:, None], st[:, None] if st.ndim else st,
                  np.arange(k, dtype=np.uint64)[None, :])
     return _device(u, device)
-
-
-def _residuals(rounds: Sequence[Round], term: torch.Tensor, accepted: np.ndarray,
-               key: np.ndarray, rnd: np.ndarray) -> list[Reply]:
-    """sd-uplink's and uhlm's rejection: a token from ``max(0, p*_j - q_j)``, or from
-    ``p*_j`` when rounding left the residual no mass (the numpy path's rule)."""
-    q = np.stack([np.asarray(rd.method.server_q(rd.draft, int(n), rd.space), dtype=np.float32)
-                  for rd, n in zip(rounds, accepted, strict=True)])
-    return _residual_draws(term, q, rounds[0].space, key, rnd)
 
 
 def _residual_draws(term: torch.Tensor, q: np.ndarray, space: Space, key: np.ndarray,
@@ -582,28 +586,13 @@ def _candidate_replies(states: Sequence[DeviceReject], k: int) -> list[Reply]:
 
 
 def on_request(method: Method, state: DeviceReject, request: Request, space: Space) -> Reply:
-    """A follow-up answered from a rejection kept on the device: SR-DV's ``more`` and
-    ``fallback``, hybrid resampling's ``other`` (the numpy methods' rules and limits)."""
-    name = method.name
-    if name == "xcosd-e":
-        big_m = _srdv(method).M
-        if request.kind == RequestKind.MORE:
-            if state.candidate_rounds >= big_m or state.fallback_sent:
-                raise ProtocolError(f"more than M={big_m} candidate rounds requested",
-                                    code="bad_request")
-            return _candidate_replies([state], _srdv(method).K)[0]
-        if request.kind == RequestKind.FALLBACK:
-            if state.fallback_sent:
-                raise ProtocolError("HR fallback requested twice", code="bad_request")
-            state.fallback_sent = True
-            return _hybrid_payloads(method.codec, space, [state],
-                                    _presample(method))[0]
-        if request.kind == RequestKind.OTHER and state.fallback_sent:
-            return TokenReply(_other(state, space))
-    if name == "xcosd" and request.kind == RequestKind.OTHER:
-        return TokenReply(_other(state, space))
-    raise ProtocolError(f"{name} takes no follow-up request {request.kind!r}",
-                        code="bad_request")
+    """A follow-up answered from a rejection kept on the device: the method says what
+    it draws, under its own limits (:meth:`Method.follow_up
+    <xcosd.methods.base.Method.follow_up>`: SR-DV's ``more`` and ``fallback``, hybrid
+    resampling's ``other``), and it is drawn here."""
+    kind = method.follow_up(state, request)
+    key, rnd = _keys([state])
+    return _answers(kind, method, space, [state], state.p_star[None, :], None, key, rnd)[0]
 
 
 def _srdv(method: Method) -> SrDv:
@@ -627,5 +616,5 @@ def _other(state: DeviceReject, space: Space) -> int:
     return int(draw(row, _uniform_row([state], OTHER, 1, dev))[0, 0])
 
 
-__all__ = ["ACCEPT", "CANDIDATES", "METHODS", "OTHER", "TOKEN", "DeviceReject", "Outcome",
+__all__ = ["ACCEPT", "CANDIDATES", "OTHER", "TOKEN", "DeviceReject", "Outcome",
            "Round", "on_request", "supported", "verify_batch"]

@@ -684,7 +684,7 @@ def section_sampling(sp: Any) -> list[str]:
                   "no longer fits the caches; so the cloud warps each session's rows of this "
                   "length as its verification reads them (and only those). Where a call's "
                   "fixed cost dominates, one call per batch pays: rows of at most 4,096 ids "
-                  "a batch warps together (`warp_together` in xcosd/nodes/scheduler.py; "
+                  "a batch warps together (`warp_together` in xcosd/nodes/scoring.py; "
                   "top-p at 256 ids, 100 rows: about 3 us a row, against 11 us for one row "
                   "alone), and so would an accelerator's kernel launches, which this machine "
                   "has none to measure.", ""]

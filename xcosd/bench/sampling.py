@@ -8,7 +8,7 @@ Three measurements, on synthetic rows over 262,144 ids (Gemma-3's vocabulary siz
   row, for top-p 0.95, top-k 50 and T=0.7, on four row shapes: ``flat`` (uniform
   noise: top-p keeps ~93% of the row), ``llm`` (float32 softmax of bf16 logits, normal
   with a peaked head), ``zipf`` (shuffled 1/rank^1.1) and ``peaked`` (Cauchy logits).
-* **cloud batch cost**: :func:`xcosd.nodes.scheduler.score_batch` over 1..64
+* **cloud batch cost**: :func:`xcosd.nodes.scoring.score_batch` over 1..64
   sessions x 5 rows (4 drafts + bonus row), xcosd-e / f32, with a model that returns
   precomputed ``llm`` rows instantly, so what is timed is the batch's warping (each
   session's rows warped as its verification reads them,
@@ -41,7 +41,7 @@ from xcosd.bench.report import OUT_DIR
 from xcosd.methods import Space, get_method
 from xcosd.methods.base import Draft
 from xcosd.models.base import LanguageModel, Session
-from xcosd.nodes.scheduler import score_batch
+from xcosd.nodes.scoring import score_batch
 from xcosd.protocol.cloud import CloudSession, ScoreNeeded
 from xcosd.protocol.messages import Open
 from xcosd.sampling import SamplingParams, warp

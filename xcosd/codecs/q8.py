@@ -218,6 +218,21 @@ def _choose_steps(v32: np.ndarray, scale: float, work: np.ndarray | None = None)
     return min(costs, key=lambda s: costs[s])
 
 
+def _on_log_lattice(x: float, scale: float) -> bool:
+    """Whether ``x`` is ``scale * 2^(-K/128)`` rounded to float32 for some ``K >= 0``:
+    a point of the 128-steps grid extended below its 255 codes. Every log grid's
+    levels lie on it (a grid of ``s`` steps writes its ``k``-th level as the
+    lattice's ``k * 128 / s``-th, the same fraction and octave, so the same bits),
+    so an entry off it is on no grid: one scalar test spares a raw row the search
+    for the grid a committed vector is on."""
+    if not 0.0 < x <= scale:
+        return False
+    k = round(-math.log2(x / scale) * 128)
+    if k < 0:
+        return False
+    return float(np.float32(math.ldexp(scale * float(_LOG_FRACTIONS[k % 128]), -(k // 128)))) == x
+
+
 def _first_nonzeros(v32: np.ndarray, k: int) -> np.ndarray:
     """The first ``k`` non-zero entries (all of them if fewer), in order."""
     end = 1024
@@ -330,7 +345,8 @@ class Q8(Codec):
         codes = self._codes(v32, scale, steps, self._levels(scale, steps), work)
         if self.kind == "log":
             sample = _first_nonzeros(v32, _SAMPLE)
-            if self._on_grid(v32, sample, scale, steps, work, codes) is None:
+            if (_on_log_lattice(float(sample[0]), scale)
+                    and self._on_grid(v32, sample, scale, steps, work, codes) is None):
                 # A vector that already lies on another grid (a committed vector)
                 # keeps it, so that commit(commit(v)) == commit(v) whatever the cost
                 # model says.

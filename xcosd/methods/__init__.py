@@ -11,7 +11,9 @@ from typing import Any
 from ..codecs import Codec
 from .ar import Autoregressive
 from .base import (
+    Answer,
     CandidatesReply,
+    CommitRule,
     DeviceState,
     Draft,
     FullVectorReply,
@@ -54,7 +56,7 @@ def get_method(name: str, codec: Codec | str | None = None, **options: Any) -> M
 
 
 __all__ = [
-    "LOSSLESS", "LOSSY", "METHODS", "CandidatesReply", "DeviceState", "Draft",
+    "LOSSLESS", "LOSSY", "METHODS", "Answer", "CandidatesReply", "CommitRule", "DeviceState", "Draft",
     "FullVectorReply", "HybridReply", "Method", "RejectState", "Reply", "Request", "RequestKind", "Space",
     "TokenReply", "Verdict", "get_method", "verify",
 ]

@@ -167,6 +167,43 @@ class RequestKind(StrEnum):
     OTHER = "other"
 
 
+class Answer(StrEnum):
+    """What the server draws to answer a rejection or a follow-up: a method's server
+    half as plain data. A method names its answers (:attr:`Method.rejection`,
+    :meth:`Method.follow_up`); the host carries each kind out with numpy
+    (:meth:`Method.answer`) and the accelerator with torch, batched over the sessions
+    that want the same kind (xcosd/accel/verify.py). So which answer a method gives,
+    and which follow-up it refuses, is written once, in the method."""
+
+    #: a token from ``p*_j`` (target-resample)
+    TOKEN = "token"
+    #: ``argmax p*_j`` (greedy-resample)
+    ARGMAX = "argmax"
+    #: a token from ``max(0, p*_j - q_j)`` (sd-uplink, uhlm)
+    RESIDUAL = "residual"
+    #: ``p_j`` whole, encoded (straightforward)
+    FULL = "full"
+    #: ``p_j`` over V_C and ``theta_o``, a V_O token drawn up front or not (xcosd)
+    HYBRID = "hybrid"
+    #: ``K`` candidates from ``p*_j`` without ``x_j`` (xcosd-e)
+    CANDIDATES = "candidates"
+    #: a token from ``p*_j`` restricted to V_O (HR's coin chose V_O)
+    OTHER = "other"
+
+
+class CommitRule(StrEnum):
+    """How a method's codec commits ``p`` (``docs/METHODS.md``, "Choices worth
+    knowing"): both the host (:meth:`Method.commit_row`) and the accelerator read it."""
+
+    #: ``p* = p``: no codec on ``p`` (or an exact one)
+    NONE = "none"
+    #: ``p`` sent whole (straightforward): :func:`~xcosd.methods.commit.committed_full`
+    FULL = "full"
+    #: ``p`` over V_C plus ``theta_o`` (xcosd, xcosd-e):
+    #: :func:`~xcosd.methods.commit.committed_hybrid`
+    HYBRID = "hybrid"
+
+
 @dataclass(frozen=True)
 class Request:
     """A device's follow-up after a rejection: ``more`` candidates (SR-DV), the HR
@@ -308,6 +345,10 @@ class Method:
     drafts: ClassVar[bool] = True
     #: which vector the codec compresses: "p" (downlink), "q" (uplink) or None
     codec_applies_to: ClassVar[str | None] = None
+    #: how the codec commits ``p`` (where it applies to ``p``)
+    commit_rule: ClassVar[CommitRule] = CommitRule.NONE
+    #: what the server answers a rejection with (``None``: ``ar``, which never drafts)
+    rejection: ClassVar[Answer | None] = None
 
     def __init__(self, codec: Codec | str | None = None, **options: Any) -> None:
         self.codec: Codec = get_codec(codec) if isinstance(codec, str) else (codec or get_codec("f32"))
@@ -362,12 +403,39 @@ class Method:
         return TokenReply(sample_index(p_star, rng))
 
     def on_reject(self, state: RejectState, space: Space, rng: np.random.Generator) -> Reply:
-        raise NotImplementedError
+        """The payload of a rejection: :attr:`rejection`, drawn on the host."""
+        if self.rejection is None:
+            raise ProtocolError(f"{self.name} sends no drafts to reject", code="internal")
+        return self.answer(self.rejection, state, space, rng)
+
+    def follow_up(self, state: RejectState | Any, request: Request) -> Answer:
+        """What ``request`` asks the server to draw after a rejection, once checked
+        against the method's limits (a typed ``bad_request`` otherwise), with
+        ``state`` marked for what the answer commits to (SR-DV's fallback). The host
+        and the accelerator both ask this, each with its own kind of ``state``."""
+        raise ProtocolError(f"{self.name} takes no follow-up request {request.kind!r}",
+                            code="bad_request")
 
     def on_request(self, state: RejectState, request: Request, space: Space,
                    rng: np.random.Generator) -> Reply:
-        raise ProtocolError(f"{self.name} takes no follow-up request {request.kind!r}",
-                            code="bad_request")
+        """A follow-up's payload: :meth:`follow_up`, drawn on the host."""
+        return self.answer(self.follow_up(state, request), state, space, rng)
+
+    def answer(self, kind: Answer, state: RejectState, space: Space,
+               rng: np.random.Generator) -> Reply:
+        """``kind`` drawn on the host, for the kinds every method may give; a method
+        whose answers need its own options (HR's payload, SR-DV's candidates) adds
+        those."""
+        if kind is Answer.TOKEN:
+            return TokenReply(sample_index(state.p_star, rng))
+        if kind is Answer.ARGMAX:
+            return TokenReply(int(np.argmax(state.p_star)))
+        if kind is Answer.RESIDUAL:
+            assert state.q_common is not None
+            return TokenReply(residual_sample(state.p_star, space.expand(state.q_common), rng))
+        if kind is Answer.FULL:
+            return FullVectorReply(self.codec.encode(state.p_raw))
+        raise ProtocolError(f"{self.name} does not answer with {kind}", code="internal")
 
     # -- device: resolving a rejection -------------------------------------
 

@@ -6,14 +6,12 @@ onto one token (and may even re-emit the rejected draft).
 
 from __future__ import annotations
 
-import numpy as np
+from typing import ClassVar
 
-from .base import Method, RejectState, Reply, Space, TokenReply
+from .base import Answer, Method
 
 
 class GreedyResample(Method):
     name = "greedy-resample"
     lossless = False
-
-    def on_reject(self, state: RejectState, space: Space, rng: np.random.Generator) -> Reply:
-        return TokenReply(int(np.argmax(state.p_star)))
+    rejection: ClassVar[Answer | None] = Answer.ARGMAX

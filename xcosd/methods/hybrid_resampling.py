@@ -20,6 +20,8 @@ import numpy as np
 from ..codecs import Codec
 from ..sampling import sample_index
 from .base import (
+    Answer,
+    CommitRule,
     DeviceState,
     HybridReply,
     Method,
@@ -48,6 +50,17 @@ def sample_other(state: RejectState, space: Space, rng: np.random.Generator) -> 
     return int(space.other_ids[sample_index(state.p_star[space.other_ids], rng)])
 
 
+def hr_answer(codec: Codec, presample: bool, kind: Answer, state: RejectState, space: Space,
+              rng: np.random.Generator) -> Reply | None:
+    """HR's answers drawn on the host (its payload, a V_O token), shared with SR-DV's
+    fallback; ``None`` for any other kind."""
+    if kind is Answer.HYBRID:
+        return hybrid_payload(codec, state, space, presample, rng)
+    if kind is Answer.OTHER:
+        return TokenReply(sample_other(state, space, rng))
+    return None
+
+
 def hybrid_resolve(codec: Codec, reply: HybridReply, state: DeviceState, space: Space,
                    rng: np.random.Generator) -> int | Request:
     """The device's half of HR: coin between the V_C residual and the V_O branch."""
@@ -68,6 +81,8 @@ class HybridResampling(Method):
     name = "xcosd"
     lossless = True
     codec_applies_to: ClassVar[str | None] = "p"
+    commit_rule: ClassVar[CommitRule] = CommitRule.HYBRID
+    rejection: ClassVar[Answer | None] = Answer.HYBRID
 
     def __init__(self, codec: Codec | str | None = None, *, hr_presample: bool = True,
                  **options: Any) -> None:
@@ -80,14 +95,15 @@ class HybridResampling(Method):
     def commit_row(self, p: np.ndarray, space: Space) -> np.ndarray:
         return committed_hybrid(self.codec, p, space)
 
-    def on_reject(self, state: RejectState, space: Space, rng: np.random.Generator) -> Reply:
-        return hybrid_payload(self.codec, state, space, self.hr_presample, rng)
+    def follow_up(self, state: RejectState | Any, request: Request) -> Answer:
+        if request.kind == RequestKind.OTHER:
+            return Answer.OTHER
+        return super().follow_up(state, request)
 
-    def on_request(self, state: RejectState, request: Request, space: Space,
-                   rng: np.random.Generator) -> Reply:
-        if request.kind == "other":
-            return TokenReply(sample_other(state, space, rng))
-        return super().on_request(state, request, space, rng)
+    def answer(self, kind: Answer, state: RejectState, space: Space,
+               rng: np.random.Generator) -> Reply:
+        hr = hr_answer(self.codec, self.hr_presample, kind, state, space, rng)
+        return hr if hr is not None else super().answer(kind, state, space, rng)
 
     def resolve(self, reply: Reply, state: DeviceState, space: Space,
                 rng: np.random.Generator) -> int | Request:

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Draft, Method, RejectState, Reply, Space, TokenReply, residual_sample
+from .base import Answer, Draft, Method, Space
 from .commit import committed_full, decoded_full
 
 
@@ -21,6 +21,7 @@ class SdUplink(Method):
     name = "sd-uplink"
     lossless = True
     codec_applies_to: ClassVar[str | None] = "q"
+    rejection: ClassVar[Answer | None] = Answer.RESIDUAL
 
     def draft_row(self, q_common: np.ndarray) -> np.ndarray:
         return committed_full(self.codec, q_common)
@@ -34,6 +35,3 @@ class SdUplink(Method):
         assert draft.q_vectors is not None
         return decoded_full(self.codec, draft.q_vectors[j], space.n_common)
 
-    def on_reject(self, state: RejectState, space: Space, rng: np.random.Generator) -> Reply:
-        assert state.q_common is not None
-        return TokenReply(residual_sample(state.p_star, space.expand(state.q_common), rng))

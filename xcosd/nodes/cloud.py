@@ -107,7 +107,8 @@ from ..transport.burst import Burst
 from ..wire.frames import Limits, decode_message, message_bytes
 from .drain import Drain, HealthAnswer
 from .metrics import tree_shape_label
-from .scheduler import BatchStats, Scheduler, verifies_on_device
+from .scheduler import BatchStats, Scheduler
+from .scoring import verifies_on_device
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,7 @@ class CloudNode:
     benchmark's cloud; memory that grows with every round served).
     ``verify_on_device``: verify each batch next to the target's logits, in torch on
     its device (xcosd/accel/); ``None`` decides by the target (a model on an
-    accelerator does, the CPU keeps the numpy path: :func:`~xcosd.nodes.scheduler.verifies_on_device`).
+    accelerator does, the CPU keeps the numpy path: :func:`~xcosd.nodes.scoring.verifies_on_device`).
     ``drain_timeout_s``: how long :meth:`drain` lets running generations finish
     before it hands the rest off (xcosd/nodes/drain.py). ``context``: the most
     positions one session holds, its prompt and all it generates (default: what the

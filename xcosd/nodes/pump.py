@@ -5,7 +5,7 @@ In the spirit of h11's ``ConnectionPair``: the real state machines
 :class:`~xcosd.protocol.CloudConnection`) talk to each other, every message takes
 its wire form (``pack`` on the sender, ``unpack`` on the receiver, codecs
 included), the cloud's rows are scored by the scheduler's own
-:func:`~xcosd.nodes.scheduler.score_batch` and the drafts come from the node's own
+:func:`~xcosd.nodes.scoring.score_batch` and the drafts come from the node's own
 :class:`~xcosd.nodes.drafter.Drafter`. What is left out is only the waiting, so a
 generation costs its compute alone: the high-N law tests, the methods benchmark and
 anything that wants a reproducible run use it.
@@ -52,7 +52,7 @@ from ..transport.zeromq import zmtp_overhead
 from ..vocab import VocabMap
 from ..wire.frames import FrameList, message_bytes
 from .drafter import Drafter
-from .scheduler import score_batch, score_on_device
+from .scoring import score_batch, score_on_device
 from .stats import GenerationStats
 
 

@@ -455,7 +455,7 @@ class CloudSession:
         when verification first reads it (:class:`~xcosd.sampling.WarpedRows`):
         the rows after the first rejection, which nothing reads, are never warped.
         ``warped``: the rows warped already with this session's parameters (a batch
-        warps short rows together: ``xcosd.nodes.scheduler.warp_together``), the same
+        warps short rows together: ``xcosd.nodes.scoring.warp_together``), the same
         bits. Never raises: a failure comes back as ``error``.
         """
         draft = self.draft
