@@ -116,7 +116,7 @@ async def test_many_concurrent_renders_on_one_node_each_get_their_own_answer(
     and queues the rest, so none is refused; where the cloud is at its bound anyway
     (made 2 here), its ``busy`` answers are asked again after a pause, as a
     generation's are."""
-    import xcosd.nodes.cloud as cloud_node
+    import xcosd.nodes.cloud_renders as cloud_renders
 
     draft, target = default_pair()
     chats = [[{"role": "user", "content": f"question {i}"}] for i in range(120)]
@@ -126,7 +126,7 @@ async def test_many_concurrent_renders_on_one_node_each_get_their_own_answer(
         assert await asyncio.gather(*(edge.chat_prompt(c) for c in chats)) == want
         assert cloud.stats()["renders"] == len(chats)
         assert cloud.stats()["errors_by_code"] == {}
-        monkeypatch.setattr(cloud_node, "MAX_RENDERS_PER_PEER", 2)
+        monkeypatch.setattr(cloud_renders, "MAX_RENDERS_PER_PEER", 2)
         assert await asyncio.gather(*(edge.chat_prompt(c) for c in chats[:20])) == want[:20]
         assert cloud.stats()["errors_by_code"]["busy"] > 0
 
