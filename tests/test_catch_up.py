@@ -5,7 +5,7 @@ probes one token now and then. The tokens those rounds emit reach the draft mode
 context only at the next round that drafts, which used to pay for all of them
 before its one draft step (and measured that as its step). The edge now computes
 them while the verdict of a round that drafted nothing is in flight
-(``EdgeNode._catch_up``). Over real ZeroMQ sockets: the same seeds give the same
+(``GenerationRun._catch_up``). Over real ZeroMQ sockets: the same seeds give the same
 tokens with the catch-up and without it (the draft model saw the same context, so
 it proposed the same drafts), and the catch-up did run. The draft runs in the
 edge's draft thread, as a real model's does (a small table model would draft on the
@@ -19,7 +19,7 @@ import asyncio
 import pytest
 
 import xcosd
-from xcosd.nodes.edge import EdgeNode
+from xcosd.nodes.edge_generation import GenerationRun
 
 from .session_pairs import closed_sessions_settle, pair
 
@@ -29,7 +29,7 @@ TOKENS = 24
 
 async def _run(catch_up: bool, monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], int]]:
     if not catch_up:
-        monkeypatch.setattr(EdgeNode, "_catch_up", lambda self, es, drafter: None)
+        monkeypatch.setattr(GenerationRun, "_catch_up", lambda self: None)
     target, draft = pair()
     async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud:
         async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, draft_thread=True) as edge:

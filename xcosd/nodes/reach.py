@@ -5,8 +5,8 @@ An edge that serves others (an HTTP front: ``xcosd edge serve``) must outlive it
 cloud's absences: a cloud still loading its model, restarting, or drained. It
 keeps running, says what it is doing (``/health``), holds requests a bounded time
 and connects the moment the cloud answers, as a proxy does with its upstream.
-:class:`Reach` is that bookkeeping; the node (``xcosd/nodes/edge.py``) does the
-I/O and feeds it the time.
+:class:`Reach` is that bookkeeping; the node's connection (``xcosd/nodes/edge_connection.py``)
+does the I/O and feeds it the time.
 
 Phases (:class:`ReachPhase`, changed only through :data:`REACH_TRANSITIONS`)::
 
