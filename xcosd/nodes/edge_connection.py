@@ -61,7 +61,7 @@ ATTEMPT_TIMEOUT_S = 3.0
 SESSION_LOST_CODES = frozenset({"no_session"})
 #: render requests (tokenize, chat_prompt) one node has at the cloud at once; the
 #: others wait their turn here. Well under the cloud's bound per connection
-#: (xcosd/nodes/cloud.py, MAX_RENDERS_PER_PEER, past which it answers ``busy``),
+#: (xcosd/nodes/cloud_renders.py, MAX_RENDERS_PER_PEER, past which it answers ``busy``),
 #: so many concurrent callers queue instead of being refused
 MAX_RENDERS_IN_FLIGHT = 16
 
