@@ -40,7 +40,7 @@ import pytest
 
 from xcosd.methods.base import RequestKind
 from xcosd.methods.tree import DraftTree, TreeShape
-from xcosd.nodes import scheduler
+from xcosd.nodes import scoring
 from xcosd.nodes.pump import Pump
 from xcosd.policies import tree_policy
 from xcosd.policies.draft_length import DEFAULT_COST
@@ -401,7 +401,7 @@ def test_tree_law_next_to_a_torch_target(dev_link: Pump, monkeypatch: pytest.Mon
 
     on_host: list[bool] = []  # per round verified on the host: was it a tree's
     walked: list[object] = []
-    verify, walk = scheduler._verify, accel_verify._verify_tree
+    verify, walk = scoring._verify, accel_verify._verify_tree
 
     def spy(session: Any, *a: Any, **kw: Any) -> Any:
         on_host.append(isinstance(session.draft, DraftTree))
@@ -412,7 +412,7 @@ def test_tree_law_next_to_a_torch_target(dev_link: Pump, monkeypatch: pytest.Mon
         walked.append(out.reject)
         return out
 
-    monkeypatch.setattr(scheduler, "_verify", spy)
+    monkeypatch.setattr(scoring, "_verify", spy)
     monkeypatch.setattr(accel_verify, "_verify_tree", walk_spy)
     variant, shape = "xcosd-e-K1M3", TREES["ragged"]
     if faults:
