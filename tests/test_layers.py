@@ -162,3 +162,12 @@ def test_no_import_cycles() -> None:
 def test_every_layer_entry_names_a_module() -> None:
     """A moved or deleted module leaves no stale entry behind."""
     assert [p for _, ps in LAYERS for p in ps if p not in MODULES] == []
+
+
+def test_the_protocol_does_not_know_the_accelerator() -> None:
+    """The sans-I/O state machines hold a rejection kept on a device as a
+    ``KeptReject`` (methods/base.py) and never import ``xcosd.accel`` (torch): a
+    device round is built and read back by the nodes (xcosd/nodes/scoring.py)."""
+    reach = [f"{m}:{line} imports {dep}" for m in MODULES if m.startswith("xcosd.protocol")
+             for dep, line in GRAPH[m] if dep.startswith("xcosd.accel")]
+    assert reach == []

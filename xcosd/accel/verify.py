@@ -118,6 +118,11 @@ class DeviceReject:
     fallback_sent: bool = False
     p_raw: torch.Tensor | None = None
 
+    def answer(self, method: Method, request: Request, space: Space) -> Reply:
+        """A follow-up answered from this rejection, on the device
+        (:func:`on_request`): what the protocol calls, not knowing where the row is."""
+        return on_request(method, self, request, space)
+
     @property
     def raw(self) -> torch.Tensor:
         """``p_j`` before the codec."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -248,6 +248,21 @@ class RejectState:
     q_common: np.ndarray | None = None  # the device's committed q_j (sd-uplink, uhlm)
     candidate_rounds: int = 0
     fallback_sent: bool = False
+
+
+class KeptReject(Protocol):
+    """A rejection kept where the target's rows are, not in a :class:`RejectState`
+    (on an accelerator: ``xcosd.accel.verify.DeviceReject``): its committed row, and
+    its follow-ups answered there by the method's own rules. The protocol holds one
+    without knowing, or importing, what computes it."""
+
+    p_star: Any
+    rejected: int
+
+    def answer(self, method: Method, request: Request, space: Space) -> Reply:
+        """The payload of ``request`` (the method says what it draws and when it
+        refuses: :meth:`Method.follow_up`)."""
+        ...
 
 
 @dataclass(eq=False)

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ModelError, XcosdError
-from ..methods.base import TokenReply
+from ..errors import ModelError, ProtocolError, XcosdError
+from ..methods.base import RequestKind, TokenReply
 from ..models.base import LanguageModel
 from ..models.tree_scoring import score_tree
 from ..protocol.cloud import CloudSession, RoundOutcome, ScoreNeeded
 from ..sampling import WHOLE_ROW_MAX, SamplingParams, warp
+
+if TYPE_CHECKING:  # torch only where a target verifies on its device
+    from ..accel.verify import Outcome, Round
 
 log = logging.getLogger(__name__)
 
@@ -205,15 +208,36 @@ def score_on_device(model: Any, batch: Sequence[ScoreNeeded]) -> list[RoundOutco
             out[i] = _verify(sess, x.float().cpu().numpy())
             continue
         try:
-            rounds.append(sess.device_round())
+            rounds.append(_device_round(sess))
             on_device.append(i)
         except XcosdError as e:
             out[i] = RoundOutcome(0, TokenReply(0), None, e)
     if rounds:
         got = verify_batch(rounds, [scored[i] for i in on_device])
         for i, o in zip(on_device, got, strict=True):
-            out[i] = batch[i].session.device_outcome(o)
+            out[i] = _device_outcome(batch[i].session, o)
     return [o if o is not None else failed_outcome(RuntimeError("unverified")) for o in out]
+
+
+def _device_round(sess: CloudSession) -> Round:
+    """``sess``'s pending round as :func:`xcosd.accel.verify_batch` verifies it, next
+    to the target's rows on its device (keyed by the session's seed and round)."""
+    from ..accel.verify import Round
+
+    draft = sess.draft
+    if draft is None:  # closed while its round was being scored
+        raise ProtocolError("session closed during scoring", code="state")
+    redo = sess.redo
+    return Round(sess.method, sess.space, sess.params, draft, sess.seed, sess.round,
+                 None if redo is None else (redo.accepted, RequestKind(redo.kind),
+                                            redo.candidate_rounds, redo.fallback))
+
+
+def _device_outcome(sess: CloudSession, outcome: Outcome) -> RoundOutcome:
+    """A :func:`~xcosd.accel.verify_batch` result as ``sess``'s outcome."""
+    return RoundOutcome(outcome.accepted, outcome.reply, outcome.reject, outcome.error,
+                        redo=sess.redo is not None and outcome.error is None,
+                        path=outcome.path)
 
 
 def _verify(session: CloudSession, rows: np.ndarray,

@@ -41,7 +41,7 @@ import enum
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +55,7 @@ from ..errors import (
 from ..methods import get_method
 from ..methods.base import (
     Draft,
+    KeptReject,
     Method,
     RejectState,
     Reply,
@@ -82,9 +83,6 @@ from .contexts import (
     common_prefix,
 )
 from .errors import error_code
-
-if TYPE_CHECKING:  # torch is needed only where the target verifies on its device
-    from ..accel.verify import DeviceReject, Outcome, Round
 from .messages import (
     MAX_CANDIDATE_ROUNDS,
     MAX_CANDIDATES,
@@ -343,8 +341,8 @@ class RoundOutcome:
     accepted: int
     reply: Reply
     #: on a rejection, what its follow-ups are answered from (on the host, or kept on
-    #: the target's device: :class:`~xcosd.accel.verify.DeviceReject`)
-    reject: RejectState | DeviceReject | None
+    #: the target's device: a :class:`~xcosd.methods.base.KeptReject`)
+    reject: RejectState | KeptReject | None
     error: XcosdError | None = None
     #: compute time of the batch this round was verified in (reported to the edge)
     compute_s: float = 0.0
@@ -399,7 +397,7 @@ class CloudSession:
         #: the seq of the draft being verified (its verdict answers it)
         self.draft_seq = 0
         self.draft: Draft | None = None
-        self.reject: RejectState | DeviceReject | None = None
+        self.reject: RejectState | KeptReject | None = None
         self.final_token: int | None = None
         #: the node's model session (opaque here)
         self.handle: Any = None
@@ -426,25 +424,6 @@ class CloudSession:
         self.phase = nxt
 
     # -- in a worker thread -----------------------------------------------
-
-    def device_round(self) -> Round:
-        """The pending round as :func:`xcosd.accel.verify_batch` verifies it, next to
-        the target's rows on its device (keyed by this session's seed and round)."""
-        from ..accel.verify import Round
-
-        draft = self.draft
-        if draft is None:  # closed while its round was being scored
-            raise ProtocolError("session closed during scoring", code="state")
-        redo = self.redo
-        return Round(self.method, self.space, self.params, draft, self.seed, self.round,
-                     None if redo is None else (redo.accepted, Request(redo.kind).kind,
-                                                redo.candidate_rounds, redo.fallback))
-
-    def device_outcome(self, outcome: Outcome) -> RoundOutcome:
-        """A :func:`~xcosd.accel.verify_batch` result as this session's outcome."""
-        return RoundOutcome(outcome.accepted, outcome.reply, outcome.reject, outcome.error,
-                            redo=self.redo is not None and outcome.error is None,
-                            path=outcome.path)
 
     def verify_rows(self, rows: np.ndarray, warped: np.ndarray | None = None) -> RoundOutcome:
         """Verify the pending draft against the target's rows for it.
@@ -994,10 +973,8 @@ class CloudConnection:
         rej = sess.reject
         if isinstance(rej, RejectState):
             reply = sess.method.on_request(rej, Request(msg.kind), sess.space, sess.rng)
-        else:  # kept on the target's device
-            from ..accel.verify import on_request
-
-            reply = on_request(sess.method, rej, Request(msg.kind), sess.space)
+        else:  # kept where the target's rows are (its device), answered there
+            reply = rej.answer(sess.method, Request(msg.kind), sess.space)
         sess.requests += 1
         sess.final_token = int(reply.token) if isinstance(reply, TokenReply) else None
         ans = ReplyMsg(sess.s, msg.r, reply, ack=msg.seq)
