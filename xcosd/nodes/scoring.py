@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ModelError, ProtocolError, XcosdError
-from ..methods.base import RequestKind, TokenReply
+from ..methods.base import Request, TokenReply
 from ..models.base import LanguageModel
 from ..models.tree_scoring import score_tree
 from ..protocol.cloud import CloudSession, RoundOutcome, ScoreNeeded
@@ -229,7 +229,7 @@ def _device_round(sess: CloudSession) -> Round:
         raise ProtocolError("session closed during scoring", code="state")
     redo = sess.redo
     return Round(sess.method, sess.space, sess.params, draft, sess.seed, sess.round,
-                 None if redo is None else (redo.accepted, RequestKind(redo.kind),
+                 None if redo is None else (redo.accepted, Request(redo.kind).kind,
                                             redo.candidate_rounds, redo.fallback))
 
 
