@@ -15,9 +15,9 @@ from scipy import stats
 
 from xcosd.accel import DeviceReject, Round, on_request, supported, verify_batch
 from xcosd.accel.draw import draw
-from xcosd.accel.philox import philox4x32, uniforms
 from xcosd.accel.sums import fixed_cumsum, fixed_sum
 from xcosd.accel.warp import warp_rows
+from xcosd.draws import block, philox4x64, uniforms
 from xcosd.errors import InvalidDistribution, ProtocolError
 from xcosd.methods import Space, get_method
 from xcosd.methods.base import (
@@ -26,6 +26,7 @@ from xcosd.methods.base import (
     Draft,
     FullVectorReply,
     HybridReply,
+    RejectState,
     Request,
     RequestKind,
     TokenReply,
@@ -38,20 +39,33 @@ from xcosd.vocab import VocabMap
 from .helpers.torch_threads import one_torch_thread  # noqa: F401
 from .session_pairs import pair
 
-# Random123's kat_vectors for Philox4x32-10: (counter, key) -> output
+# Random123's kat_vectors for Philox4x64-10: (counter, key) -> output
+M64 = (1 << 64) - 1
 KAT = [
-    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
-    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    ((0, 0, 0, 0), (0, 0),
+     (0x16554D9ECA36314C, 0xDB20FE9D672D0FDC, 0xD7E772CEE186176B, 0x7E68B68AEC7BA23B)),
+    ((M64,) * 4, (M64,) * 2,
+     (0x87B092C3013FE90B, 0x438C3C67BE8D0224, 0x9CC7D7C69CD777B6, 0xA09CAEBF594F0BA0)),
 ]
 
 
 @pytest.mark.parametrize(("counter", "key", "want"), KAT)
-def test_philox_known_answers(counter: tuple[int, ...], key: tuple[int, int],
+def test_philox_known_answers(counter: tuple[int, int, int, int], key: tuple[int, int],
                               want: tuple[int, ...]) -> None:
-    got = philox4x32(tuple(np.uint64(c) for c in counter), (np.uint64(key[0]), np.uint64(key[1])))
-    assert tuple(int(g) for g in got) == want
+    assert philox4x64(counter, key) == want
+
+
+def test_philox_in_python_is_numpy_s() -> None:
+    """The Python-integer Philox a stream runs for a few numbers gives the bits of
+    numpy's (in C), which it runs for many: counters and keys across the 64-bit range."""
+    g = np.random.default_rng(8)
+    for _ in range(50):
+        key, rnd, st = (int(x) for x in g.integers(0, 2**63, 3, dtype=np.uint64))
+        start = 4 * int(g.integers(0, 1000))
+        c = block(key, rnd, st, start, 8)
+        py = [w for b in (start // 4, start // 4 + 1)
+              for w in philox4x64((b + 1, 0, st, rnd), (key, 0))]
+        assert c.tolist() == [(w >> 11) * (1.0 / (1 << 53)) for w in py]
 
 
 def test_uniforms_are_a_function_of_their_counter() -> None:
@@ -206,6 +220,59 @@ def test_a_session_verified_alone_or_in_a_batch_gets_the_same_bits() -> None:
                     for st in (alone.reject, batch[i].reject)]
             assert _same(*more)
     assert kinds == {"TokenReply", "CandidatesReply", "HybridReply", "FullVectorReply"}
+
+
+def _drew_alike(a: object, b: object) -> bool:
+    """The same draws: the same tokens, candidates and V_O sample (the values beside
+    them are the warped row's, which numpy and torch may round an ulp apart)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, TokenReply):
+        return a.token == b.token  # type: ignore[attr-defined]
+    if isinstance(a, CandidatesReply):
+        return (np.array_equal(a.ids, b.ids)  # type: ignore[attr-defined]
+                and np.allclose(a.values, b.values, rtol=1e-5))  # type: ignore[attr-defined]
+    if isinstance(a, HybridReply):
+        return (a.other_token == b.other_token  # type: ignore[attr-defined]
+                and abs(a.theta_o - b.theta_o) <= 1e-6)  # type: ignore[attr-defined]
+    return isinstance(a, FullVectorReply)
+
+
+def test_the_host_and_the_device_draw_the_same_numbers() -> None:
+    """One randomness model: the host's verification (:func:`verify_round`, numpy)
+    and the device's (:func:`verify_batch`, torch) take every uniform from the same
+    counters (xcosd/draws.py), so the same round gets the same verdict, payload and
+    follow-ups on both paths: 400 rounds of every method and warper, on the
+    cross-vocabulary pair's space (trees: ``tests/test_law_accel.py``). Only a draw whose uniform falls within
+    rounding of a token's boundary could differ (the two paths sum a row in different
+    orders); none does here. With the host's generator sequential, as it was, most
+    verdicts differ (the control at the end)."""
+    from xcosd.methods.round import verify_round
+
+    rounds, rows, space = _rounds(400, seed=21)
+    device = verify_batch(rounds, rows)
+    same = rejected = 0
+    for rd, rw, dev in zip(rounds, rows, device, strict=True):
+        host = verify_round(rd, rw.numpy())
+        assert host.error is None and dev.error is None
+        assert host.accepted == dev.accepted and host.path == dev.path, rd.method.name
+        assert _drew_alike(host.reply, dev.reply), (rd.method.name, host.reply, dev.reply)
+        same += 1
+        if rd.method.name == "xcosd-e" and host.reject is not None:
+            assert isinstance(host.reject, RejectState) and dev.reject is not None
+            rejected += 1
+            for kind in (RequestKind.MORE, RequestKind.FALLBACK):
+                a = rd.method.on_request(host.reject, Request(kind), space, rd.draws())
+                b = on_request(rd.method, dev.reject, Request(kind), space)
+                assert _drew_alike(a, b), kind
+    assert same == len(rounds) and rejected > 20
+    # the control: the host's draws from a sequential generator seeded alike
+    from xcosd.methods.round import verify_block
+    differ = sum(verify_block(rd.method, rw.numpy(), rd.draft, space,
+                              np.random.default_rng(rd.key)).accepted != dev.accepted
+                 for rd, rw, dev in zip(rounds, rows, device, strict=True)
+                 if rd.draft.length and rd.params.identity)
+    assert differ > 20
 
 
 def test_follow_ups_keep_the_numpy_paths_rules() -> None:

@@ -91,7 +91,12 @@ DATA = Path(__file__).parent / "data" / "golden_generations.json"
 
 #: deliberate changes to the recorded generations, oldest first: one line each, as the
 #: commit that made the change names it
-CHANGES: tuple[str, ...] = ()
+CHANGES: tuple[str, ...] = (
+    "cloud: one randomness model, a round's draws named by (seed, round, stream, index) "
+    "and made by Philox4x64-10 (xcosd/draws.py) on the host and the accelerator alike, "
+    "where the host drew from a sequential numpy stream per session and the accelerator "
+    "from Philox4x32: every case whose cloud draws (not greedy) records new ids",
+)
 
 # ------------------------------------------------------------------------- the cases
 

@@ -48,6 +48,7 @@ import zmq
 import xcosd
 from xcosd.methods.base import CandidatesReply, Draft, RequestKind
 from xcosd.models.base import ModelWrapper
+from xcosd.nodes import scoring
 from xcosd.nodes.cloud import CONTROL_BURST, CONTROL_RATE, IDLE_SLACK
 from xcosd.nodes.merging import REOPEN_MIN
 from xcosd.nodes.scheduler import FIRST_TURN_AFTER_S, Scheduler
@@ -705,35 +706,36 @@ class _FlakyBatch:
 
 
 @pytest.mark.parametrize("batched_call_fails", [False, True])
-def test_a_failing_verification_fails_its_session_only(batched_call_fails: bool) -> None:
+def test_a_failing_verification_fails_its_session_only(
+        batched_call_fails: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     seeds = (11, 12, 13)
     # each session alone, on its own connection: the reference
     alone = []
     for seed in seeds:
         target, [req] = _rounds([seed])
         [o] = score_batch(target, [req])
-        alone.append((_summary(o), req.session.rng.bit_generator.state))
+        alone.append(_summary(o))
     target, batch = _rounds(seeds)
+    which = {id(req.round): i for i, req in enumerate(batch)}
     calls = {i: 0 for i in range(3)}
-    for i, req in enumerate(batch):
-        real = req.session.verify_rows
+    real = scoring.verify_round
 
-        def counted(*a: Any, _i: int = i, _real: Any = real) -> RoundOutcome:
-            calls[_i] += 1
-            if _i == 1:
-                raise MemoryError("this session's verification ran out of memory")
-            return _real(*a)
+    def counted(rd: Any, *a: Any) -> RoundOutcome:
+        i = which[id(rd)]
+        calls[i] += 1
+        if i == 1:
+            raise MemoryError("this session's verification ran out of memory")
+        return real(rd, *a)
 
-        req.session.verify_rows = counted  # type: ignore[method-assign, assignment]
+    monkeypatch.setattr(scoring, "verify_round", counted)
     model = _FlakyBatch(target) if batched_call_fails else target
     out = score_batch(model, batch)
     assert calls == {0: 1, 1: 1, 2: 1}  # every session verified exactly once
     assert out[1].error is not None and out[1].error.code == "internal"
     for i in (0, 2):
         assert out[i].error is None
-        assert _summary(out[i]) == alone[i][0]
-        # the same random numbers drawn, no more
-        assert batch[i].session.rng.bit_generator.state == alone[i][1]
+        # the same verdict as alone: a round's draws are its own counters'
+        assert _summary(out[i]) == alone[i]
 
 
 async def _verify_all(sched: Scheduler, reqs: Sequence[ScoreNeeded],
@@ -976,14 +978,23 @@ async def _delivery_order(stream: bool) -> tuple[list[tuple[int, int]], list[tup
     (its session, how many sessions were verified by then), and the outcomes."""
     target, reqs = _rounds([1, 2, 3])
     verified: list[int] = []
-    for req in reqs:
-        real = req.session.verify_rows
+    sid = {id(req.round): req.session.s for req in reqs}
+    real = scoring.verify_round
 
-        def counted(*a: Any, _s: int = req.session.s, _real: Any = real) -> RoundOutcome:
-            verified.append(_s)
-            return _real(*a)
+    def counted(rd: Any, *a: Any) -> RoundOutcome:
+        verified.append(sid[id(rd)])
+        return real(rd, *a)
 
-        req.session.verify_rows = counted  # type: ignore[method-assign, assignment]
+    scoring.verify_round = counted  # type: ignore[assignment]
+    try:
+        return await _delivery_order_with(target, reqs, verified, stream)
+    finally:
+        scoring.verify_round = real
+
+
+async def _delivery_order_with(target: Any, reqs: Sequence[ScoreNeeded], verified: list[int],
+                               stream: bool) -> tuple[list[tuple[int, int]],
+                                                      list[tuple[Any, ...]]]:
     seen: list[tuple[int, int]] = []
     outcomes: list[tuple[Any, ...]] = []
 

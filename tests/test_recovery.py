@@ -215,7 +215,7 @@ def test_a_resumed_context_keeps_the_start_token(tmp_path: Path) -> None:
     out = lk.cloud.receive(_draft(lk, es))
     [req] = [e for e in out.events if isinstance(e, ScoreNeeded)]
     _prepare(tm, req)
-    got = tm.score([(req.session.handle, req.new_ids)])[0][0]
+    got = tm.score([(req.model.handle, req.new_ids)])[0][0]
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 

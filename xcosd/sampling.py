@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from .draws import Uniforms
 from .errors import InvalidDistribution
 
 #: Tolerance on a row's sum before it counts as "not normalised".
@@ -703,7 +704,7 @@ def _prepare(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.nda
     return w, blocks, c, total
 
 
-def sample_index(weights: np.ndarray, rng: np.random.Generator) -> int:
+def sample_index(weights: np.ndarray, rng: Uniforms) -> int:
     """Draw one index with probability proportional to non-negative ``weights``.
 
     Inverse-CDF on float64 running sums: one uniform per draw, so the number of random
@@ -713,7 +714,7 @@ def sample_index(weights: np.ndarray, rng: np.random.Generator) -> int:
     return _draw(w, blocks, c, rng.random() * total)
 
 
-def sample_many(weights: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+def sample_many(weights: np.ndarray, n: int, rng: Uniforms) -> np.ndarray:
     """Draw ``n`` i.i.d. indices proportional to ``weights`` (inverse CDF).
 
     A long row and few draws (SR-DV's K = 20 candidates per rejection from a

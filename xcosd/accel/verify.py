@@ -14,7 +14,7 @@ candidate values, and the rows straightforward (all of V_T) and hybrid resamplin
 send. A rejected row stays on the device (:class:`DeviceReject`) for the follow-ups.
 
 Every uniform is Philox's, keyed by the session's seed and counted by ``(round, stream,
-index)`` (:mod:`xcosd.accel.philox`), and every sum is a fixed-order one
+index)`` (:mod:`xcosd.draws`), and every sum is a fixed-order one
 (:mod:`xcosd.accel.sums`): a session's verdict is a function of its rows, its draft and
 its seed, never of the batch it was verified in. So a batch that fails is verified
 again session by session with the very same results.
@@ -40,35 +40,31 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..draws import ACCEPT, CANDIDATES, OTHER, TOKEN, uniforms
 from ..errors import InvalidDistribution, ProtocolError, XcosdError
 from ..methods.base import (
     Answer,
     CandidatesReply,
     CommitRule,
-    Draft,
     FullVectorReply,
     HybridReply,
     Method,
     Reply,
     Request,
-    RequestKind,
     Space,
     TokenReply,
 )
 from ..methods.hybrid_resampling import HybridResampling
+from ..methods.round import Round
 from ..methods.sr_dv import SrDv
 from ..methods.tree import DraftTree, check_tree, check_tree_method, server_rows
-from ..sampling import SamplingParams
 from .commit import Commit, committed_full, committed_hybrid, device_commit, theta_other
 from .draw import draw
-from .philox import uniforms
 from .sums import fixed_sum
 from .warp import warp_rows
 
 log = logging.getLogger(__name__)
 
-#: Philox streams: which draw of a round a uniform is for
-ACCEPT, TOKEN, OTHER, CANDIDATES = 0, 1, 2, 3
 
 def supported(method: Method) -> bool:
     """Whether a session of ``method`` is verified on the device: every method (each
@@ -84,23 +80,6 @@ def _commit(method: Method) -> Commit | None:
     if method.codec_applies_to != "p" or method.codec.exact:
         return None
     return device_commit(method.codec)
-
-
-@dataclass(eq=False)
-class Round:
-    """One session's round as the device verifies it: the pending ``draft``, its
-    method, space and warper settings, the session's Philox ``key`` (its seed) and the
-    round number; ``redo`` rebuilds a rejection whose verdict was already sent
-    (``(accepted, request kind, candidate rounds, fallback sent)``, see
-    :func:`xcosd.methods.round.rebuild_reject`)."""
-
-    method: Method
-    space: Space
-    params: SamplingParams
-    draft: Draft
-    key: int
-    round: int
-    redo: tuple[int, RequestKind, int, bool] | None = None
 
 
 @dataclass(eq=False)
@@ -242,11 +221,11 @@ def _check(rd: Round, rw: torch.Tensor) -> None:
     if isinstance(rd.draft, DraftTree):
         check_tree_method(rd.method)
         check_tree(rd.draft, rd.space)
-        if rd.redo is not None and not (0 <= rd.redo[0] <= d
-                                        and rd.draft.shape.children[rd.redo[0]]):
-            raise ValueError(f"no rejection at node {rd.redo[0] - 1} of a {d}-node tree")
-    elif rd.redo is not None and not 0 <= rd.redo[0] < d:
-        raise ValueError(f"a rejection at {rd.redo[0]} of a {d}-token draft")
+        if rd.redo is not None and not (0 <= rd.redo.accepted <= d
+                                        and rd.draft.shape.children[rd.redo.accepted]):
+            raise ValueError(f"no rejection at node {rd.redo.accepted - 1} of a {d}-node tree")
+    elif rd.redo is not None and not 0 <= rd.redo.accepted < d:
+        raise ValueError(f"a rejection at {rd.redo.accepted} of a {d}-token draft")
 
 
 def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outcome]:
@@ -286,12 +265,12 @@ def _verify_tree(rd: Round, rw: torch.Tensor) -> Outcome:
     on = _on(space, rw.device)
     key, rnd = _keys([rd])
     if rd.redo is not None:
-        node = rd.redo[0] - 1
+        node = rd.redo.accepted - 1
         r = ps[node + 1]
         for q in qs.get(node, [])[:-1]:  # (a node with one child sends no row)
             r = _residual_row(r, q, on)
         state = _tree_reject(rd, r, node)
-        return Outcome(rd.redo[0], on_request(rd.method, state, Request(rd.redo[1]), space),
+        return Outcome(rd.redo.accepted, on_request(rd.method, state, Request(rd.redo.kind), space),
                        state, path=shape.path(node))
     path: list[int] = []
     node = -1
@@ -339,7 +318,7 @@ def _tree_reject(rd: Round, r: torch.Tensor, node: int) -> DeviceReject:
     tree = rd.draft
     assert isinstance(tree, DraftTree)
     last = tree.shape.children[node + 1][-1]
-    cand, fb = (rd.redo[2], rd.redo[3]) if rd.redo is not None else (0, False)
+    cand, fb = (rd.redo.candidate_rounds, rd.redo.fallback) if rd.redo is not None else (0, False)
     return DeviceReject(r.clone(), int(tree.ids[last]), rd.key, rd.round, cand, fb)
 
 
@@ -467,7 +446,7 @@ def _accept(rounds: Sequence[Round], w: torch.Tensor, offs: np.ndarray, key: np.
         tok.append(rd.draft.ids)
         q.append(rd.draft.q_values.astype(np.float64))
         test.append(np.ones(d, dtype=bool) if mask is None else np.asarray(mask, dtype=bool))
-    accepted = np.array([rd.redo[0] if rd.redo is not None else rd.draft.length
+    accepted = np.array([rd.redo.accepted if rd.redo is not None else rd.draft.length
                          for rd in rounds], dtype=np.int64)
     if not job:
         return accepted
@@ -510,7 +489,7 @@ def _committed(rounds: Sequence[Round], w: torch.Tensor, offs: np.ndarray,
 
 def _reject(rd: Round, term: torch.Tensor, term_raw: torch.Tensor | None, i: int,
             n: int) -> DeviceReject:
-    cand, fb = (rd.redo[2], rd.redo[3]) if rd.redo is not None else (0, False)
+    cand, fb = (rd.redo.candidate_rounds, rd.redo.fallback) if rd.redo is not None else (0, False)
     raw = None
     if term_raw is not None and _commit(rd.method) is not None:
         raw = term_raw[i].clone()
@@ -520,8 +499,8 @@ def _reject(rd: Round, term: torch.Tensor, term_raw: torch.Tensor | None, i: int
 
 def _redo(rd: Round, state: DeviceReject) -> Outcome:
     assert rd.redo is not None
-    reply = on_request(rd.method, state, Request(rd.redo[1]), rd.space)
-    return Outcome(rd.redo[0], reply, state)
+    reply = on_request(rd.method, state, Request(rd.redo.kind), rd.space)
+    return Outcome(rd.redo.accepted, reply, state)
 
 
 def _uniform_row(states: Sequence[DeviceReject], stream: np.ndarray | int, k: int,

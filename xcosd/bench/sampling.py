@@ -40,10 +40,10 @@ import numpy as np
 from xcosd.bench.report import OUT_DIR
 from xcosd.methods import Space, get_method
 from xcosd.methods.base import Draft
+from xcosd.methods.round import Round
 from xcosd.models.base import LanguageModel, Session
 from xcosd.nodes.scoring import score_batch
-from xcosd.protocol.cloud import CloudSession, ScoreNeeded
-from xcosd.protocol.messages import Open
+from xcosd.protocol.cloud import CloudSession, ModelSlot, ScoreNeeded
 from xcosd.sampling import SamplingParams, warp
 
 OUT = OUT_DIR / "sampling.json"
@@ -145,11 +145,11 @@ def _requests(n: int, params: SamplingParams, space: Space, blocks: Sequence[np.
         draft_ids = np.array(ids, dtype=np.int64)
         q = np.minimum(1.0, p[np.arange(DRAFT), draft_ids] * rng.uniform(0.6, 1.6, DRAFT))
         q = np.maximum(q, 1e-6).astype(np.float32)
-        msg = Open(s, 0, "bench", "xcosd-e", "f32", {}, params.temperature, params.top_k,
-                   params.top_p, s, "", 64, np.zeros(0, dtype=np.int64))
-        sess = CloudSession(None, msg, get_method("xcosd-e"), space, [0])  # type: ignore[arg-type]
-        sess.draft = Draft(ids=draft_ids, q_values=q)
-        out.append(ScoreNeeded(sess, [0], 1, [], ids))
+        rd = Round(get_method("xcosd-e"), space, params, Draft(ids=draft_ids, q_values=q),
+                   key=s, round=0)
+        # the compute reads the round and the model slot only: no session is needed
+        out.append(ScoreNeeded(cast(CloudSession, None), rd, ModelSlot("bench"), [0], 1, [],
+                               ids))
     return out
 
 

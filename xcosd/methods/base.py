@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from ..codecs import Codec, get_codec
+from ..draws import ACCEPT, CANDIDATES, OTHER, TOKEN, Draws, Uniforms, draw_at, stream_of
 from ..errors import InvalidDistribution, ProtocolError
 from ..sampling import Rows, WarpedRows, sample_index
 
@@ -191,6 +192,20 @@ class Answer(StrEnum):
     OTHER = "other"
 
 
+def answer_stream(kind: Answer, state: RejectState | Any) -> int:
+    """The stream of a round's counters (:mod:`xcosd.draws`) an answer of ``kind``
+    draws from, on the host and on the accelerator: a token from a row (``token``,
+    ``residual``) ``TOKEN``; a token of ``V_O`` (``other``, and the presample of the
+    ``hybrid`` payload, which excludes asking for it) ``OTHER``; SR-DV's ``c``-th
+    candidates ``CANDIDATES + c``, ``c`` read before the answer counts it. ``argmax``
+    and ``full`` draw nothing."""
+    if kind is Answer.CANDIDATES:
+        return CANDIDATES + int(state.candidate_rounds)
+    if kind in (Answer.OTHER, Answer.HYBRID):
+        return OTHER
+    return TOKEN
+
+
 class CommitRule(StrEnum):
     """How a method's codec commits ``p`` (``docs/METHODS.md``, "Choices worth
     knowing"): both the host (:meth:`Method.commit_row`) and the accelerator read it."""
@@ -280,13 +295,15 @@ class DeviceState:
 # ------------------------------------------------------------------- pure helpers
 
 
-def verify(p_star: Rows, ids: np.ndarray, q_values: np.ndarray, rng: np.random.Generator,
+def verify(p_star: Rows, ids: np.ndarray, q_values: np.ndarray, rng: Uniforms,
            mask: np.ndarray | None = None) -> int:
     """Standard speculative verification: accept ``x_i`` while ``u < p(x_i)/q(x_i)``.
 
     ``p_star`` has one committed row per draft position (at least ``len(ids)``).
-    One uniform is drawn per *examined* position, in order. Positions where
-    ``mask`` is False are accepted without a test (uhlm's confident tokens).
+    One uniform is drawn per *examined* position, in order: a round's counted
+    stream names it by the position (:func:`~xcosd.draws.draw_at`, as the
+    accelerator does). Positions where ``mask`` is False are accepted without a test
+    (uhlm's confident tokens).
     """
     d = int(ids.shape[0])
     for i in range(d):
@@ -297,7 +314,7 @@ def verify(p_star: Rows, ids: np.ndarray, q_values: np.ndarray, rng: np.random.G
         p = float(p_star[i, x])
         if not q > 0:
             raise InvalidDistribution(f"draft {i} has q(x) = {q}: a drafted token must have q > 0")
-        if not rng.random() * q < p:  # u < p/q without dividing
+        if not draw_at(rng, i) * q < p:  # u < p/q without dividing
             return i
     return d
 
@@ -335,7 +352,7 @@ def normalise(v: np.ndarray, extra: float = 0.0) -> np.ndarray:
     return (np.asarray(v, dtype=np.float64) / total).astype(np.float32)
 
 
-def residual_sample(p: np.ndarray, q: np.ndarray, rng: np.random.Generator) -> int:
+def residual_sample(p: np.ndarray, q: np.ndarray, rng: Uniforms) -> int:
     """Sample from ``max(0, p - q) / Z``, or from ``p`` when rounding made ``Z == 0``."""
     r = np.maximum(np.asarray(p, dtype=np.float64) - q, 0.0)
     if not r.sum() > 0:
@@ -407,21 +424,22 @@ class Method:
             return rows if isinstance(rows, WarpedRows) else np.asarray(rows, dtype=np.float32)
         return np.stack([self.commit_row(r, space) for r in np.asarray(rows, dtype=np.float32)])
 
-    def verify(self, p_star: Rows, draft: Draft, space: Space, rng: np.random.Generator) -> int:
-        return verify(p_star, draft.ids, draft.q_values, rng)
+    def verify(self, p_star: Rows, draft: Draft, space: Space, rng: Draws) -> int:
+        return verify(p_star, draft.ids, draft.q_values, stream_of(rng, ACCEPT))
 
     def server_q(self, draft: Draft, j: int, space: Space) -> np.ndarray | None:
         """The device's q_j as the server knows it (only methods that uplink vectors)."""
         return None
 
-    def bonus(self, p_star: np.ndarray, rng: np.random.Generator) -> TokenReply:
-        return TokenReply(sample_index(p_star, rng))
+    def bonus(self, p_star: np.ndarray, rng: Draws) -> TokenReply:
+        return TokenReply(sample_index(p_star, stream_of(rng, TOKEN)))
 
-    def on_reject(self, state: RejectState, space: Space, rng: np.random.Generator) -> Reply:
+    def on_reject(self, state: RejectState, space: Space, rng: Draws) -> Reply:
         """The payload of a rejection: :attr:`rejection`, drawn on the host."""
         if self.rejection is None:
             raise ProtocolError(f"{self.name} sends no drafts to reject", code="internal")
-        return self.answer(self.rejection, state, space, rng)
+        kind = self.rejection
+        return self.answer(kind, state, space, stream_of(rng, answer_stream(kind, state)))
 
     def follow_up(self, state: RejectState | Any, request: Request) -> Answer:
         """What ``request`` asks the server to draw after a rejection, once checked
@@ -432,12 +450,14 @@ class Method:
                             code="bad_request")
 
     def on_request(self, state: RejectState, request: Request, space: Space,
-                   rng: np.random.Generator) -> Reply:
-        """A follow-up's payload: :meth:`follow_up`, drawn on the host."""
-        return self.answer(self.follow_up(state, request), state, space, rng)
+                   rng: Draws) -> Reply:
+        """A follow-up's payload: :meth:`follow_up`, drawn on the host (from the
+        round's stream for that kind: :func:`answer_stream`)."""
+        kind = self.follow_up(state, request)
+        return self.answer(kind, state, space, stream_of(rng, answer_stream(kind, state)))
 
     def answer(self, kind: Answer, state: RejectState, space: Space,
-               rng: np.random.Generator) -> Reply:
+               rng: Uniforms) -> Reply:
         """``kind`` drawn on the host, for the kinds every method may give; a method
         whose answers need its own options (HR's payload, SR-DV's candidates) adds
         those."""
@@ -455,7 +475,7 @@ class Method:
     # -- device: resolving a rejection -------------------------------------
 
     def resolve(self, reply: Reply, state: DeviceState, space: Space,
-                rng: np.random.Generator) -> int | Request:
+                rng: Uniforms) -> int | Request:
         """The token the device emits, or a follow-up :class:`Request`."""
         if isinstance(reply, TokenReply):
             return reply.token

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..codecs import Codec
+from ..draws import Uniforms
 from ..sampling import sample_index
 from .base import (
     Answer,
@@ -36,7 +37,7 @@ from .commit import committed_hybrid, hybrid_view, theta_other
 
 
 def hybrid_payload(codec: Codec, state: RejectState, space: Space, presample: bool,
-                   rng: np.random.Generator) -> HybridReply:
+                   rng: Uniforms) -> HybridReply:
     """The server's HR payload for one rejection (shared with SR-DV's fallback)."""
     theta_o = theta_other(state.p_raw, space)
     other = None
@@ -45,13 +46,13 @@ def hybrid_payload(codec: Codec, state: RejectState, space: Space, presample: bo
     return HybridReply(codec.encode(state.p_raw[space.common_ids]), float(theta_o), other)
 
 
-def sample_other(state: RejectState, space: Space, rng: np.random.Generator) -> int:
+def sample_other(state: RejectState, space: Space, rng: Uniforms) -> int:
     """``y ~ p*_j | V_O`` (a target id)."""
     return int(space.other_ids[sample_index(state.p_star[space.other_ids], rng)])
 
 
 def hr_answer(codec: Codec, presample: bool, kind: Answer, state: RejectState, space: Space,
-              rng: np.random.Generator) -> Reply | None:
+              rng: Uniforms) -> Reply | None:
     """HR's answers drawn on the host (its payload, a V_O token), shared with SR-DV's
     fallback; ``None`` for any other kind."""
     if kind is Answer.HYBRID:
@@ -62,7 +63,7 @@ def hr_answer(codec: Codec, presample: bool, kind: Answer, state: RejectState, s
 
 
 def hybrid_resolve(codec: Codec, reply: HybridReply, state: DeviceState, space: Space,
-                   rng: np.random.Generator) -> int | Request:
+                   rng: Uniforms) -> int | Request:
     """The device's half of HR: coin between the V_C residual and the V_O branch."""
     dec = codec.decode(reply.data, space.n_common)
     p_c, theta_o = hybrid_view(codec, dec, reply.theta_o)
@@ -101,12 +102,12 @@ class HybridResampling(Method):
         return super().follow_up(state, request)
 
     def answer(self, kind: Answer, state: RejectState, space: Space,
-               rng: np.random.Generator) -> Reply:
+               rng: Uniforms) -> Reply:
         hr = hr_answer(self.codec, self.hr_presample, kind, state, space, rng)
         return hr if hr is not None else super().answer(kind, state, space, rng)
 
     def resolve(self, reply: Reply, state: DeviceState, space: Space,
-                rng: np.random.Generator) -> int | Request:
+                rng: Uniforms) -> int | Request:
         if isinstance(reply, HybridReply):
             return hybrid_resolve(self.codec, reply, state, space, rng)
         return super().resolve(reply, state, space, rng)

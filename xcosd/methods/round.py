@@ -5,6 +5,13 @@ the server commits the target's warped rows, verifies the block and answers with
 bonus token or the method's rejection payload (:func:`verify_block`); on a
 rejection the device resolves the payload, asking follow-ups until it has a token.
 
+The server half of a round is :func:`verify_round`: a pure function of the round's
+plain data (:class:`Round`: the block, the method, the sampling settings, the seed
+and round number, a redo) and the target's rows, drawing from the round's counters
+(:mod:`xcosd.draws`), so it may run on any thread, again after a restart, or on an
+accelerator (``xcosd/accel/verify.py`` verifies the same :class:`Round`), and give the
+same outcome.
+
 The state machines run exactly these functions, with the messages in between
 crossing the wire (``xcosd/protocol/``); :func:`resolve_locally` runs the
 rejection exchange in one process, for ``xcosd/simulate.py`` and the measured-TV
@@ -18,11 +25,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..sampling import Rows, sample_index
-from .base import ID_BYTES, DeviceState, Draft, Method, RejectState, Reply, Request, Space
+from ..draws import Draws, RoundDraws, Uniforms
+from ..errors import InvalidDistribution, ProtocolError, XcosdError
+from ..sampling import Rows, SamplingParams, WarpedRows, sample_index
+from .base import (
+    ID_BYTES,
+    DeviceState,
+    Draft,
+    KeptReject,
+    Method,
+    RejectState,
+    Reply,
+    Request,
+    RequestKind,
+    Space,
+    TokenReply,
+)
+from .tree import DraftTree, rebuild_tree_reject, verify_tree
 
 
-def draft_token(method: Method, q: np.ndarray, space: Space, rng: np.random.Generator,
+def draft_token(method: Method, q: np.ndarray, space: Space, rng: Uniforms,
                 support: np.ndarray | None = None) -> tuple[int, np.ndarray]:
     """Sample one draft from the TLI row ``q`` (V_C order): ``(target id, the row it
     was sampled from)`` (``method.draft_row(q)``: sd-uplink commits it).
@@ -55,7 +77,7 @@ class Verified:
 
 
 def verify_block(method: Method, p: Rows, draft: Draft, space: Space,
-                 rng: np.random.Generator) -> Verified:
+                 rng: Draws) -> Verified:
     """Commit the ``d + 1`` warped target rows ``p``, verify ``draft`` against them
     and answer: a bonus token when every draft is accepted, else the method's
     rejection payload for the first rejected position. ``p`` may be a
@@ -113,7 +135,7 @@ class Resolution:
 
 
 def resolve_locally(method: Method, state: RejectState, dev: DeviceState, space: Space,
-                    rng: np.random.Generator, reply: Reply | None = None) -> Resolution:
+                    rng: Uniforms, reply: Reply | None = None) -> Resolution:
     """The rejection exchange with both halves in one process: the server's payload
     (``reply``, or ``method.on_reject``), then the device's resolution, answering
     each follow-up :class:`~xcosd.methods.base.Request` with ``method.on_request``."""
@@ -136,3 +158,120 @@ def resolve_locally(method: Method, state: RejectState, dev: DeviceState, space:
 
 __all__ = ["Resolution", "Verified", "draft_token", "rebuild_reject", "resolve_locally",
            "verify_block"]
+
+
+# ------------------------------------------------------------- the server's half
+
+
+@dataclass(frozen=True)
+class RoundRedo:
+    """A round whose verdict the device saw before the cloud lost it (a restart):
+    ``accepted`` is taken as the verdict, the rejection's state is rebuilt with the
+    follow-ups the device already received, and the one it waits for (``kind``) is
+    answered."""
+
+    accepted: int
+    kind: RequestKind
+    candidate_rounds: int = 0
+    fallback: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Round:
+    """One round's server half as plain data: the pending ``draft`` (a chain or a
+    :class:`~xcosd.methods.tree.DraftTree`), its method, space and warper settings,
+    the session's ``key`` (its seed) and the ``round`` number that count its random
+    numbers, and a ``redo``. A snapshot: nothing here is the live session's, so it
+    is verified off the event loop, or on an accelerator, without touching it."""
+
+    method: Method
+    space: Space
+    params: SamplingParams
+    draft: Draft
+    key: int
+    round: int
+    redo: RoundRedo | None = None
+
+    def draws(self) -> RoundDraws:
+        """This round's random numbers (:mod:`xcosd.draws`)."""
+        return RoundDraws(self.key, self.round)
+
+
+@dataclass(eq=False)
+class RoundOutcome:
+    """What verifying a :class:`Round` gives: ``accepted`` drafts and the ``reply``,
+    the rejection's state its follow-ups are answered from, or the ``error`` that
+    fails this session alone."""
+
+    accepted: int
+    reply: Reply
+    #: on a rejection, what its follow-ups are answered from (on the host, or kept on
+    #: the target's device: a :class:`~xcosd.methods.base.KeptReject`)
+    reject: RejectState | KeptReject | None
+    error: XcosdError | None = None
+    #: compute time of the batch this round was verified in (reported to the edge)
+    compute_s: float = 0.0
+    #: a redone round: ``reply`` answers the device's pending follow-up, not the draft
+    redo: bool = False
+    #: a tree round's accepted path (node indices from the context down); ``accepted``
+    #: is then the verdict's ``n``, the index + 1 of the node the walk stopped at
+    path: list[int] | None = None
+
+
+def failed(error: XcosdError) -> RoundOutcome:
+    """The outcome of a round that fails its session with ``error``."""
+    return RoundOutcome(0, TokenReply(0), None, error)
+
+
+def verify_round(rd: Round, rows: np.ndarray, warped: np.ndarray | None = None
+                 ) -> RoundOutcome:
+    """The server's half of round ``rd`` against the target's rows for it: commit,
+    verify, answer (or, for a redo, rebuild the rejection and answer the follow-up).
+
+    A pure function of ``rd`` and the rows: its random numbers are the round's
+    counters. Each row is warped with ``rd.params`` when verification first reads it
+    (:class:`~xcosd.sampling.WarpedRows`: the rows after the first rejection are
+    never warped); ``warped``: the rows warped already with those settings (a batch
+    warps short rows together), the same bits. Never raises: a failure comes back as
+    ``error``."""
+    m, sp, draft = rd.method, rd.space, rd.draft
+    try:
+        rows = np.asarray(rows, dtype=np.float32)
+        d = draft.length
+        if rows.shape != (d + 1, sp.target_size):
+            raise InvalidDistribution(
+                f"target returned rows {rows.shape}, expected {(d + 1, sp.target_size)}")
+        if warped is not None and warped.shape != rows.shape:
+            raise InvalidDistribution(f"warped rows {warped.shape}, expected {rows.shape}")
+        # rows no warper changes (T=1, no top-k / top-p) are read as they are
+        p = (rows if rd.params.identity
+             else warped if warped is not None else WarpedRows(rows, rd.params))
+        draws = rd.draws()
+        redo = rd.redo
+        tree = draft if isinstance(draft, DraftTree) else None
+        if redo is not None:
+            if tree is not None:
+                node = redo.accepted - 1
+                state = rebuild_tree_reject(m, p, tree, node, sp,
+                                            candidate_rounds=redo.candidate_rounds,
+                                            fallback_sent=redo.fallback)
+                reply = m.on_request(state, Request(redo.kind), sp, draws)
+                return RoundOutcome(redo.accepted, reply, state, redo=True,
+                                    path=tree.shape.path(node))
+            state = rebuild_reject(m, p, draft, redo.accepted, sp,
+                                   candidate_rounds=redo.candidate_rounds,
+                                   fallback_sent=redo.fallback)
+            reply = m.on_request(state, Request(redo.kind), sp, draws)
+            return RoundOutcome(redo.accepted, reply, state, redo=True)
+        if tree is not None:
+            t = verify_tree(m, p, tree, sp, draws)
+            return RoundOutcome(t.node + 1, t.reply, t.reject, path=t.path)
+        v = verify_block(m, p, draft, sp, draws)
+        return RoundOutcome(v.accepted, v.reply, v.reject)
+    except XcosdError as e:
+        return failed(e)
+    except (ValueError, IndexError, AssertionError) as e:
+        return failed(ProtocolError(f"cannot verify this draft: {e}", code="bad_field"))
+    except Exception as e:
+        return failed(ProtocolError(f"verification failed: {type(e).__name__}",
+                                    code="internal"))

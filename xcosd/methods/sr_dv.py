@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..codecs import Codec
+from ..draws import Uniforms
 from ..errors import InvalidDistribution, ProtocolError
 from ..sampling import sample_many
 from .base import (
@@ -94,7 +95,7 @@ class SrDv(Method):
     def commit_row(self, p: np.ndarray, space: Space) -> np.ndarray:
         return committed_hybrid(self.codec, p, space)
 
-    def _candidates(self, state: RejectState, rng: np.random.Generator) -> CandidatesReply:
+    def _candidates(self, state: RejectState, rng: Uniforms) -> CandidatesReply:
         w = state.p_star.copy()  # float32: the sampler sums in float64 itself
         w[state.rejected] = 0.0
         try:
@@ -124,14 +125,14 @@ class SrDv(Method):
         return super().follow_up(state, request)
 
     def answer(self, kind: Answer, state: RejectState, space: Space,
-               rng: np.random.Generator) -> Reply:
+               rng: Uniforms) -> Reply:
         if kind is Answer.CANDIDATES:
             return self._candidates(state, rng)
         hr = hr_answer(self.codec, self.hr_presample, kind, state, space, rng)
         return hr if hr is not None else super().answer(kind, state, space, rng)
 
     def resolve(self, reply: Reply, state: DeviceState, space: Space,
-                rng: np.random.Generator) -> int | Request:
+                rng: Uniforms) -> int | Request:
         if isinstance(reply, CandidatesReply):
             state.candidate_rounds += 1
             k = int(reply.ids.shape[0])

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..draws import Uniforms
 from .base import (
     Answer,
     CommitRule,
@@ -37,7 +38,7 @@ class Straightforward(Method):
 
 
     def resolve(self, reply: Reply, state: DeviceState, space: Space,
-                rng: np.random.Generator) -> int | Request:
+                rng: Uniforms) -> int | Request:
         if isinstance(reply, FullVectorReply):
             p_star = decoded_full(self.codec, reply.data, space.target_size)
             return residual_sample(p_star, space.expand(state.q_common), rng)

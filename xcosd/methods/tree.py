@@ -40,6 +40,7 @@ from functools import cached_property
 import numpy as np
 
 from ..codecs import Codec, get_codec
+from ..draws import ACCEPT, Draws, Uniforms, draw_at, stream_of
 from ..errors import InvalidDistribution, ProtocolError
 from ..sampling import Rows, sample_index
 from .base import (
@@ -315,7 +316,7 @@ class Siblings:
             self.current = (w / total).astype(np.float32)
 
 
-def draw_child(row: np.ndarray, rng: np.random.Generator) -> int:
+def draw_child(row: np.ndarray, rng: Uniforms) -> int:
     """One child's V_C position, drawn from ``row``."""
     return sample_index(row, rng)
 
@@ -341,7 +342,7 @@ RowsAt = Callable[[list[int], list[int]], list[np.ndarray]]
 
 
 def draft_tree(method: Method, shape: TreeShape, rows_at: RowsAt, space: Space,
-               rng: np.random.Generator, row_codec: Codec | str | None = None, *,
+               rng: Uniforms, row_codec: Codec | str | None = None, *,
                distinct: bool = True) -> DeviceTree:
     """Draw a tree of ``shape``: depth by depth, ``rows_at(nodes, ids)`` gives the
     TLI rows after those nodes (``ids``: the tokens drawn so far, by node), then
@@ -467,7 +468,7 @@ def server_rows(method: Method, draft: DraftTree, space: Space) -> dict[int, lis
 
 
 def verify_tree(method: Method, p: Rows, draft: DraftTree, space: Space,
-                rng: np.random.Generator) -> TreeVerified:
+                rng: Draws) -> TreeVerified:
     """Walk ``draft`` against the warped target rows ``p`` (``p[0]`` after the
     context, ``p[i + 1]`` after node ``i``'s path): one uniform per tested child,
     siblings tested against the residual the rejected ones before them left, the
@@ -483,6 +484,7 @@ def verify_tree(method: Method, p: Rows, draft: DraftTree, space: Space,
     qs = server_rows(method, draft, space)
     path: list[int] = []
     node, tested = -1, 0
+    acc = stream_of(rng, ACCEPT)  # a tested child's uniform is named by the child
     while True:
         kids = shape.children[node + 1]
         if not kids:
@@ -495,7 +497,7 @@ def verify_tree(method: Method, p: Rows, draft: DraftTree, space: Space,
                 raise InvalidDistribution(f"node {c} has q(x) = {q}: a drafted token must "
                                           f"have q > 0")
             tested += 1
-            if rng.random() * q < r.item(x):
+            if draw_at(acc, c) * q < r.item(x):
                 accepted = c
                 break
             if k + 1 < len(kids):

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..codecs import Codec
+from ..draws import ACCEPT, Draws, stream_of
 from ..sampling import Rows
 from .base import Answer, Draft, Method, Space, verify
 from .commit import committed_full, decoded_full
@@ -46,8 +47,9 @@ class Uhlm(Method):
                         for q, m in zip(q_rows, mask, strict=True) if m)
         return Draft(ids=base.ids, q_values=base.q_values, q_vectors=vectors, verify_mask=mask)
 
-    def verify(self, p_star: Rows, draft: Draft, space: Space, rng: np.random.Generator) -> int:
-        return verify(p_star, draft.ids, draft.q_values, rng, mask=draft.verify_mask)
+    def verify(self, p_star: Rows, draft: Draft, space: Space, rng: Draws) -> int:
+        return verify(p_star, draft.ids, draft.q_values, stream_of(rng, ACCEPT),
+                      mask=draft.verify_mask)
 
     def server_q(self, draft: Draft, j: int, space: Space) -> np.ndarray | None:
         assert draft.q_vectors is not None and draft.verify_mask is not None

@@ -59,7 +59,7 @@ from .stats import GenerationStats
 def free_model_state(target: LanguageModel, session: Any) -> None:
     """A closed session's model state freed, as a cloud node's scheduler frees it
     (``LanguageModel.end``: a model that keeps prefixes retires it for reuse)."""
-    handle, session.handle = session.handle, None
+    handle, session.model.handle = session.model.handle, None
     if handle is not None:
         target.end(handle)
 

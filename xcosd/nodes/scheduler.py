@@ -79,7 +79,7 @@ import numpy as np
 
 from ..errors import XcosdError
 from ..models.base import LanguageModel
-from ..protocol.cloud import CloudSession, RoundOutcome, ScoreNeeded
+from ..protocol.cloud import CloudSession, ModelSlot, RoundOutcome, ScoreNeeded
 from .merging import MergePolicy
 from .scoring import (
     Scored,
@@ -214,7 +214,7 @@ class Scheduler:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._closed = False
-        self._to_free: list[CloudSession] = []
+        self._to_free: list[ModelSlot] = []
         #: work handed to the thread and not finished (batches, frees, node jobs)
         self._jobs: set[Future[Any]] = set()
 
@@ -256,7 +256,7 @@ class Scheduler:
         if self.merge is not None:
             self.merge.forget(session, time.perf_counter(),
                               session.conn.peer if by_peer else None)
-        self._to_free.append(session)
+        self._to_free.append(session.model)
         self._wake.set()
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -277,8 +277,8 @@ class Scheduler:
 
     def _free_pending(self) -> None:
         while self._to_free:
-            session = self._to_free.pop()
-            handle, session.handle = session.handle, None
+            slot = self._to_free.pop()
+            handle, slot.handle = slot.handle, None
             if handle is None:
                 continue
             try:
@@ -528,7 +528,7 @@ class Scheduler:
             if k == len(warped):  # the next run of sessions, warped in one bounded call
                 end = warp_chunk_end(scored, k)
                 warped += warp_together(current.batch[k:end], scored[k:end])
-            outcome = verify_scored(req.session, item, warped[k])
+            outcome = verify_scored(req.round, item, warped[k])
             now = time.perf_counter()
             # what this verdict waited for: the call, and verification up to its own
             outcome.compute_s = now - current.t0

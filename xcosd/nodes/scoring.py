@@ -6,8 +6,11 @@ and the benchmarks run exactly the same code.
 A batch is scored in two halves that the scheduler runs apart: :func:`score_rows`
 (the model: each session's context brought in step, one call for the whole batch,
 no randomness drawn) in the worker thread, then :func:`verify_scored` per session
-(the method's verification, which draws the session's random numbers) on the event
-loop as the verdicts stream out. :func:`score_batch` runs both in one go.
+(the method's verification: :func:`~xcosd.methods.round.verify_round`, a pure
+function of the round's snapshot and its rows) on the event loop as the verdicts
+stream out. Neither half reads the live protocol session: a request carries its
+round as plain data (``ScoreNeeded.round``) and its model state apart
+(``ScoreNeeded.model``). :func:`score_batch` runs both in one go.
 :func:`score_on_device` keeps the rows on the target's accelerator and verifies
 them there (:mod:`xcosd.accel`).
 """
@@ -20,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ModelError, ProtocolError, XcosdError
-from ..methods.base import Request, TokenReply
+from ..errors import ModelError, XcosdError
+from ..methods.round import Round, RoundOutcome, failed, verify_round
 from ..models.base import LanguageModel
 from ..models.tree_scoring import score_tree
-from ..protocol.cloud import CloudSession, RoundOutcome, ScoreNeeded
+from ..protocol.cloud import ScoreNeeded
 from ..sampling import WHOLE_ROW_MAX, SamplingParams, warp
 
 if TYPE_CHECKING:  # torch only where a target verifies on its device
-    from ..accel.verify import Outcome, Round
+    from ..accel.verify import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[Roun
     numbers once, as if it had not been in their batch.
     """
     scored = score_rows(model, batch)
-    return [verify_scored(r.session, x, w)
+    return [verify_scored(r.round, x, w)
             for r, x, w in zip(batch, scored, warp_together(batch, scored), strict=True)]
 
 
@@ -58,11 +61,11 @@ def score_batch(model: LanguageModel, batch: Sequence[ScoreNeeded]) -> list[Roun
 Scored = np.ndarray | RoundOutcome
 
 
-def verify_scored(session: CloudSession, scored: Scored,
+def verify_scored(rd: Round, scored: Scored,
                   warped: np.ndarray | None = None) -> RoundOutcome:
-    """A session's outcome from its share of :func:`score_rows` (``warped``: those rows
-    warped already, by :func:`warp_together`)."""
-    return _verify(session, scored, warped) if isinstance(scored, np.ndarray) else scored
+    """Round ``rd``'s outcome from its share of :func:`score_rows` (``warped``: those
+    rows warped already, by :func:`warp_together`)."""
+    return _verify(rd, scored, warped) if isinstance(scored, np.ndarray) else scored
 
 
 def warp_together(batch: Sequence[ScoreNeeded], scored: Sequence[Scored]
@@ -84,7 +87,7 @@ def warp_together(batch: Sequence[ScoreNeeded], scored: Sequence[Scored]
     out: list[np.ndarray | None] = [None] * len(batch)
     groups: dict[SamplingParams, list[tuple[int, np.ndarray]]] = {}
     for i, (req, x) in enumerate(zip(batch, scored, strict=True)):
-        params = req.session.params
+        params = req.round.params
         if (params.identity or params.greedy or not isinstance(x, np.ndarray)
                 or x.dtype != np.float32 or x.ndim != 2
                 or not 0 < x.shape[1] <= WHOLE_ROW_MAX):
@@ -143,13 +146,13 @@ def score_rows(model: LanguageModel, batch: Sequence[ScoreNeeded],
             if req.parents is None:
                 prepared.append((i, req))
             else:  # a draft tree: its own call, in one forward where the model can
-                out[i] = tree(req.session.handle, req.parents, req.new_ids)
+                out[i] = tree(req.model.handle, req.parents, req.new_ids)
         except Exception as e:  # the model refused this session's context or tree
             out[i] = failed_outcome(e)
     rows: dict[int, Any] = {}
     if prepared:
         try:
-            got = score([(r.session.handle, r.new_ids) for _, r in prepared])
+            got = score([(r.model.handle, r.new_ids) for _, r in prepared])
             if len(got) != len(prepared):
                 raise ModelError(f"the model returned {len(got)} results for "
                                  f"{len(prepared)} sessions")
@@ -161,7 +164,7 @@ def score_rows(model: LanguageModel, batch: Sequence[ScoreNeeded],
             for i, r in prepared:
                 try:
                     _rewind(model, r)
-                    rows[i] = score([(r.session.handle, r.new_ids)])[0]
+                    rows[i] = score([(r.model.handle, r.new_ids)])[0]
                 except Exception as e:
                     out[i] = failed_outcome(e)
     out.update(rows)
@@ -196,83 +199,62 @@ def score_on_device(model: Any, batch: Sequence[ScoreNeeded]) -> list[RoundOutco
     out: list[RoundOutcome | None] = [x if isinstance(x, RoundOutcome) else None
                                       for x in scored]
     on_device: list[int] = []
-    rounds = []
+    rounds: list[Round] = []
     for i, (req, x) in enumerate(zip(batch, scored, strict=True)):
         if out[i] is not None:
             continue
-        sess = req.session
+        rd = req.round
         if isinstance(x, np.ndarray):  # a tree's rows a model scored on the host
-            out[i] = _verify(sess, x)
-            continue
-        if not supported(sess.method):
-            out[i] = _verify(sess, x.float().cpu().numpy())
-            continue
-        try:
-            rounds.append(_device_round(sess))
+            out[i] = _verify(rd, x)
+        elif not supported(rd.method):
+            out[i] = _verify(rd, x.float().cpu().numpy())
+        else:
+            rounds.append(rd)
             on_device.append(i)
-        except XcosdError as e:
-            out[i] = RoundOutcome(0, TokenReply(0), None, e)
     if rounds:
         got = verify_batch(rounds, [scored[i] for i in on_device])
         for i, o in zip(on_device, got, strict=True):
-            out[i] = _device_outcome(batch[i].session, o)
+            out[i] = _device_outcome(batch[i].round, o)
     return [o if o is not None else failed_outcome(RuntimeError("unverified")) for o in out]
 
 
-def _device_round(sess: CloudSession) -> Round:
-    """``sess``'s pending round as :func:`xcosd.accel.verify_batch` verifies it, next
-    to the target's rows on its device (keyed by the session's seed and round)."""
-    from ..accel.verify import Round
-
-    draft = sess.draft
-    if draft is None:  # closed while its round was being scored
-        raise ProtocolError("session closed during scoring", code="state")
-    redo = sess.redo
-    return Round(sess.method, sess.space, sess.params, draft, sess.seed, sess.round,
-                 None if redo is None else (redo.accepted, Request(redo.kind).kind,
-                                            redo.candidate_rounds, redo.fallback))
-
-
-def _device_outcome(sess: CloudSession, outcome: Outcome) -> RoundOutcome:
-    """A :func:`~xcosd.accel.verify_batch` result as ``sess``'s outcome."""
+def _device_outcome(rd: Round, outcome: Outcome) -> RoundOutcome:
+    """A :func:`~xcosd.accel.verify_batch` result as round ``rd``'s outcome."""
     return RoundOutcome(outcome.accepted, outcome.reply, outcome.reject, outcome.error,
-                        redo=sess.redo is not None and outcome.error is None,
+                        redo=rd.redo is not None and outcome.error is None,
                         path=outcome.path)
 
 
-def _verify(session: CloudSession, rows: np.ndarray,
-            warped: np.ndarray | None = None) -> RoundOutcome:
-    """One session's verification; whatever it raises fails that session only."""
+def _verify(rd: Round, rows: np.ndarray, warped: np.ndarray | None = None) -> RoundOutcome:
+    """One round's verification; whatever it raises fails that session only."""
     try:
-        return session.verify_rows(rows, warped)
+        return verify_round(rd, rows, warped)
     except Exception as e:  # MemoryError, a method's bug: this session's problem
-        log.exception("verifying a round of session %s failed", session.s)
-        err = e if isinstance(e, XcosdError) else XcosdError(
-            f"verifying this round failed: {type(e).__name__}: {e}", code="internal")
-        return RoundOutcome(0, TokenReply(0), None, err)
+        log.exception("verifying round %d failed", rd.round)
+        return failed(e if isinstance(e, XcosdError) else XcosdError(
+            f"verifying this round failed: {type(e).__name__}: {e}", code="internal"))
 
 
 def _prepare(model: LanguageModel, req: ScoreNeeded) -> None:
-    sess = req.session
+    slot = req.model
     if req.start_ids is not None:
-        sess.handle = model.start(req.start_ids)
+        slot.handle = model.start(req.start_ids)
         # the peer's: a model that keeps ended sessions' caches shares its room
         # fairly between peers (xcosd/models/prefix_cache.py)
-        sess.handle.tenant = bytes(sess.conn.peer).hex()
-    model.rollback(sess.handle, req.keep)
+        slot.handle.tenant = slot.tenant
+    model.rollback(slot.handle, req.keep)
     if req.append:
-        model.append(sess.handle, req.append)
+        model.append(slot.handle, req.append)
 
 
 def _rewind(model: LanguageModel, req: ScoreNeeded) -> None:
-    model.rollback(req.session.handle, req.keep + len(req.append))
+    model.rollback(req.model.handle, req.keep + len(req.append))
 
 
 def failed_outcome(e: BaseException) -> RoundOutcome:
     """The outcome of a round whose scoring failed: the session fails with ``e``
     (a :class:`~xcosd.errors.ModelError` unless it is typed already)."""
-    err = e if isinstance(e, XcosdError) else ModelError(f"target model failed: {e}")
-    return RoundOutcome(0, TokenReply(0), None, err)
+    return failed(e if isinstance(e, XcosdError) else ModelError(f"target model failed: {e}"))
 
 
 def request_rows(req: ScoreNeeded) -> int:

@@ -6,8 +6,10 @@ the messages to send back to that peer and the events the node must act on.
 It never touches a socket, a clock or the model. The one thing it cannot do
 itself, scoring drafted tokens with the target model, it asks for with a
 :class:`ScoreNeeded` event; the node's scheduler batches those, runs the model,
-calls :meth:`CloudSession.verify_rows` (pure math, safe in a worker thread) and
-hands the outcome back through :meth:`CloudConnection.scored`.
+verifies the round it carries as plain data
+(:func:`~xcosd.methods.round.verify_round`, a pure function of the round's snapshot
+and its rows, safe on any thread) and hands the outcome back through
+:meth:`CloudConnection.scored`, on the event loop, where it is applied.
 
 A round on the cloud, as in ``xcosd/simulate.py``: warp the ``d + 1`` target
 rows with the session's sampling parameters, commit them (``method.commit_row``),
@@ -45,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from ..draws import RoundDraws
 from ..errors import (
     ErrorCode,
-    InvalidDistribution,
     ProtocolError,
     XcosdError,
     context_length_message,
@@ -58,21 +60,18 @@ from ..methods.base import (
     KeptReject,
     Method,
     RejectState,
-    Reply,
     Request,
     Space,
     TokenReply,
 )
-from ..methods.round import rebuild_reject, verify_block
+from ..methods.round import Round, RoundOutcome
 from ..methods.tree import (
     DraftTree,
     check_tree,
     check_tree_method,
-    rebuild_tree_reject,
     server_rows,
-    verify_tree,
 )
-from ..sampling import SamplingParams, WarpedRows
+from ..sampling import SamplingParams
 from ..vocab import Vocabulary
 from .contexts import (
     BUDGET_CHARS,
@@ -166,16 +165,38 @@ CLOUD_TRANSITIONS: dict[tuple[CloudPhase, CloudStep], CloudPhase] = {
 # ------------------------------------------------------------------------ events
 
 
+class ModelSlot:
+    """Where the node keeps a session's model state (its handle on the target's
+    context). Apart from the protocol session on purpose: the node's worker thread
+    starts, extends and frees the model state while the event loop runs the
+    protocol, and neither touches the other's."""
+
+    __slots__ = ("handle", "tenant")
+
+    def __init__(self, tenant: str) -> None:
+        #: the node's model session (opaque here)
+        self.handle: Any = None
+        #: whose it is (a model that keeps ended sessions' caches shares its room
+        #: fairly between tenants: xcosd/models/prefix_cache.py)
+        self.tenant = tenant
+
+
 @dataclass(eq=False)
 class ScoreNeeded:
-    """Score ``new_ids`` for ``session`` with the target model.
+    """Score ``new_ids`` with the target model in ``model``'s context, then verify
+    ``round``.
 
     Before scoring, the model context must be: started with ``start_ids`` (first
     round only), cut back to ``keep`` tokens, extended by ``append`` (tokens
-    committed since the last round that the model has not seen).
+    committed since the last round that the model has not seen). What the compute
+    reads is here as plain data (``round``, a snapshot) and ``model``; ``session`` is
+    only the address its outcome goes back to, on the event loop
+    (:meth:`CloudConnection.scored`), and the compute never reads it.
     """
 
     session: CloudSession
+    round: Round
+    model: ModelSlot
     start_ids: list[int] | None
     keep: int
     append: list[int]
@@ -334,26 +355,6 @@ def _open_key(msg: Open) -> tuple[Any, ...]:
             -1 if msg.draft is None else msg.draft.length, msg.base, msg.keep)
 
 
-@dataclass(eq=False)
-class RoundOutcome:
-    """The result of verifying one round (computed off the event loop)."""
-
-    accepted: int
-    reply: Reply
-    #: on a rejection, what its follow-ups are answered from (on the host, or kept on
-    #: the target's device: a :class:`~xcosd.methods.base.KeptReject`)
-    reject: RejectState | KeptReject | None
-    error: XcosdError | None = None
-    #: compute time of the batch this round was verified in (reported to the edge)
-    compute_s: float = 0.0
-    #: a redone round (:class:`~xcosd.protocol.messages.Redo`): ``reply`` answers the
-    #: edge's pending follow-up, not the draft
-    redo: bool = False
-    #: a tree round's accepted path (node indices from the context down); ``accepted``
-    #: is then the verdict's ``n``, the index + 1 of the node the walk stopped at
-    path: list[int] | None = None
-
-
 class CloudSession:
     """One generation on the cloud: method, space, sampling, randomness and the
     bookkeeping that keeps the target model's context in step with the device."""
@@ -365,9 +366,8 @@ class CloudSession:
         self.method = method
         self.space = space
         self.params = SamplingParams(msg.temperature, msg.top_k, msg.top_p)
-        self.rng = np.random.default_rng(msg.seed)
-        #: the key of the session's counter-based draws when its target verifies on its
-        #: device (:mod:`xcosd.accel.philox`): the seed, or fresh entropy without one
+        #: the key of the session's counter-based draws (:mod:`xcosd.draws`): the
+        #: seed, or fresh entropy without one
         self.seed = (int(msg.seed) if msg.seed is not None
                      else int(np.random.SeedSequence().generate_state(1, np.uint64)[0]))
         self.max_new_tokens = msg.max_new_tokens
@@ -399,8 +399,8 @@ class CloudSession:
         self.draft: Draft | None = None
         self.reject: RejectState | KeptReject | None = None
         self.final_token: int | None = None
-        #: the node's model session (opaque here)
-        self.handle: Any = None
+        #: the node's model state for this session (its worker thread's, not the loop's)
+        self.model = ModelSlot(bytes(conn.peer).hex())
         self.rounds = 0
         self.drafted = 0
         self.accepted = 0
@@ -422,68 +422,6 @@ class CloudSession:
             raise ProtocolError(f"session {self.s}: {event.value} is not allowed in phase "
                                 f"{self.phase.value}", code="state")
         self.phase = nxt
-
-    # -- in a worker thread -----------------------------------------------
-
-    def verify_rows(self, rows: np.ndarray, warped: np.ndarray | None = None) -> RoundOutcome:
-        """Verify the pending draft against the target's rows for it.
-
-        Pure math on this session's own state (the draft, the method, its RNG), so
-        the scheduler may run it in its worker thread right after the batched
-        forward pass. Each row is warped with this session's sampling parameters
-        when verification first reads it (:class:`~xcosd.sampling.WarpedRows`):
-        the rows after the first rejection, which nothing reads, are never warped.
-        ``warped``: the rows warped already with this session's parameters (a batch
-        warps short rows together: ``xcosd.nodes.scoring.warp_together``), the same
-        bits. Never raises: a failure comes back as ``error``.
-        """
-        draft = self.draft
-        if draft is None:  # closed while its round was being scored: nothing to verify
-            return RoundOutcome(0, TokenReply(0), None,
-                                ProtocolError("session closed during scoring", code="state"))
-        m, sp = self.method, self.space
-        try:
-            rows = np.asarray(rows, dtype=np.float32)
-            d = draft.length
-            if rows.shape != (d + 1, sp.target_size):
-                raise InvalidDistribution(
-                    f"target returned rows {rows.shape}, expected {(d + 1, sp.target_size)}")
-            # rows no warper changes (T=1, no top-k / top-p) are read as they are
-            if warped is not None and warped.shape != rows.shape:
-                raise InvalidDistribution(
-                    f"warped rows {warped.shape}, expected {rows.shape}")
-            p = (rows if self.params.identity
-                 else warped if warped is not None else WarpedRows(rows, self.params))
-            redo = self.redo
-            tree = draft if isinstance(draft, DraftTree) else None
-            if redo is not None:
-                if tree is not None:
-                    node = redo.accepted - 1
-                    state = rebuild_tree_reject(m, p, tree, node, sp,
-                                                candidate_rounds=redo.candidate_rounds,
-                                                fallback_sent=redo.fallback)
-                    reply = m.on_request(state, Request(redo.kind), sp, self.rng)
-                    return RoundOutcome(redo.accepted, reply, state, redo=True,
-                                        path=tree.shape.path(node))
-                state = rebuild_reject(m, p, draft, redo.accepted, sp,
-                                       candidate_rounds=redo.candidate_rounds,
-                                       fallback_sent=redo.fallback)
-                reply = m.on_request(state, Request(redo.kind), sp, self.rng)
-                return RoundOutcome(redo.accepted, reply, state, redo=True)
-            if tree is not None:
-                t = verify_tree(m, p, tree, sp, self.rng)
-                return RoundOutcome(t.node + 1, t.reply, t.reject, path=t.path)
-            v = verify_block(m, p, draft, sp, self.rng)
-            return RoundOutcome(v.accepted, v.reply, v.reject)
-        except XcosdError as e:
-            return RoundOutcome(0, TokenReply(0), None, e)
-        except (ValueError, IndexError, AssertionError) as e:
-            return RoundOutcome(0, TokenReply(0), None,
-                                ProtocolError(f"cannot verify this draft: {e}", code="bad_field"))
-        except Exception as e:
-            return RoundOutcome(0, TokenReply(0), None,
-                                ProtocolError(f"verification failed: {type(e).__name__}",
-                                              code="internal"))
 
 
 # -------------------------------------------------------------------- connection
@@ -901,7 +839,8 @@ class CloudConnection:
         elif msg.token is not None:
             raise ProtocolError(f"session {sess.s}: no rejection to resolve in round "
                                 f"{sess.round}", code="bad_token")
-        req = ScoreNeeded(sess, sess.start_ids, sess.committed, append, ids,
+        req = ScoreNeeded(sess, Round(m, sp, sess.params, draft, sess.seed, msg.r, redo),
+                          sess.model, sess.start_ids, sess.committed, append, ids,
                           parents=None if tree is None else tree.parents.tolist())
         sess.start_ids = None
         sess.committed += len(append)
@@ -971,8 +910,9 @@ class CloudConnection:
             raise ProtocolError(f"session {sess.s}: no rejection to follow up in round "
                                 f"{msg.r}", code=code)
         rej = sess.reject
-        if isinstance(rej, RejectState):
-            reply = sess.method.on_request(rej, Request(msg.kind), sess.space, sess.rng)
+        if isinstance(rej, RejectState):  # drawn from the round's counters
+            reply = sess.method.on_request(rej, Request(msg.kind), sess.space,
+                                           RoundDraws(sess.seed, sess.round))
         else:  # kept where the target's rows are (its device), answered there
             reply = rej.answer(sess.method, Request(msg.kind), sess.space)
         sess.requests += 1

@@ -51,6 +51,7 @@ from ..methods.base import (
     RequestKind,
     TokenReply,
 )
+from ..methods.round import RoundRedo
 from ..methods.tree import MAX_NODES, DraftTree
 from .fields import (
     INT_MAX,
@@ -727,8 +728,9 @@ class Opened(SessionMessage):
 
 
 @dataclass(frozen=True)
-class Redo:
-    """A round whose verdict the edge saw before the cloud lost it (a restart).
+class Redo(RoundRedo):
+    """A round whose verdict the edge saw before the cloud lost it (a restart): the
+    wire form of :class:`~xcosd.methods.round.RoundRedo`, which the cloud verifies.
 
     Sent with that round's draft again, first thing after the resumed ``open``: the
     cloud scores the block, takes ``accepted`` as the verdict (it is already part of
@@ -746,10 +748,6 @@ class Redo:
         Field("candidate_rounds", "cr", Kind.INT, hi=1 << 20),
         Field("fallback", "fb", Kind.BOOL, default=False),
     )
-    accepted: int
-    kind: RequestKind
-    candidate_rounds: int = 0
-    fallback: bool = False
 
 
 @dataclass(frozen=True, eq=False)
