@@ -169,6 +169,7 @@ TEST_MAP: list[tuple[str, tuple[str, ...]]] = [
     # TV(p, p*) only reports how far a lossy codec moves the law: its tests are the codecs'
     ("xcosd/methods/distance.py", ("tests/test_codecs.py",)),
     ("xcosd/methods/tree.py", TREE_TESTS),
+    ("xcosd/methods/shape.py", TREE_TESTS),
     ("xcosd/models/tree_scoring.py", TREE_TESTS),
     ("xcosd/methods/*.py", METHOD_TESTS),
     ("xcosd/protocol/edge.py", PROTOCOL_TESTS),
