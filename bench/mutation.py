@@ -205,8 +205,8 @@ class NamedPatch:
 NAMED: tuple[NamedPatch, ...] = (
     NamedPatch(
         "edge-q-row-0", "xcosd/protocol/edge.py",
-        "DeviceState(q_common=self._q_rows[n], rejected=int(draft.ids[n]))",
-        "DeviceState(q_common=self._q_rows[0], rejected=int(draft.ids[n]))",
+        "rows = {i - 1: row for i, row in enumerate(q_rows)}",
+        "rows = {i - 1: q_rows[0] for i, row in enumerate(q_rows)}",
         "a rejection at any drafted position resolves with the first position's q"),
     NamedPatch(
         "srdv-raw-values", "xcosd/methods/sr_dv.py",

@@ -32,7 +32,7 @@ with exact target codecs only (:func:`check_tree_method`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar
@@ -247,8 +247,15 @@ def draft_tree(method: Method, shape: TreeShape, rows_at: RowsAt, space: Space,
 def device_state(drafted: DeviceTree, node: int) -> DeviceState:
     """The device's state for a rejection of every child of ``node``: its row and
     the last child tested."""
-    last = drafted.draft.shape.children[node + 1][-1]
-    return DeviceState(q_common=drafted.rows[node], rejected=int(drafted.draft.ids[last]))
+    return rejection_state(drafted.draft, drafted.rows, node)
+
+
+def rejection_state(block: Draft, rows: Mapping[int, np.ndarray], node: int) -> DeviceState:
+    """:func:`device_state` for any round block: ``rows[node]``, the row the last
+    child of ``node`` was drawn from (a chain's: the row draft ``node + 1`` was drawn
+    from), and that child, the last one the cloud tested."""
+    last = block.shape.children[node + 1][-1]
+    return DeviceState(q_common=rows[node], rejected=int(block.ids[last]))
 
 
 # ------------------------------------------------------------------ the server
@@ -430,6 +437,7 @@ __all__ = [
     "draw_child",
     "next_row",
     "rebuild_tree_reject",
+    "rejection_state",
     "residual",
     "rows_needed",
     "server_rows",
