@@ -759,10 +759,10 @@ class EdgeSession:
 
     def _verdict(self, msg: VerdictMsg) -> EdgeOutput:
         """The round's verdict: ``n`` names the node the walk stopped at (its index
-        + 1, 0 for the context; a chain's ``n`` is so the drafts it accepts), whose
-        path is the accepted one (``Draft.path``); a node without children ends with a
+        + 1, 0 for the context; on a chain, the number of drafts accepted), whose path
+        is the accepted one (``Draft.path``); a node without children ends with a
         bonus token, one with children with the method's payload for the rejection of
-        every one of them."""
+        every one of them. Chains and trees alike: the block answers."""
         draft = self._draft
         assert draft is not None
         n = msg.accepted
