@@ -169,6 +169,7 @@ TEST_MAP: list[tuple[str, tuple[str, ...]]] = [
     # TV(p, p*) only reports how far a lossy codec moves the law: its tests are the codecs'
     ("xcosd/methods/distance.py", ("tests/test_codecs.py",)),
     ("xcosd/methods/tree.py", TREE_TESTS),
+    ("xcosd/methods/shape.py", TREE_TESTS),
     ("xcosd/models/tree_scoring.py", TREE_TESTS),
     ("xcosd/methods/*.py", METHOD_TESTS),
     ("xcosd/protocol/edge.py", PROTOCOL_TESTS),
@@ -204,8 +205,8 @@ class NamedPatch:
 NAMED: tuple[NamedPatch, ...] = (
     NamedPatch(
         "edge-q-row-0", "xcosd/protocol/edge.py",
-        "DeviceState(q_common=self._q_rows[n], rejected=int(draft.ids[n]))",
-        "DeviceState(q_common=self._q_rows[0], rejected=int(draft.ids[n]))",
+        "rows = {i - 1: row for i, row in enumerate(q_rows)}",
+        "rows = {i - 1: q_rows[0] for i, row in enumerate(q_rows)}",
         "a rejection at any drafted position resolves with the first position's q"),
     NamedPatch(
         "srdv-raw-values", "xcosd/methods/sr_dv.py",

@@ -13,6 +13,7 @@ import pytest
 
 from xcosd.errors import CodecError, ProtocolError
 from xcosd.methods import Space, get_method
+from xcosd.methods.base import Draft
 from xcosd.methods.tree import (
     DraftTree,
     Siblings,
@@ -50,6 +51,31 @@ def test_shapes_parse_and_name_themselves() -> None:
             TreeShape.parse(bad)
     with pytest.raises(ValueError, match="earlier node"):
         TreeShape((-1, 1))
+
+
+def test_a_chain_answers_as_the_tree_of_its_shape() -> None:
+    """A plain ``Draft`` is the block of shape ``chain:d``: its depth, the path a
+    verdict accepts and whether it rejects are what that tree's are, so the state
+    machines read either block alike; only ``stays_in_context`` tells them apart."""
+    for d in range(6):
+        ids = np.arange(d, dtype=np.int64)
+        chain = Draft(ids=ids, q_values=np.ones(d, dtype=np.float32))
+        tree = DraftTree(ids=ids, q_values=np.ones(d, dtype=np.float32),
+                         parents=np.arange(-1, d - 1, dtype=np.int64), rows={},
+                         row_codec="f32")
+        assert chain.shape == tree.shape == TreeShape.chain(d)
+        assert chain.depth == tree.depth == d
+        for n in range(-1, d + 2):
+            assert chain.rejects(n) == tree.rejects(n) == (0 <= n < d)
+            if 0 <= n <= d:
+                assert chain.path(n) == tree.path(n) == list(range(n))
+        assert chain.stays_in_context and not tree.stays_in_context
+        assert chain.tree_label is None and tree.tree_label == f"chain:{d}"
+    spine = TreeShape.parse("spine:3x2")
+    t = DraftTree(ids=np.zeros(5, dtype=np.int64), q_values=np.ones(5, dtype=np.float32),
+                  parents=np.array(spine.parents), rows={}, row_codec="f32")
+    assert t.depth == 2 and t.path(4) == [0, 3] and t.path(0) == []
+    assert [t.rejects(n) for n in range(7)] == [True, True, False, False, False, False, False]
 
 
 def test_rows_sent_where_a_residual_or_the_method_needs_them() -> None:

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from xcosd.methods.tree import DeviceTree, TreeShape
+from xcosd.methods.tree import TreeShape
 from xcosd.protocol import EdgeSession, RoundVerified, VerdictMsg
 from xcosd.protocol.edge import EdgeOutput
 
@@ -73,9 +73,11 @@ def watching(walks: Walks, base: type[EdgeSession] = EdgeSession) -> type[EdgeSe
     """``base`` counting each tree verdict it takes into ``walks``."""
 
     class Watched(base):  # type: ignore[valid-type,misc]
-        def _tree_verdict(self, drafted: DeviceTree, msg: VerdictMsg) -> EdgeOutput:
-            walks.see(drafted.draft.shape, msg.accepted)
-            return super()._tree_verdict(drafted, msg)
+        def _verdict(self, msg: VerdictMsg) -> EdgeOutput:
+            block = self._draft
+            if block is not None and not block.stays_in_context:  # a tree's verdict
+                walks.see(block.shape, msg.accepted)
+            return super()._verdict(msg)
 
     return Watched
 

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ..methods import get_method
-from ..methods.tree import DEFAULT_ROW_CODEC, DraftTree, TreeShape
+from ..methods.tree import DEFAULT_ROW_CODEC, TreeShape
 from ..models.base import LanguageModel
 from ..nodes.pump import Generation, Pump
 from ..nodes.stats import merge
@@ -159,18 +159,16 @@ class _Watch(Pump):
         st = self._stats
         up, edge, cloud = st.uplink_bytes, st.draft_compute_s, st.cloud_compute_s
         replies = super().to_cloud(msg)
-        if isinstance(block, DraftTree):
-            shape, rows = TreeShape(tuple(int(p) for p in block.parents)), len(block.rows)
-        else:
-            shape, rows = TreeShape.chain(block.length), 0
+        # a chain's shape is chain:d, and it sends no rows (q(x) alone tests a draft)
+        shape = block.shape
+        rows = 0 if block.stays_in_context else len(block.rows)
         self.rounds.append(_Round(shape.depth, shape.size, rows, st.uplink_bytes - up,
                                   self._edge_s + st.draft_compute_s - edge,
                                   st.cloud_compute_s - cloud))
         for m in replies:
             if isinstance(m, VerdictMsg):
                 n = m.accepted
-                path = shape.path(n - 1) if isinstance(block, DraftTree) else list(range(n))
-                self.walks += walk_ranks(shape, path)
+                self.walks += walk_ranks(shape, block.path(n))
         return replies
 
 

@@ -27,6 +27,7 @@ from ..codecs import Codec, get_codec
 from ..draws import ACCEPT, CANDIDATES, OTHER, TOKEN, Draws, Uniforms, draw_at, stream_of
 from ..errors import InvalidDistribution, ProtocolError
 from ..sampling import Rows, WarpedRows, sample_index
+from .shape import TreeShape
 
 #: bytes per token id and per float32 value as counted before framing
 ID_BYTES = 4
@@ -90,7 +91,20 @@ class Draft:
 
     ``q_vectors`` (sd-uplink, uhlm) are the encoded draft vectors in V_C order;
     ``verify_mask`` (uhlm) marks the positions the server must verify.
+
+    A round's block, a chain: the tree of shape ``TreeShape.chain(length)``. Every
+    block (this one, or a :class:`~xcosd.methods.tree.DraftTree`) answers what the
+    state machines ask of a round the same way: its :attr:`shape` and :attr:`depth`,
+    the :meth:`path` a verdict accepts and whether it :meth:`rejects`. So they read
+    the block, never its kind, save for the one thing the kinds really differ in:
+    :attr:`stays_in_context`. A chain answers as its shape would, without building it.
     """
+
+    #: whether the drafts enter the models' contexts as they are drafted and scored: a
+    #: chain's do (its accepted drafts stay in the target's and the draft model's
+    #: context, the rejected ones are cut back), a tree's never do (scored off to the
+    #: side, its accepted path is appended afterwards, as a bonus token is)
+    stays_in_context: ClassVar[bool] = True
 
     ids: np.ndarray
     q_values: np.ndarray
@@ -100,6 +114,35 @@ class Draft:
     @property
     def length(self) -> int:
         return int(self.ids.shape[0])
+
+    @cached_property
+    def shape(self) -> TreeShape:
+        """Where each draft hangs: from the one before it."""
+        return TreeShape.chain(self.length)
+
+    @property
+    def depth(self) -> int:
+        """The most drafts one path holds (a round commits at most ``depth + 1``
+        tokens): all of a chain's."""
+        return self.length
+
+    def path(self, n: int) -> list[int]:
+        """The drafts a verdict of ``n`` accepts, as node indices from the context
+        down (``shape.path(n - 1)``): a chain's first ``n``."""
+        return list(range(n))
+
+    def rejects(self, n: int) -> bool:
+        """Whether a verdict of ``n`` ends in a rejection (the node it names has
+        children, ``shape.children[n]``), not in a bonus token; ``False`` for an
+        ``n`` outside ``0..length``. A chain's: ``n`` short of its length."""
+        return 0 <= n < self.length
+
+    @property
+    def tree_label(self) -> str | None:
+        """The shape a round's events report (``RoundSettled.shape``,
+        ``RoundVerified.shape``): ``None`` for a chain, whose rounds the draft-length
+        policy sizes."""
+        return None
 
     def nbytes(self) -> int:
         n = self.length * (ID_BYTES + VALUE_BYTES)

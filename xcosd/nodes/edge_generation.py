@@ -28,7 +28,6 @@ import numpy as np
 from ..config import GenerationConfig
 from ..errors import BudgetError, ProtocolError, TransportError
 from ..methods import FullVectorReply, HybridReply, Method, Space, get_method
-from ..methods.tree import DraftTree
 from ..models.base import LanguageModel
 from ..policies.draft_length import DraftLength
 from ..policies.tree_policy import RankRates
@@ -465,8 +464,9 @@ class GenerationRun:
         # what the draft-length policy may measure (draft_cost="auto"): a draft
         # step's seconds (of the tokens drawn now, not the speculated ones taken),
         # and when the draft left (its verdict closes the round)
-        # (a tree's draft steps are its depths: each one is a call)
-        fresh = (block.shape.depth if isinstance(block, DraftTree)
+        # (a tree's draft steps are its depths, each one a call; a chain's, its drafts
+        # not speculated before)
+        fresh = (block.depth if block is not None and not block.stays_in_context
                  else drafted - (drafter.reused - reused))
         timing = (drafting_s / fresh if fresh else None, time.perf_counter(), drafted)
         stop = (self._speculate() if self.speculate and drafted and not es.tree_round

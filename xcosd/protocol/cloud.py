@@ -481,13 +481,15 @@ class CloudConnection:
         draft = session.draft
         assert draft is not None
         d = draft.length
-        path = outcome.path
+        nodes = draft.path(n)
+        n_acc = len(nodes)
         # a chain's accepted drafts stay in the model's context; a tree's never entered
         # it (score_tree leaves the context as it was): its path is committed the way a
         # bonus is, appended before the next round's scoring
-        kept = n if path is None else 0
-        walked = [] if path is None else [int(draft.ids[v]) for v in path]
-        n_acc = n if path is None else len(path)
+        if draft.stays_in_context:
+            kept, walked = n_acc, []
+        else:
+            kept, walked = 0, [int(draft.ids[v]) for v in nodes]
         session.committed += kept
         session.reject = outcome.reject
         if outcome.redo:  # the verdict was given before the restart; answer the follow-up
@@ -518,8 +520,7 @@ class CloudConnection:
         msg = VerdictMsg(session.s, session.round, n, outcome.reply,
                          int(outcome.compute_s * 1e6), ack=session.draft_seq)
         session.last_answer = msg
-        label = draft.shape.label if isinstance(draft, DraftTree) else None
-        return CloudOutput([msg], [RoundVerified(session, d, n_acc, label)])
+        return CloudOutput([msg], [RoundVerified(session, d, n_acc, draft.tree_label)])
 
     def rendered(self, need: RenderNeeded, ids: list[int] | None = None,
                  error: XcosdError | None = None) -> CloudOutput:
@@ -799,17 +800,8 @@ class CloudConnection:
         d = draft.length
         tree = draft if isinstance(draft, DraftTree) else None
         # a round commits at most its depth + 1 tokens: a chain's length, a tree's depth
-        depth = d if tree is None else self._check_tree(m, tree, sp)
-        if tree is None and d > self.config.limits.max_draft:
-            raise ProtocolError(f"draft of {d} tokens exceeds the limit of "
-                                f"{self.config.limits.max_draft}", code="bad_field")
-        if d and not m.drafts:
-            raise ProtocolError(f"method {m.name} takes no drafts", code="bad_field")
+        depth = self._check_block(m, draft, sp)
         ids = draft.ids.tolist()
-        if d and (max(ids) >= sp.target_size or int(sp.to_common[draft.ids].min()) < 0):
-            raise ProtocolError("a drafted id is not in V_C", code="bad_token")
-        if tree is None:
-            self._check_vectors(m, draft)
         # max_new_tokens binds the cloud too: a round may not start past it, nor draft
         # more than it leaves room for (the edge drafts at most remaining - 1)
         left = sess.max_new_tokens - sess.generated - (sess.phase is CloudPhase.RESOLVING)
@@ -822,10 +814,7 @@ class CloudConnection:
             if sess.rounds or sess.requests or sess.phase is not CloudPhase.IDLE:
                 raise ProtocolError(f"session {sess.s}: a redone round must be the first "
                                     "after the open", code="state")
-            was_rejection = (0 <= redo.accepted < d if tree is None
-                             else 0 <= redo.accepted <= d
-                             and bool(tree.shape.children[redo.accepted]))
-            if not was_rejection:
+            if not draft.rejects(redo.accepted):
                 raise ProtocolError(f"session {sess.s}: redone round accepts {redo.accepted} "
                                     f"of {d} drafts: it was a rejection", code="bad_field")
         append = list(sess.pending)
@@ -855,6 +844,28 @@ class CloudConnection:
         sess.next_round = msg.r + 1
         sess.advance(CloudStep.DRAFT)
         return CloudOutput([], [req])
+
+    def _check_block(self, m: Method, block: Draft, sp: Space) -> int:
+        """A round's block as this cloud verifies it; its depth. Refused before
+        anything is scored, so the session keeps its phase and the edge may send
+        another block. A block whose drafts stay in the context is a chain: at most
+        ``max_draft`` drafts, none for a method that takes none, every id in V_C, and
+        the draft vectors its method takes (:meth:`_check_vectors`). One that does not
+        is a tree (:meth:`_check_tree`, which refuses all of that too)."""
+        if not block.stays_in_context:
+            assert isinstance(block, DraftTree)  # the one block kind that leaves it
+            return self._check_tree(m, block, sp)
+        d = block.length
+        if d > self.config.limits.max_draft:
+            raise ProtocolError(f"draft of {d} tokens exceeds the limit of "
+                                f"{self.config.limits.max_draft}", code="bad_field")
+        if d and not m.drafts:
+            raise ProtocolError(f"method {m.name} takes no drafts", code="bad_field")
+        if d and (int(block.ids.max()) >= sp.target_size
+                  or int(sp.to_common[block.ids].min()) < 0):
+            raise ProtocolError("a drafted id is not in V_C", code="bad_token")
+        self._check_vectors(m, block)
+        return block.depth
 
     def _check_tree(self, m: Method, tree: DraftTree, sp: Space) -> int:
         """A tree block as this cloud verifies it (its size within ``max_tree``, a

@@ -70,7 +70,7 @@ from ..methods.base import (
     Space,
     TokenReply,
 )
-from ..methods.tree import DeviceTree, TreeShape, check_tree_method, device_state
+from ..methods.tree import DeviceTree, TreeShape, check_tree_method, rejection_state
 from ..policies.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST, DraftLength
 from ..policies.tree_policy import RankRates, walk_ranks
 from ..sampling import SamplingParams
@@ -448,13 +448,13 @@ class EdgeSession:
         self.text_bytes = bytearray()
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending_token: int | None = None
+        #: this round's block: a chain's ``Draft`` or a ``DraftTree``
         self._draft: Draft | None = None
-        #: this round's tree (``None``: a chain) and the path its verdict accepted
-        self._tree: DeviceTree | None = None
-        self._path: list[int] = []
+        #: per node of the block with children (``-1``: the context), the row (V_C
+        #: order) its last child was drawn from: a rejection there resolves with it
+        self._rows: dict[int, np.ndarray] = {}
         #: this round's shape under the tree policy (a chain's too), for its estimates
         self._shape: TreeShape | None = None
-        self._q_rows: list[np.ndarray] = []
         self._dev: DeviceState | None = None
         #: draft-context edits not yet handed to the drafter (see DraftNeeded)
         self._drop = 0
@@ -490,7 +490,7 @@ class EdgeSession:
         if self.phase is EdgePhase.WAITING or (self.phase is EdgePhase.RESOLVING
                                                and self._request_kind is None):
             self._edit(self._drafted, [])  # the round in flight is abandoned
-            self._draft = self._dev = self._tree = None
+            self._draft = self._dev = None
         self._redo = self._redo or (self.phase is EdgePhase.RESOLVING
                                     and self._request_kind is not None)
         self._advance(EdgeStep.OPEN)
@@ -578,9 +578,9 @@ class EdgeSession:
 
     @property
     def tree_round(self) -> bool:
-        """Whether the round in flight is a tree's (the drafter does not speculate past
-        it: a tree leaves the draft model's context where it was)."""
-        return self._tree is not None
+        """Whether the round in flight's block left the draft model's context where it
+        was (a tree's: the drafter does not speculate past it)."""
+        return self._draft is not None and not self._draft.stays_in_context
 
     def next_round(self) -> EdgeOutput:
         """Start the next round: a :class:`DraftNeeded` event when the round drafts,
@@ -628,10 +628,7 @@ class EdgeSession:
                                 f"{self.phase.value}", code="state")
         if drafted.draft.shape.parents != self._shape.parents:
             raise ValueError("the drafted tree is not the shape asked for")
-        self._tree = drafted
-        out = self._send_block(drafted.draft, [])
-        self._drafted = 0  # nothing of a tree entered the draft model's context
-        return out
+        return self._send_block(drafted.draft, drafted.rows)
 
     def drafted(self, ids: np.ndarray, q_raw: list[np.ndarray],
                 q_rows: list[np.ndarray]) -> EdgeOutput:
@@ -650,13 +647,16 @@ class EdgeSession:
                     q_rows: list[np.ndarray]) -> EdgeOutput:
         draft = (self.method.draft_message(ids, q_raw, self.space) if ids.shape[0]
                  else Draft(ids=ids, q_values=np.zeros(0, dtype=np.float32)))
-        self._tree = None
-        return self._send_block(draft, q_rows)
+        # a chain's node i - 1 has one child, draft i, drawn from the row q_rows[i]
+        rows = {i - 1: row for i, row in enumerate(q_rows)}
+        return self._send_block(draft, rows)
 
-    def _send_block(self, draft: Draft, q_rows: list[np.ndarray]) -> EdgeOutput:
-        self._draft, self._q_rows = draft, q_rows
-        self._drafted = draft.length
-        self._path = []
+    def _send_block(self, draft: Draft, rows: dict[int, np.ndarray]) -> EdgeOutput:
+        """Send the round's block (on the open for round 0) and keep what its verdict
+        is read with: the block, and the rows its rejections resolve with."""
+        self._draft, self._rows = draft, rows
+        # a chain's drafts went into the draft model's context as they were drawn
+        self._drafted = draft.length if draft.stays_in_context else 0
         self._trips = 0
         msg: Message
         if not self.opens:  # round 0 of a new session: it rides on the open
@@ -758,41 +758,24 @@ class EdgeSession:
         return out
 
     def _verdict(self, msg: VerdictMsg) -> EdgeOutput:
+        """The round's verdict: ``n`` names the node the walk stopped at (its index
+        + 1, 0 for the context; on a chain, the number of drafts accepted), whose path
+        is the accepted one (``Draft.path``); a node without children ends with a
+        bonus token, one with children with the method's payload for the rejection of
+        every one of them. Chains and trees alike: the block answers."""
         draft = self._draft
         assert draft is not None
-        if self._tree is not None:
-            return self._tree_verdict(self._tree, msg)
-        d, n = draft.length, msg.accepted
-        if n > d:
-            raise ProtocolError(f"verdict accepts {n} of {d} drafts", code="bad_field")
-        self._accepted = n
-        if n == d:
-            if not isinstance(msg.reply, TokenReply):
-                raise ProtocolError("a full acceptance must carry a bonus token",
-                                    code="bad_field")
-            return self._settle(int(msg.reply.token))
-        self._dev = DeviceState(q_common=self._q_rows[n], rejected=int(draft.ids[n]))
-        self._advance(EdgeStep.REJECTED)
-        return self._resolve(msg.reply)
-
-    def _tree_verdict(self, drafted: DeviceTree, msg: VerdictMsg) -> EdgeOutput:
-        """A tree round's verdict: ``n`` names the node the walk stopped at (its index
-        + 1, 0 for the context), whose path is the accepted one; a leaf ends with a
-        bonus token, a node with children with the method's payload for the
-        rejection of every one of them."""
-        shape = drafted.draft.shape
         n = msg.accepted
-        if not 0 <= n <= shape.size:
-            raise ProtocolError(f"verdict names node {n - 1} of a {shape.size}-node tree",
+        if not 0 <= n <= draft.length:
+            raise ProtocolError(f"verdict names node {n - 1} of a {draft.length}-node block",
                                 code="bad_field")
         self._accepted = n
-        self._path = shape.path(n - 1)
-        if not shape.children[n]:
+        if not draft.rejects(n):
             if not isinstance(msg.reply, TokenReply):
                 raise ProtocolError("a full acceptance must carry a bonus token",
                                     code="bad_field")
             return self._settle(int(msg.reply.token))
-        self._dev = device_state(drafted, n - 1)
+        self._dev = rejection_state(draft, self._rows, n - 1)
         self._advance(EdgeStep.REJECTED)
         return self._resolve(msg.reply)
 
@@ -832,28 +815,24 @@ class EdgeSession:
         draft = self._draft
         assert draft is not None
         dev = self._dev
-        tree = self._tree
-        if tree is None:
-            n = self._accepted
-            path = draft.ids[:n].tolist()
-            # the draft model keeps the accepted drafts and the token's draft spelling
+        nodes = draft.path(self._accepted)
+        path = [int(draft.ids[v]) for v in nodes]
+        n = len(path)
+        if draft.stays_in_context:
+            # the draft model keeps the accepted drafts and the token's draft spelling;
+            # the length policy learns from the chains it sizes
             self._edit(self._drafted - n, self._draft_ids(token))
             self.drafting.settled(draft.length, n)
-            if self.tree is not None:  # the chain policy's rounds too (its probes)
-                self.tree_rates.observe(walk_ranks(TreeShape.chain(draft.length),
-                                                   list(range(n))))
-            rejected = n < draft.length
         else:
-            # nothing of the tree is in the draft model's context: the path joins it
-            path = [int(draft.ids[v]) for v in self._path]
+            # nothing of a tree is in the draft model's context: the path joins it
             self._edit(0, [d for t in [*path, token] for d in self._draft_ids(t)])
-            self.tree_rates.observe(walk_ranks(tree.draft.shape, self._path))
-            n = len(path)
-            rejected = bool(tree.draft.shape.children[self._accepted])
+        if self.tree is not None:  # trees asked for: every round informs the estimates
+            self.tree_rates.observe(walk_ranks(draft.shape, nodes))
+        rejected = draft.rejects(self._accepted)
         new = [*path, token]
         settled = RoundSettled(draft.length, n, self._trips,
                                dev.trials if dev else 0, dev.fallbacks if dev else 0,
-                               None if tree is None else tree.draft.shape.label, rejected)
+                               draft.tree_label, rejected)
         self._pending_token = token if rejected else None
         self._dev = None
         self._request_kind, self._last_sent = None, None
