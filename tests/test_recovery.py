@@ -23,6 +23,7 @@ from xcosd.protocol import (
     Message,
     RoundVerified,
     ScoreNeeded,
+    SessionSettings,
     pack,
 )
 from xcosd.protocol.edge import EdgePhase
@@ -119,8 +120,8 @@ def test_a_resume_draws_a_fresh_seed_and_keeps_counting(link: Pump) -> None:
     assert again.seed != first.seed  # never the first stream again
     assert again.seq > first.seq and again.r == es.round == 3
     assert again.resume.tolist() == es.token_ids
-    third = EdgeSession(99, method=es.method, vmap=es.vmap, space=es.space, prompt="c",
-                        max_new_tokens=8, params=es.params, stop_ids=(), seed=3)
+    third = EdgeSession(99, SessionSettings(es.method, params=es.params, max_new_tokens=8,
+                                            seed=3), vmap=es.vmap, space=es.space, prompt="c")
     seeds = {third.open().seed}
     seeds |= {third.open().seed for _ in range(3)}
     assert first.seed in seeds and len(seeds) == 4  # deterministic per seed, all distinct
