@@ -297,7 +297,7 @@ async def attack_hog(endpoint: str) -> None:
             _ready()
 
     async with xcosd.EdgeNode(draft=draft, connect=endpoint, method="xcosd-e", draft_len=32,
-                              on_round=on_round, timeout_s=600) as edge:
+                              on_round=on_round, silence_timeout_s=600) as edge:
         hog = asyncio.gather(*[edge.generate("ab", max_new_tokens=1 << 20, seed=i)
                                for i in range(32)])
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, hog.cancel)

@@ -88,7 +88,7 @@ async def test_cloud_restart_mid_generation_loses_no_token() -> None:
         # its next ping (every 50 ms), not from a silence: its timeout only bounds a
         # hang, so a slow round on a loaded machine never looks like a lost cloud
         async with xcosd.EdgeNode(draft=draft, connect=endpoint, temperature=0.0,
-                                  heartbeat_s=0.05, timeout_s=HANG_S) as edge:
+                                  heartbeat_s=0.05, silence_timeout_s=HANG_S) as edge:
             first_server = edge.server_id
             text = ""
             async for piece in edge.stream("ab", max_new_tokens=120, method="xcosd-e"):

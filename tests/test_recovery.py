@@ -243,7 +243,7 @@ async def test_a_session_closed_as_idle_is_opened_again_alone() -> None:
             if not cloud.stats()["sessions_idle_reaped"]:  # as of 5 s from now: idle
                 reaps.append(asyncio.ensure_future(cloud.reap(time.monotonic() + 5.0)))
 
-        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, timeout_s=HANG_S,
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, silence_timeout_s=HANG_S,
                                   on_round=on_round) as edge:
             res = await edge.generate("ab", max_new_tokens=40, temperature=0.0)
             await asyncio.gather(*reaps)

@@ -186,7 +186,7 @@ async def _node(args: argparse.Namespace) -> Any:
     draft = await asyncio.to_thread(load_model, args.draft, **device_kw(args, "draft-"))
     return EdgeNode(draft=draft, connect=args.connect, transport=args.transport,
                     config=cfg, link=link_from_args(args), curve=curve,
-                    timeout_s=args.timeout, connect_timeout_s=connect_timeout,
+                    silence_timeout_s=args.timeout, connect_timeout_s=connect_timeout,
                     cloud_wait_s=args.cloud_wait if serving else None,
                     **({} if args.open_hold_ms is None
                        else {"open_hold_s": args.open_hold_ms / 1e3}))

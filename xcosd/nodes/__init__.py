@@ -10,12 +10,14 @@ from typing import Any
 from .broker import Broker
 from .cloud import CloudNode
 from .edge import EdgeNode, RoundObserved
+from .edge_settings import EdgeConnectionSettings, EdgeRunSettings
 from .scheduler import BatchStats, Scheduler
 from .scoring import score_batch
 from .stats import GenerationResult, GenerationStats, merge
 
 __all__ = [
-    "BatchStats", "Broker", "CloudNode", "EdgeNode", "GenerationResult", "GenerationStats",
+    "BatchStats", "Broker", "CloudNode", "EdgeConnectionSettings", "EdgeNode", "EdgeRunSettings",
+    "GenerationResult", "GenerationStats",
     "MetricsServer", "RoundObserved", "Scheduler", "merge", "prometheus_text",
     "score_batch",
 ]
