@@ -53,7 +53,7 @@ def edge(connect: str, draft: Any, vocab: Any) -> xcosd.EdgeNode:
 
 @contextlib.asynccontextmanager
 async def clouds(n: int, target: Any, **opts: Any) -> AsyncIterator[list[xcosd.CloudNode]]:
-    nodes = [xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", timeout_s=HANG_S, **opts)
+    nodes = [xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", silence_timeout_s=HANG_S, **opts)
              for _ in range(n)]
     try:
         for c in nodes:

@@ -597,7 +597,7 @@ async def test_idle_sessions_are_reaped_although_their_peer_pings() -> None:
     target, draft = pair()
     gated = GatedModel(target, hold_score=True)
     # neither timeout is reached by the reaper task in this test: reap() is called
-    async with xcosd.CloudNode(target=gated, bind="tcp://127.0.0.1:0", timeout_s=HANG_S,
+    async with xcosd.CloudNode(target=gated, bind="tcp://127.0.0.1:0", silence_timeout_s=HANG_S,
                                session_idle_s=HANG_S / (2 * IDLE_SLACK)) as cloud:
         conn = await connect(cloud.endpoint)
         try:

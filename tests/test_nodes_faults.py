@@ -33,7 +33,7 @@ async def test_a_device_that_vanishes_mid_round_is_freed() -> None:
     gated = GatedModel(target, hold_score=True)
     # a timeout the reaper task never reaches in this test: the test expires it
     async with xcosd.CloudNode(target=gated, bind="tcp://127.0.0.1:0",
-                               timeout_s=HANG_S) as cloud:
+                               silence_timeout_s=HANG_S) as cloud:
         try:
             conn = await connect(cloud.endpoint)
             vmap = await handshake(conn, draft)
@@ -48,7 +48,7 @@ async def test_a_device_that_vanishes_mid_round_is_freed() -> None:
             # ZeroMQ tells the cloud nothing: only the timeout can free the session
             assert cloud.stats()["sessions_active"] == 1
             assert await cloud.reap() == 0  # the peer spoke a moment ago
-            assert await cloud.reap(time.monotonic() + cloud.timeout_s + 1.0) == 1
+            assert await cloud.reap(time.monotonic() + cloud.silence_timeout_s + 1.0) == 1
             st = cloud.stats()
             assert st["sessions_active"] == 0
             assert st["sessions_timed_out"] == 1 and st["peers"] == 0

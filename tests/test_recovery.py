@@ -235,7 +235,7 @@ async def test_a_session_closed_as_idle_is_opened_again_alone() -> None:
 
     target, draft = pair()
     want = greedy_decode(target, "ab", 40)
-    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", timeout_s=HANG_S,
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", silence_timeout_s=HANG_S,
                                session_idle_s=1.0) as cloud:
         reaps: list[asyncio.Future[int]] = []
 

@@ -80,10 +80,10 @@ async def test_chats_render_on_any_replica_behind_the_broker() -> None:
     want = target.chat_prompt(CHAT)
     async with Broker(front="tcp://127.0.0.1:0") as broker:
         victim = await xcosd.CloudNode(target=target, bind=broker.back_endpoint,
-                                       transport="replica", timeout_s=HANG_S,
+                                       transport="replica", silence_timeout_s=HANG_S,
                                        transport_options={"goodbye": False}).start()
         survivor = await xcosd.CloudNode(target=target, bind=broker.back_endpoint,
-                                         transport="replica", timeout_s=HANG_S).start()
+                                         transport="replica", silence_timeout_s=HANG_S).start()
         try:
             await until(lambda: broker.stats()["replicas_live"] == 2, "both replicas")
             edges = [await xcosd.EdgeNode(draft=draft, connect=broker.endpoint,

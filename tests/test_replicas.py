@@ -67,7 +67,7 @@ async def replica(target: Any, broker: Broker, goodbye: bool = True) -> xcosd.Cl
     """A CloudNode serving as a replica of ``broker``; without ``goodbye`` it leaves
     as a killed process does (its connection just closes)."""
     return await xcosd.CloudNode(target=target, bind=broker.back_endpoint, transport="replica",
-                                 timeout_s=HANG_S,
+                                 silence_timeout_s=HANG_S,
                                  transport_options={"goodbye": goodbye}).start()
 
 
@@ -541,7 +541,7 @@ async def test_a_back_end_with_curve_admits_only_the_replica_keys_it_allows() ->
 
         async def join(curve: CurveClient | None) -> xcosd.CloudNode:
             return await xcosd.CloudNode(target=target, bind=broker.back_endpoint,
-                                         transport="replica", timeout_s=HANG_S,
+                                         transport="replica", silence_timeout_s=HANG_S,
                                          curve=curve).start()
 
         rogues = [await join(CurveClient(rogue, back.public)), await join(None),

@@ -579,7 +579,7 @@ class _Soak:
         deadline = time.monotonic() + 30.0
         while True:
             node = CloudNode(self.target, bind=bind, transport=c.transport,
-                             timeout_s=c.cloud_timeout_s, heartbeat_s=c.heartbeat_s,
+                             silence_timeout_s=c.cloud_timeout_s, heartbeat_s=c.heartbeat_s,
                              max_sessions=max(1024, 4 * c.devices),
                              max_queue=max(4096, 8 * c.devices))
             try:

@@ -111,9 +111,11 @@ def add_parser(sub: Any) -> None:
                    help="print one JSON object per prompt on stdout (prompt, text, token ids, "
                         "stats) instead of the text")
     add_curve_client_args(p, "device key file (NAME.key_secret): turns CURVE on")
-    p.add_argument("--timeout", type=positive_float, default=15.0,
+    p.add_argument("--silence-timeout", "--timeout", dest="timeout", type=positive_float,
+                   default=15.0,
                    help="seconds of silence before the cloud counts as lost (the edge then "
-                        "connects again)")
+                        "connects again; the node's silence_timeout_s, not a generation's "
+                        "deadline; --timeout is its old name)")
     p.add_argument("--connect-timeout", type=positive_float, default=None,
                    help="seconds to look for the cloud before giving up with an error: for its "
                         "address to accept a connection, then for its handshake, and after a "
