@@ -625,7 +625,7 @@ async def test_models_health_and_metrics() -> None:
 
 
 async def test_an_unreachable_cloud_is_503_and_health_says_so() -> None:
-    async with served(edge_kw={"timeout_s": 0.5, "connect_timeout_s": 0.5,
+    async with served(edge_kw={"silence_timeout_s": 0.5, "connect_timeout_s": 0.5,
                                "heartbeat_s": 0.1}) as s:
         await s.cloud.close()
         await until(lambda: not s.edge.connected, "the edge sees the cloud gone")

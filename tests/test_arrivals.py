@@ -137,7 +137,7 @@ async def test_an_open_lost_with_its_connection_counts_as_sent() -> None:
     gated = GatedModel(draft, hold_score=True)  # round 0 waits in the draft thread
     cloud = await xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0").start()
     async with xcosd.EdgeNode(draft=gated, connect=cloud.endpoint, heartbeat_s=0.05,
-                              timeout_s=0.3, connect_timeout_s=HANG_S) as edge:
+                              silence_timeout_s=0.3, connect_timeout_s=HANG_S) as edge:
         mark = edge.arrivals.arrived()
         gen = asyncio.ensure_future(edge.generate("c", max_new_tokens=4, arrival=mark))
         assert await asyncio.to_thread(gated.in_score.wait, HANG_S)

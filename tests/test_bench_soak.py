@@ -219,7 +219,7 @@ async def test_a_duplicated_welcome_does_not_fail_the_handshake() -> None:
     # edge uploads it and waits for vmap_ok, and meets the second welcome first
     async with xcosd.CloudNode(target, bind="tcp://127.0.0.1:0") as cloud:
         edge = xcosd.EdgeNode(draft, cloud.endpoint, link=LinkSpec.of(duplicate=1.0),
-                              timeout_s=2.0, connect_timeout_s=5.0)
+                              silence_timeout_s=2.0, connect_timeout_s=5.0)
         async with edge:
             r = await edge.generate([1, 2], max_new_tokens=4, do_sample=False)
     assert len(r.token_ids) == 4
@@ -233,7 +233,7 @@ async def test_a_lossy_link_does_not_keep_an_edge_from_connecting() -> None:
     draft = SyntheticModel(target.vocab, skew=0.9, name="d")
     async with xcosd.CloudNode(target, bind="tcp://127.0.0.1:0") as cloud:
         edge = xcosd.EdgeNode(draft, cloud.endpoint, link=LinkSpec.of(loss=0.5, seed=3),
-                              timeout_s=5.0, connect_timeout_s=30.0, resend_after_s=0.05)
+                              silence_timeout_s=5.0, connect_timeout_s=30.0, resend_after_s=0.05)
         async with edge:
             # several rounds: one round's two messages both get through a quarter of
             # the time (and how many draws the handshake used depends on its timing)

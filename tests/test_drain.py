@@ -48,12 +48,12 @@ def models() -> tuple[Any, Any, Any]:
 
 def edge(connect: str, draft: Any, vocab: Any) -> xcosd.EdgeNode:
     return xcosd.EdgeNode(draft=draft, connect=connect, temperature=0.0, target_vocab=vocab,
-                          heartbeat_s=0.05, timeout_s=HANG_S, adaptive_draft=False)
+                          heartbeat_s=0.05, silence_timeout_s=HANG_S, adaptive_draft=False)
 
 
 @contextlib.asynccontextmanager
 async def clouds(n: int, target: Any, **opts: Any) -> AsyncIterator[list[xcosd.CloudNode]]:
-    nodes = [xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", timeout_s=HANG_S, **opts)
+    nodes = [xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", silence_timeout_s=HANG_S, **opts)
              for _ in range(n)]
     try:
         for c in nodes:
@@ -222,7 +222,7 @@ async def test_an_edge_reaches_the_next_address_when_one_is_dead() -> None:
         dead = f"tcp://127.0.0.1:{s.getsockname()[1]}"
     async with clouds(1, target, transport="tcp") as (cloud,):
         e = xcosd.EdgeNode(draft=draft, connect=f"{dead},{cloud.endpoint}", transport="tcp",
-                           temperature=0.0, target_vocab=target.vocab, timeout_s=HANG_S,
+                           temperature=0.0, target_vocab=target.vocab, silence_timeout_s=HANG_S,
                            connect_timeout_s=HANG_S)
         async with e:
             assert e.address == cloud.endpoint

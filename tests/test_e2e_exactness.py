@@ -149,7 +149,7 @@ async def through_restarts(transport: str, link: LinkSpec,
     restarts = 0
     try:
         async with xcosd.EdgeNode(draft=draft, connect=endpoint, transport=transport,
-                                  heartbeat_s=0.05, timeout_s=HANG_S, connect_timeout_s=HANG_S,
+                                  heartbeat_s=0.05, silence_timeout_s=HANG_S, connect_timeout_s=HANG_S,
                                   resend_after_s=0.5, link=link, on_round=on_round) as edge:
             gen = asyncio.gather(*[
                 edge.generate(PROMPT, max_new_tokens=TOKENS, **settings(i))
@@ -258,7 +258,7 @@ async def test_a_replica_killed_behind_the_broker_keeps_the_law() -> None:
         try:
             await until(lambda: broker.stats()["replicas_live"] == 2, "two replicas")
             edges = [xcosd.EdgeNode(draft=draft, connect=broker.endpoint, heartbeat_s=0.05,
-                                    timeout_s=HANG_S, connect_timeout_s=HANG_S,
+                                    silence_timeout_s=HANG_S, connect_timeout_s=HANG_S,
                                     resend_after_s=0.5, on_round=on_round)
                      for _ in range(4)]
             for e in edges:

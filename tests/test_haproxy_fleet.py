@@ -116,7 +116,7 @@ async def test_the_first_token_law_holds_through_haproxy_with_a_cloud_killed() -
     free.end(sess)
     async with Balanced(3, LAW_TARGET) as b:
         edges = [xcosd.EdgeNode(draft=draft, connect=b.endpoint, target_vocab=free.vocab,
-                                heartbeat_s=0.2, timeout_s=HANG_S) for _ in range(6)]
+                                heartbeat_s=0.2, silence_timeout_s=HANG_S) for _ in range(6)]
         for e in edges:
             await e.start()
         try:

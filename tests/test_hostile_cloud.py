@@ -298,7 +298,7 @@ async def attack_hog(endpoint: str) -> None:
             _ready()
 
     async with xcosd.EdgeNode(draft=draft, connect=endpoint, method="xcosd-e", draft_len=32,
-                              on_round=on_round, timeout_s=600) as edge:
+                              on_round=on_round, silence_timeout_s=600) as edge:
         hog = asyncio.gather(*[edge.generate("ab", max_new_tokens=1 << 20, seed=i)
                                for i in range(32)])
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, hog.cancel)
@@ -598,7 +598,7 @@ async def test_idle_sessions_are_reaped_although_their_peer_pings() -> None:
     target, draft = pair()
     gated = GatedModel(target, hold_score=True)
     # neither timeout is reached by the reaper task in this test: reap() is called
-    async with xcosd.CloudNode(target=gated, bind="tcp://127.0.0.1:0", timeout_s=HANG_S,
+    async with xcosd.CloudNode(target=gated, bind="tcp://127.0.0.1:0", silence_timeout_s=HANG_S,
                                session_idle_s=HANG_S / (2 * IDLE_SLACK)) as cloud:
         conn = await connect(cloud.endpoint)
         try:

@@ -476,7 +476,7 @@ async def test_each_replica_of_serve_replicas_serves_its_own_metrics() -> None:
         ports = {port_of(u) for u in urls()}
         assert len(ports) == 2
         edges = [xcosd.EdgeNode(draft=draft, connect=endpoint, temperature=0.0,
-                                target_vocab=target.vocab, timeout_s=HANG_S)
+                                target_vocab=target.vocab, silence_timeout_s=HANG_S)
                  for _ in range(2)]
         for e in edges:
             await e.start()

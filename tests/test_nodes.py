@@ -319,7 +319,7 @@ async def test_curve_admits_allowlisted_devices_only() -> None:
             # CURVE framing is counted in the wire bytes
             assert res.stats.uplink_bytes > 8 * res.stats.messages_up
         intruder = xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, connect_timeout_s=0.6,
-                                  timeout_s=0.3,
+                                  silence_timeout_s=0.3,
                                   curve=xcosd.CurveClient(stranger, server.public))
         with pytest.raises(TransportError):
             await intruder.start()

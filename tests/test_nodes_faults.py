@@ -33,7 +33,7 @@ async def test_a_device_that_vanishes_mid_round_is_freed() -> None:
     gated = GatedModel(target, hold_score=True)
     # a timeout the reaper task never reaches in this test: the test expires it
     async with xcosd.CloudNode(target=gated, bind="tcp://127.0.0.1:0",
-                               timeout_s=HANG_S) as cloud:
+                               silence_timeout_s=HANG_S) as cloud:
         try:
             conn = await connect(cloud.endpoint)
             vmap = await handshake(conn, draft)
@@ -48,7 +48,7 @@ async def test_a_device_that_vanishes_mid_round_is_freed() -> None:
             # ZeroMQ tells the cloud nothing: only the timeout can free the session
             assert cloud.stats()["sessions_active"] == 1
             assert await cloud.reap() == 0  # the peer spoke a moment ago
-            assert await cloud.reap(time.monotonic() + cloud.timeout_s + 1.0) == 1
+            assert await cloud.reap(time.monotonic() + cloud.silence_timeout_s + 1.0) == 1
             st = cloud.stats()
             assert st["sessions_active"] == 0
             assert st["sessions_timed_out"] == 1 and st["peers"] == 0
@@ -88,7 +88,7 @@ async def test_cloud_restart_mid_generation_loses_no_token() -> None:
         # its next ping (every 50 ms), not from a silence: its timeout only bounds a
         # hang, so a slow round on a loaded machine never looks like a lost cloud
         async with xcosd.EdgeNode(draft=draft, connect=endpoint, temperature=0.0,
-                                  heartbeat_s=0.05, timeout_s=HANG_S) as edge:
+                                  heartbeat_s=0.05, silence_timeout_s=HANG_S) as edge:
             first_server = edge.server_id
             text = ""
             async for piece in edge.stream("ab", max_new_tokens=120, method="xcosd-e"):

@@ -143,7 +143,7 @@ async def test_generations_in_flight_end_with_an_error_object_when_their_cloud_s
     expired; /health says why."""
     target, draft = pair()
     gated = HeldAfterFirstCall(target)
-    async with served((gated, draft), edge_kw={"timeout_s": 0.3, "heartbeat_s": 0.05,
+    async with served((gated, draft), edge_kw={"silence_timeout_s": 0.3, "heartbeat_s": 0.05,
                                                "cloud_wait_s": 0.3}) as s:
         run_on = {"ignore_eos": True}  # neither may end before its cloud goes
         stream = await s.client.completions.create(model=s.model, prompt="c", max_tokens=4000,

@@ -23,6 +23,7 @@ from xcosd.protocol import (
     Message,
     RoundVerified,
     ScoreNeeded,
+    SessionSettings,
     pack,
 )
 from xcosd.protocol.edge import EdgePhase
@@ -119,8 +120,8 @@ def test_a_resume_draws_a_fresh_seed_and_keeps_counting(link: Pump) -> None:
     assert again.seed != first.seed  # never the first stream again
     assert again.seq > first.seq and again.r == es.round == 3
     assert again.resume.tolist() == es.token_ids
-    third = EdgeSession(99, method=es.method, vmap=es.vmap, space=es.space, prompt="c",
-                        max_new_tokens=8, params=es.params, stop_ids=(), seed=3)
+    third = EdgeSession(99, SessionSettings(es.method, params=es.params, max_new_tokens=8,
+                                            seed=3), vmap=es.vmap, space=es.space, prompt="c")
     seeds = {third.open().seed}
     seeds |= {third.open().seed for _ in range(3)}
     assert first.seed in seeds and len(seeds) == 4  # deterministic per seed, all distinct
@@ -234,7 +235,7 @@ async def test_a_session_closed_as_idle_is_opened_again_alone() -> None:
 
     target, draft = pair()
     want = greedy_decode(target, "ab", 40)
-    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", timeout_s=HANG_S,
+    async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0", silence_timeout_s=HANG_S,
                                session_idle_s=1.0) as cloud:
         reaps: list[asyncio.Future[int]] = []
 
@@ -242,7 +243,7 @@ async def test_a_session_closed_as_idle_is_opened_again_alone() -> None:
             if not cloud.stats()["sessions_idle_reaped"]:  # as of 5 s from now: idle
                 reaps.append(asyncio.ensure_future(cloud.reap(time.monotonic() + 5.0)))
 
-        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, timeout_s=HANG_S,
+        async with xcosd.EdgeNode(draft=draft, connect=cloud.endpoint, silence_timeout_s=HANG_S,
                                   on_round=on_round) as edge:
             res = await edge.generate("ab", max_new_tokens=40, temperature=0.0)
             await asyncio.gather(*reaps)

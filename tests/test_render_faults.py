@@ -61,7 +61,7 @@ async def test_renders_over_a_lossy_link_are_asked_again_until_answered() -> Non
              for i in range(12)]
     async with xcosd.CloudNode(target=target, bind="tcp://127.0.0.1:0") as cloud:
         edge = xcosd.EdgeNode(draft=draft, connect=cloud.endpoint,
-                              link=LinkSpec.of(loss=0.33, seed=11), timeout_s=5.0,
+                              link=LinkSpec.of(loss=0.33, seed=11), silence_timeout_s=5.0,
                               connect_timeout_s=HANG_S, resend_after_s=0.05)
         async with edge:
             got = await asyncio.gather(*(edge.chat_prompt(c, timeout_s=HANG_S)
@@ -80,14 +80,14 @@ async def test_chats_render_on_any_replica_behind_the_broker() -> None:
     want = target.chat_prompt(CHAT)
     async with Broker(front="tcp://127.0.0.1:0") as broker:
         victim = await xcosd.CloudNode(target=target, bind=broker.back_endpoint,
-                                       transport="replica", timeout_s=HANG_S,
+                                       transport="replica", silence_timeout_s=HANG_S,
                                        transport_options={"goodbye": False}).start()
         survivor = await xcosd.CloudNode(target=target, bind=broker.back_endpoint,
-                                         transport="replica", timeout_s=HANG_S).start()
+                                         transport="replica", silence_timeout_s=HANG_S).start()
         try:
             await until(lambda: broker.stats()["replicas_live"] == 2, "both replicas")
             edges = [await xcosd.EdgeNode(draft=draft, connect=broker.endpoint,
-                                          heartbeat_s=0.05, timeout_s=HANG_S,
+                                          heartbeat_s=0.05, silence_timeout_s=HANG_S,
                                           resend_after_s=0.2).start() for _ in range(2)]
             try:
                 # the least loaded replica takes each new edge: one each

@@ -67,14 +67,14 @@ async def replica(target: Any, broker: Broker, goodbye: bool = True) -> xcosd.Cl
     """A CloudNode serving as a replica of ``broker``; without ``goodbye`` it leaves
     as a killed process does (its connection just closes)."""
     return await xcosd.CloudNode(target=target, bind=broker.back_endpoint, transport="replica",
-                                 timeout_s=HANG_S,
+                                 silence_timeout_s=HANG_S,
                                  transport_options={"goodbye": goodbye}).start()
 
 
 def edge(broker: Broker, draft: Any) -> xcosd.EdgeNode:
     # pings every 50 ms: a moved edge hears "handshake" from its new replica at once
     return xcosd.EdgeNode(draft=draft, connect=broker.endpoint, temperature=0.0,
-                          heartbeat_s=0.05, timeout_s=HANG_S)
+                          heartbeat_s=0.05, silence_timeout_s=HANG_S)
 
 
 async def test_each_edge_stays_on_one_replica_and_outputs_are_exact() -> None:
@@ -307,7 +307,7 @@ async def test_a_silent_replica_is_forgotten_and_told_to_register_again() -> Non
             await until(lambda: broker.stats()["replicas_live"] == 1, "the mute replica")
             # an edge connecting now is pinned to the mute replica: its hello is lost
             e = xcosd.EdgeNode(draft=draft, connect=broker.endpoint, temperature=0.0,
-                               heartbeat_s=0.05, timeout_s=0.5, connect_timeout_s=HANG_S)
+                               heartbeat_s=0.05, silence_timeout_s=0.5, connect_timeout_s=HANG_S)
             starting = asyncio.create_task(e.start())
             await until(lambda: broker.stats()["edges"] == 1, "the edge to be pinned")
             await until(lambda: broker.stats()["replicas_lost"].get("timeout") == 1,
@@ -451,7 +451,7 @@ async def test_serve_replicas_survives_a_killed_replica_process() -> None:
         n = 200
         want = synthetic_greedy(target, "ab", n)
         edges = [xcosd.EdgeNode(draft=draft, connect=endpoint, temperature=0.0,
-                                target_vocab=target.vocab, heartbeat_s=0.05, timeout_s=HANG_S)
+                                target_vocab=target.vocab, heartbeat_s=0.05, silence_timeout_s=HANG_S)
                  for _ in range(2)]
         for e in edges:
             await e.start()
@@ -541,7 +541,7 @@ async def test_a_back_end_with_curve_admits_only_the_replica_keys_it_allows() ->
 
         async def join(curve: CurveClient | None) -> xcosd.CloudNode:
             return await xcosd.CloudNode(target=target, bind=broker.back_endpoint,
-                                         transport="replica", timeout_s=HANG_S,
+                                         transport="replica", silence_timeout_s=HANG_S,
                                          curve=curve).start()
 
         rogues = [await join(CurveClient(rogue, back.public)), await join(None),
@@ -556,7 +556,7 @@ async def test_a_back_end_with_curve_admits_only_the_replica_keys_it_allows() ->
             allowed = await join(CurveClient(good, back.public))
             await until(lambda: broker.stats()["replicas_live"] == 1, "the allowed replica")
             edges = [await xcosd.EdgeNode(draft=draft, connect=broker.endpoint, temperature=0.0,
-                                          timeout_s=HANG_S,
+                                          silence_timeout_s=HANG_S,
                                           curve=CurveClient(device, front.public)).start()
                      for _ in range(3)]
             results = await asyncio.gather(*(e.generate("ab", max_new_tokens=40) for e in edges))
@@ -623,7 +623,7 @@ async def test_serve_replicas_with_a_curve_back_end_serves_exactly(tmp_path: Any
         await until(lambda: "replicas live: 1 (joined 1, lost 0)" in lines, "the replica")
         assert len(set(glob.glob(pattern)) - before) == 1  # its keys, while it runs
         e = await xcosd.EdgeNode(draft=draft, connect=endpoint, temperature=0.0,
-                                 target_vocab=target.vocab, timeout_s=HANG_S).start()
+                                 target_vocab=target.vocab, silence_timeout_s=HANG_S).start()
         try:
             r = await e.generate("ab", max_new_tokens=50)
         finally:

@@ -56,7 +56,7 @@ async def two_devices(curve: CurveServer, keys: dict[str, KeyPair],
         edges = []
         for name in ("a", "b"):
             edges.append(await stack.enter_async_context(xcosd.EdgeNode(
-                draft=draft, connect=cloud.endpoint, timeout_s=2.0, connect_timeout_s=4.0,
+                draft=draft, connect=cloud.endpoint, silence_timeout_s=2.0, connect_timeout_s=4.0,
                 curve=CurveClient(keys[name], keys["server"].public), **edge_kw)))
         yield cloud, edges[0], edges[1]
 

@@ -23,10 +23,14 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .policies.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST
 from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .protocol.messages import Welcome
+    from .protocol.session_settings import SessionSettings
 
 #: the method options a GenerationConfig carries, as fields (None: the method's default)
 METHOD_OPTION_FIELDS = ("K", "M", "hr_presample", "threshold")
@@ -273,6 +277,24 @@ class GenerationConfig:
         if self.greedy:
             return SamplingParams(0.0, 0, 1.0)
         return SamplingParams(float(self.temperature), int(self.top_k), float(self.top_p))
+
+    def session_settings(self, welcome: Welcome) -> SessionSettings:
+        """What a session runs with (:class:`~xcosd.protocol.SessionSettings`): this
+        config resolved (the method built, the warpers, the draft cost) within the
+        limits of the cloud whose ``welcome`` the connection got (its ``max_draft``,
+        ``max_tree`` and end tokens, which ``ignore_eos`` leaves out). The one place
+        a config's fields become a session's."""
+        from .methods import get_method
+        from .protocol.session_settings import SessionSettings
+
+        method = get_method(self.method, codec=self.codec, **self.method_options())
+        return SessionSettings.under(
+            welcome, method, params=self.sampling_params(),
+            max_new_tokens=self.max_new_tokens, seed=self.seed, draft_len=self.draft_len,
+            adaptive_draft=self.adaptive_draft, draft_confidence=self.draft_confidence,
+            max_draft_len=self.max_draft_len, draft_cost=self.resolved_draft_cost(),
+            tree=self.tree, tree_row_codec=self.tree_row_codec,
+            tree_distinct=self.tree_distinct, **({"stop_ids": ()} if self.ignore_eos else {}))
 
     def replace(self, **changes: Any) -> GenerationConfig:
         """A copy with ``changes`` (validated again). Changing the method drops the

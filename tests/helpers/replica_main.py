@@ -15,7 +15,7 @@ from ..session_pairs import pair
 async def main(back: str) -> None:
     target, _ = pair()
     async with xcosd.CloudNode(target=target, bind=back, transport="replica", max_batch=64,
-                               max_sessions=8192, timeout_s=30.0,
+                               max_sessions=8192, silence_timeout_s=30.0,
                                transport_options={"goodbye": False}):
         await asyncio.Event().wait()
 

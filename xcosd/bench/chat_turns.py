@@ -132,7 +132,7 @@ async def _one_chat(draft: Any, target: Any, endpoint: str, system: str, turns: 
     from xcosd.nodes import EdgeNode
 
     rows = []
-    async with EdgeNode(draft, endpoint, connect_timeout_s=600.0, timeout_s=600.0) as edge, \
+    async with EdgeNode(draft, endpoint, connect_timeout_s=600.0, silence_timeout_s=600.0) as edge, \
             HttpServer(OpenAIApp(edge)) as http:
         client = openai.AsyncOpenAI(base_url=f"{http.url}/v1", api_key="none",
                                     timeout=600.0, max_retries=0)
@@ -184,7 +184,7 @@ async def _devices(draft: Any, target: Any, endpoint: str, system: str, question
                    max_tokens: int) -> dict[str, Any]:
     from xcosd.nodes import EdgeNode
 
-    edges = [EdgeNode(draft, endpoint, connect_timeout_s=600.0, timeout_s=600.0)
+    edges = [EdgeNode(draft, endpoint, connect_timeout_s=600.0, silence_timeout_s=600.0)
              for _ in questions]
     for e in edges:
         await e.start()

@@ -178,7 +178,7 @@ async def _rows(draft: Any, endpoint: str, prompts: list[str], tokens: int, pass
     names = [r[0] for r in ROWS] + (["llama.cpp own"] if ar_own is not None else [])
     spec = {r[0]: r for r in ROWS}
     totals: dict[str, dict[str, Any]] = {n: {"passes": [], "stats": []} for n in names}
-    async with EdgeNode(draft, endpoint, connect_timeout_s=600.0, timeout_s=300.0) as edge:
+    async with EdgeNode(draft, endpoint, connect_timeout_s=600.0, silence_timeout_s=300.0) as edge:
         for n in names[: len(ROWS)]:  # warm-up, untimed
             await edge.generate(prompts[0], max_new_tokens=4, method=spec[n][1],
                                 seed=99 if spec[n][2] else None)

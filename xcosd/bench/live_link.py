@@ -65,7 +65,7 @@ async def _rows(draft: Any, endpoint: str, prompts: list[str], tokens: int, pass
     spec = {r[0]: r for r in ROWS}
     per: dict[str, list[float]] = {n: [] for n in names}
     stats: dict[str, list[Any]] = {n: [] for n in names}
-    async with EdgeNode(draft, endpoint, connect_timeout_s=600.0, timeout_s=300.0) as edge:
+    async with EdgeNode(draft, endpoint, connect_timeout_s=600.0, silence_timeout_s=300.0) as edge:
         for n in names:  # warm-up, untimed (the policies learn the costs here too)
             await edge.generate(prompts[0], max_new_tokens=8, method=spec[n][1], tree=spec[n][2],
                                 temperature=temperature, top_p=top_p)

@@ -155,7 +155,7 @@ async def _passes(draft: Any, target: Any, endpoint: str, prompts: list[str], to
     names = ["target-generate", "usd", *(r[0] for r in XCOSD_ROWS)]
     spec = {r[0]: r for r in XCOSD_ROWS}
     totals: dict[str, dict[str, Any]] = {n: {} for n in names}
-    async with EdgeNode(draft, endpoint, connect_timeout_s=600.0, timeout_s=120.0,
+    async with EdgeNode(draft, endpoint, connect_timeout_s=600.0, silence_timeout_s=120.0,
                         model_link=LinkSpec.of(**MODEL_LINK)) as edge:
         # warm-up, untimed: each path once, on a short generation
         for n in names:

@@ -398,7 +398,7 @@ class _Soak:
         return EdgeNode(self.draft, self.endpoint, config=c.generation(),
                         transport=c.transport, link=c.link(c.seed * 1_000_003 + idx),
                         vocab_map=self.vmap, heartbeat_s=c.heartbeat_s,
-                        timeout_s=c.edge_timeout_s, connect_timeout_s=3 * c.edge_timeout_s,
+                        silence_timeout_s=c.edge_timeout_s, connect_timeout_s=3 * c.edge_timeout_s,
                         resend_after_s=c.resend_after_s, busy_retry_s=0.02,
                         draft_thread=shared_process_draft_thread(self.draft), name=f"soak-{idx}")
 
@@ -579,7 +579,7 @@ class _Soak:
         deadline = time.monotonic() + 30.0
         while True:
             node = CloudNode(self.target, bind=bind, transport=c.transport,
-                             timeout_s=c.cloud_timeout_s, heartbeat_s=c.heartbeat_s,
+                             silence_timeout_s=c.cloud_timeout_s, heartbeat_s=c.heartbeat_s,
                              max_sessions=max(1024, 4 * c.devices),
                              max_queue=max(4096, 8 * c.devices))
             try:

@@ -111,9 +111,11 @@ def add_parser(sub: Any) -> None:
                    help="print one JSON object per prompt on stdout (prompt, text, token ids, "
                         "stats) instead of the text")
     add_curve_client_args(p, "device key file (NAME.key_secret): turns CURVE on")
-    p.add_argument("--timeout", type=positive_float, default=15.0,
+    p.add_argument("--silence-timeout", "--timeout", dest="timeout", type=positive_float,
+                   default=15.0,
                    help="seconds of silence before the cloud counts as lost (the edge then "
-                        "connects again)")
+                        "connects again; the node's silence_timeout_s, not a generation's "
+                        "deadline; --timeout is its old name)")
     p.add_argument("--connect-timeout", type=positive_float, default=None,
                    help="seconds to look for the cloud before giving up with an error: for its "
                         "address to accept a connection, then for its handshake, and after a "
@@ -186,7 +188,7 @@ async def _node(args: argparse.Namespace) -> Any:
     draft = await asyncio.to_thread(load_model, args.draft, **device_kw(args, "draft-"))
     return EdgeNode(draft=draft, connect=args.connect, transport=args.transport,
                     config=cfg, link=link_from_args(args), curve=curve,
-                    timeout_s=args.timeout, connect_timeout_s=connect_timeout,
+                    silence_timeout_s=args.timeout, connect_timeout_s=connect_timeout,
                     cloud_wait_s=args.cloud_wait if serving else None,
                     **({} if args.open_hold_ms is None
                        else {"open_hold_s": args.open_hold_ms / 1e3}))

@@ -135,8 +135,10 @@ def add_parser(sub: Any) -> None:
                    help="largest message accepted, MiB")
     p.add_argument("--heartbeat", type=positive_float, default=1.0,
                    help="seconds between edge pings")
-    p.add_argument("--timeout", type=positive_float, default=15.0,
-                   help="seconds of silence before a device's sessions are freed")
+    p.add_argument("--silence-timeout", "--timeout", dest="timeout", type=positive_float,
+                   default=15.0,
+                   help="seconds of silence before a device's sessions are freed (the node's "
+                        "silence_timeout_s; --timeout is its old name)")
     p.add_argument("--methods", type=method_list, default=None,
                    help="comma-separated methods to serve (default: all)")
     p.add_argument("--curve-secret", default=None, type=existing_file,
@@ -399,7 +401,7 @@ async def _run_node(args: argparse.Namespace, target: Any, methods: tuple[str, .
             max_wait_s=args.max_wait_ms / 1000, max_sessions=args.max_sessions,
             max_queue=args.max_queue, max_draft=args.max_draft, max_tree=args.max_tree,
             max_message_bytes=int(args.max_message_mb * (1 << 20)),
-            heartbeat_s=args.heartbeat, timeout_s=args.timeout, methods=methods,
+            heartbeat_s=args.heartbeat, silence_timeout_s=args.timeout, methods=methods,
             metrics_port=args.metrics_port, metrics_host=args.metrics_host,
             drain_timeout_s=args.drain_timeout,
             verify_on_device={"auto": None, "device": True, "host": False}[args.verify]
@@ -467,7 +469,7 @@ def replica_argv(args: argparse.Namespace, backend: str, index: int,
             "--max-queue", str(args.max_queue), "--max-draft", str(args.max_draft),
             "--max-tree", str(args.max_tree),
             "--max-message-mb", repr(args.max_message_mb), "--heartbeat", repr(args.heartbeat),
-            "--timeout", repr(args.timeout), "--parent-pid", str(os.getpid()), *curve]
+            "--silence-timeout", repr(args.timeout), "--parent-pid", str(os.getpid()), *curve]
     if args.methods:
         argv += ["--methods", ",".join(args.methods)]
     if args.device is not None:

@@ -9,13 +9,17 @@ from typing import Any
 
 from .broker import Broker
 from .cloud import CloudNode
+from .cloud_settings import BatchPolicy, CloudLimits, CloudPeerSettings
 from .edge import EdgeNode, RoundObserved
+from .edge_settings import EdgeConnectionSettings, EdgeRunSettings
 from .scheduler import BatchStats, Scheduler
 from .scoring import score_batch
 from .stats import GenerationResult, GenerationStats, merge
 
 __all__ = [
-    "BatchStats", "Broker", "CloudNode", "EdgeNode", "GenerationResult", "GenerationStats",
+    "BatchPolicy", "BatchStats", "Broker", "CloudLimits", "CloudNode", "CloudPeerSettings",
+    "EdgeConnectionSettings", "EdgeNode", "EdgeRunSettings",
+    "GenerationResult", "GenerationStats",
     "MetricsServer", "RoundObserved", "Scheduler", "merge", "prometheus_text",
     "score_batch",
 ]

@@ -43,13 +43,13 @@ import contextlib
 import logging
 import secrets
 import time
+import warnings
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 from ..errors import ProtocolError, TransportError
 from ..models.base import LanguageModel, context_tokens
-from ..policies.tree_policy import DEFAULT_MAX_TREE
 from ..protocol import pack
 from ..protocol.cloud import (
     CloseReason,
@@ -78,7 +78,7 @@ from ..protocol.messages import (
     from_wire,
     session_of,
 )
-from ..transport import LinkListener, LinkSpec, Listener, listen
+from ..transport import LinkListener, Listener, listen
 from ..wire.frames import Limits, decode_message
 from .cloud_delivery import SEND_BURST as SEND_BURST
 from .cloud_delivery import SEND_TIMEOUT_S as SEND_TIMEOUT_S
@@ -93,8 +93,10 @@ from .cloud_peer import CONTROL_RATE as CONTROL_RATE
 from .cloud_peer import Frames, Peer
 from .cloud_renders import MAX_RENDERS_PER_PEER as MAX_RENDERS_PER_PEER
 from .cloud_renders import Renders
+from .cloud_settings import BatchPolicy, CloudLimits, CloudPeerSettings
 from .drain import Drain, HealthAnswer
 from .metrics import tree_shape_label
+from .node_kwargs import fold, no_more, renamed
 from .scheduler import BatchStats, Scheduler
 from .scoring import verifies_on_device
 
@@ -133,101 +135,72 @@ class CloudNode:
 
     ``target``: any :class:`~xcosd.models.LanguageModel`. ``bind``: a ZeroMQ-style
     endpoint (``tcp://127.0.0.1:0`` picks a free port; read :attr:`endpoint`).
-    ``transport``: ``zmq`` (default), ``tcp`` or ``memory``. ``link``: emulate a link
-    on every peer. ``curve``: a :class:`~xcosd.transport.CurveServer` (on the
-    ``replica`` transport a :class:`~xcosd.transport.CurveClient`: a replica is the
-    client of its broker's back end). Batching:
-    ``max_batch``, ``max_wait_s``, ``max_batch_tokens`` (rows one batch scores:
-    what bounds the batch a small round waits behind), ``merge_batches`` (a partial
-    batch waits for the sessions just answered when that beats a second call:
-    ``xcosd/nodes/merging.py``), ``stream_verdicts`` (the loop verifies a scored
-    batch session by session and sends each verdict at once while the worker thread
-    runs the next call; ``False``: the thread verifies the whole batch after its
-    call, the loop sends afterwards). Limits: ``max_sessions``,
-    ``max_sessions_per_peer`` (default half of ``max_sessions``: no peer takes every
-    session), ``max_queue``, ``max_draft``, ``max_tree`` (nodes of a draft tree; 0:
-    chains only, and edges asking for trees draft chains), ``max_message_bytes``, ``max_peer_queue`` (messages
-    of one peer waiting to be served, and replies waiting to be sent to it).
-    Liveness: the edge pings every ``heartbeat_s``; a peer silent for ``timeout_s``
-    loses its sessions, and a session without a draft or follow-up for
-    ``session_idle_s`` (default ``timeout_s``) is closed even if its peer pings
-    (when sessions are short; else after ``IDLE_SLACK`` times as long).
-    ``method_options``: per-method defaults (``{"xcosd-e": {"K": 8}}``) that an
-    edge's own options override. ``metrics_port``: serve Prometheus text there.
-    ``keep_queue_waits``: keep every request's queue wait in :attr:`batch_stats` (a
-    benchmark's cloud; memory that grows with every round served).
-    ``verify_on_device``: verify each batch next to the target's logits, in torch on
-    its device (xcosd/accel/); ``None`` decides by the target (a model on an
-    accelerator does, the CPU keeps the numpy path: :func:`~xcosd.nodes.scoring.verifies_on_device`).
-    ``drain_timeout_s``: how long :meth:`drain` lets running generations finish
-    before it hands the rest off (xcosd/nodes/drain.py). ``context``: the most
-    positions one session holds, its prompt and all it generates (default: what the
-    target holds, its ``context_tokens``; 0 when it knows no bound); sent in the
-    welcome, and an open past it is refused ``context_length`` before any compute.
+    ``peers``: how edges reach the node and how long it keeps them
+    (:class:`~xcosd.nodes.cloud_settings.CloudPeerSettings`: transport, link, CURVE,
+    heartbeats, the silence timeout, idle sessions, the drain, the metrics port);
+    ``limits``: what it accepts (:class:`~xcosd.nodes.cloud_settings.CloudLimits`:
+    sessions, queues, block and tree sizes, message size, context, methods);
+    ``batching``: how it batches the target's calls
+    (:class:`~xcosd.nodes.cloud_settings.BatchPolicy`). Each of their fields may also
+    be given as a keyword of its name (``max_batch=8``, ``transport="tcp"`` ...),
+    which updates the object given (or the defaults); a keyword that none of them
+    has is a ``TypeError``. ``timeout_s=`` is the old name of ``silence_timeout_s``
+    (deprecated).
     """
 
     def __init__(self, target: LanguageModel, bind: str = "tcp://127.0.0.1:5555", *,
-                 transport: str = "zmq", link: LinkSpec | None = None, curve: Any = None,
-                 max_batch: int = 32, max_wait_s: float = 0.002,
-                 max_batch_tokens: int | None = 256, merge_batches: bool = True,
-                 stream_verdicts: bool = True,
-                 max_sessions: int = 1024,
-                 max_sessions_per_peer: int | None = None, max_queue: int = 4096, max_draft: int = 32,
-                 max_tree: int = DEFAULT_MAX_TREE, max_message_bytes: int = 16 << 20,
-                 max_peer_queue: int = 1024,
-                 heartbeat_s: float = 1.0, timeout_s: float = 15.0,
-                 session_idle_s: float | None = None,
-                 methods: tuple[str, ...] | None = None,
-                 method_options: dict[str, dict[str, Any]] | None = None,
-                 metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
-                 transport_options: dict[str, Any] | None = None,
-                 keep_queue_waits: bool = False, drain_timeout_s: float = 30.0,
-                 verify_on_device: bool | None = None, context: int | None = None) -> None:
-        if max_peer_queue < 1:
-            raise ValueError(f"max_peer_queue must be >= 1, got {max_peer_queue}")
+                 peers: CloudPeerSettings | None = None, limits: CloudLimits | None = None,
+                 batching: BatchPolicy | None = None, **settings: Any) -> None:
+        renamed("CloudNode", settings, "timeout_s", "silence_timeout_s")
+        peers = fold("CloudNode", peers, CloudPeerSettings, settings)
+        limits = fold("CloudNode", limits, CloudLimits, settings)
+        batching = fold("CloudNode", batching, BatchPolicy, settings)
+        no_more("CloudNode", settings)
         holds = context_tokens(target)
-        if context is not None and context < 1:
-            raise ValueError(f"context must be >= 1 position, got {context}")
+        context = limits.context
         if context is not None and 0 < holds < context:
             raise ValueError(f"context={context} exceeds the {holds} ids a session of the "
                              "target holds")
+        #: the settings the node was made with; the attributes below are their parts
+        self.peer_settings, self.cloud_limits, self.batch_policy = peers, limits, batching
         self.target = target
         self.bind = bind
-        self.transport = transport
-        self.link = link
-        self.curve = curve
-        self.timeout_s = timeout_s
-        self.session_idle_s = timeout_s if session_idle_s is None else session_idle_s
-        self.max_peer_queue = max_peer_queue
+        self.transport = peers.transport
+        self.link = peers.link
+        self.curve = peers.curve
+        self.silence_timeout_s = peers.silence_timeout_s
+        self.session_idle_s = peers.idle_s
+        self.max_peer_queue = limits.max_peer_queue
+        max_message_bytes = limits.max_message_bytes
         #: bytes one peer may have waiting each way (one message always fits)
         self.max_peer_bytes = 4 * max_message_bytes
-        self.limits = ServerLimits(max_message_bytes, max_sessions, max_draft, heartbeat_s,
-                                   timeout_s, max_tree,
+        self.limits = ServerLimits(max_message_bytes, limits.max_sessions, limits.max_draft,
+                                   peers.heartbeat_s, peers.silence_timeout_s, limits.max_tree,
                                    context=holds if context is None else context)
         # the header bound admits the longest legal prompt: refused as too_large, a
         # prompt could not be answered on its session and its edge would wait forever
-        self.frame_limits = Limits(max_bytes=max_message_bytes, max_frames=64 + max(max_draft, max_tree),
+        self.frame_limits = Limits(max_bytes=max_message_bytes,
+                                   max_frames=64 + max(limits.max_draft, limits.max_tree),
                                    max_header_bytes=MAX_HEADER_BYTES)
         self.server_id = secrets.token_hex(8)
-        self.config = CloudConfig(target.vocab, target.tokenize, self.limits, self.server_id,
-                                  methods=methods, default_options=method_options,
-                                  max_sessions_per_peer=max_sessions_per_peer)
-        self.metrics_port = metrics_port
-        self.metrics_host = metrics_host
-        if drain_timeout_s < 0:
-            raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
-        self.drain_timeout_s = drain_timeout_s
+        self.config = CloudConfig(
+            target.vocab, target.tokenize, self.limits, self.server_id, methods=limits.methods,
+            default_options=(None if limits.method_options is None
+                             else {m: dict(o) for m, o in limits.method_options.items()}),
+            max_sessions_per_peer=limits.max_sessions_per_peer)
+        self.metrics_port = peers.metrics_port
+        self.metrics_host = peers.metrics_host
+        self.drain_timeout_s = peers.drain_timeout_s
         #: readiness and the graceful drain (sans-I/O)
         self._drain = Drain()
         self._drained: asyncio.Event | None = None
-        self._transport_options = dict(transport_options or {})
-        self._sched_opts: dict[str, Any] = {"max_batch": max_batch, "max_wait_s": max_wait_s,
-                                            "max_queue": max_queue,
-                                            "max_batch_tokens": max_batch_tokens,
-                                            "merge": merge_batches,
-                                            "stream": stream_verdicts,
-                                            "keep_waits": keep_queue_waits,
-                                            "on_device": verifies_on_device(target, verify_on_device)}
+        self._transport_options = dict(peers.transport_options or {})
+        self._sched_opts: dict[str, Any] = {
+            "max_batch": batching.max_batch, "max_wait_s": batching.max_wait_s,
+            "max_queue": limits.max_queue, "max_batch_tokens": batching.max_batch_tokens,
+            "merge": batching.merge_batches, "stream": batching.stream_verdicts,
+            "keep_waits": batching.keep_queue_waits,
+            "on_device": verifies_on_device(target, batching.verify_on_device)}
         self._listener: Listener | None = None
         self._scheduler: Scheduler | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -250,18 +223,27 @@ class CloudNode:
             "tree_shapes": {},
         }
         #: the peers, their inboxes, and those ready to serve
-        self._intake = Intake(self.config, self.counters, max_peer_queue, self.max_peer_bytes,
+        self._intake = Intake(self.config, self.counters, self.max_peer_queue, self.max_peer_bytes,
                               answer=self._apply, revoked=self._cut_off)
         #: the replies on their way out
-        self._delivery = Delivery(self.counters, max_peer_queue, self.max_peer_bytes,
+        self._delivery = Delivery(self.counters, self.max_peer_queue, self.max_peer_bytes,
                                   drained=self._intake.mark_ready, unreachable=self._drop_peer)
         #: the render thread and the renders waiting for it
         self._renders = Renders(target, self.counters, self._intake.peers, answer=self._apply)
         #: sessions' last activity; dropping silent peers and idle sessions
         self._liveness = Liveness(self._intake.peers, self.config, self.counters, self._delivery,
-                                  timeout_s=timeout_s, session_idle_s=self.session_idle_s,
-                                  max_sessions=max_sessions, apply_events=self._apply_events,
+                                  silence_timeout_s=self.silence_timeout_s,
+                                  session_idle_s=self.session_idle_s,
+                                  max_sessions=limits.max_sessions, apply_events=self._apply_events,
                                   forget=self._renders.forget)
+
+    @property
+    def timeout_s(self) -> float:
+        """Deprecated: :attr:`silence_timeout_s` (a generation's deadline is
+        ``GenerationConfig.timeout_s``)."""
+        warnings.warn("CloudNode.timeout_s is deprecated: it is silence_timeout_s now",
+                      DeprecationWarning, stacklevel=2)
+        return self.silence_timeout_s
 
     @property
     def _peers(self) -> dict[bytes, Peer]:
@@ -629,7 +611,7 @@ class CloudNode:
 
     async def reap(self, now: float | None = None) -> int:
         """As of ``now`` (default: ``time.monotonic()``), drop every peer silent for
-        more than ``timeout_s`` and free its sessions, and close every session with
+        more than ``silence_timeout_s`` and free its sessions, and close every session with
         no draft or follow-up for more than ``session_idle_s`` (``IDLE_SLACK`` times
         that unless the cloud is short of sessions) even if its peer still pings,
         unless its round is being verified (the cloud owes it a verdict) or its
@@ -638,7 +620,7 @@ class CloudNode:
 
         The reaper task calls this periodically. It is public so a test can make a
         timeout happen at a moment it chooses (a ``now`` past the deadline, with a
-        ``timeout_s`` the reaper itself never reaches) instead of sleeping through a
+        ``silence_timeout_s`` the reaper itself never reaches) instead of sleeping through a
         short timeout and racing the reaper to observe the state before it.
         """
         return await self._liveness.reap(now)

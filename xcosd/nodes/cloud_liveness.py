@@ -1,7 +1,7 @@
 """A :class:`~xcosd.nodes.CloudNode`'s liveness: which peers and sessions still
 hold the cloud's resources, and letting go of those that do not.
 
-* A peer silent for ``timeout_s`` loses its sessions and is dropped; so is one the
+* A peer silent for ``silence_timeout_s`` loses its sessions and is dropped; so is one the
   transport reports gone (a disconnect, an unreachable peer), and one whose CURVE
   key was revoked, which is told so first (xcosd/transport/revocation.py).
 * A session with no draft or follow-up for ``session_idle_s`` is closed even when
@@ -47,14 +47,14 @@ class Liveness:
     what else the node queued for ``peer`` (its renders)."""
 
     def __init__(self, peers: dict[bytes, Peer], config: CloudConfig, counters: dict[str, Any],
-                 delivery: Delivery, *, timeout_s: float, session_idle_s: float,
+                 delivery: Delivery, *, silence_timeout_s: float, session_idle_s: float,
                  max_sessions: int, apply_events: Callable[[Output[Any]], None],
                  forget: Callable[[bytes], None]) -> None:
         self.peers = peers
         self.config = config
         self.counters = counters
         self.delivery = delivery
-        self.timeout_s = timeout_s
+        self.silence_timeout_s = silence_timeout_s
         self.session_idle_s = session_idle_s
         self.max_sessions = max_sessions
         self._apply_events = apply_events
@@ -114,7 +114,7 @@ class Liveness:
         """:meth:`CloudNode.reap <xcosd.nodes.CloudNode.reap>`: drop the silent
         peers and close the idle sessions as of ``now``; how many."""
         now = time.monotonic() if now is None else now
-        cutoff = now - self.timeout_s
+        cutoff = now - self.silence_timeout_s
         silent = [p for p in self.peers.values() if p.last_seen < cutoff]
         n = 0
         for p in silent:
@@ -147,7 +147,7 @@ class Liveness:
 
     async def run(self) -> None:
         """Reap every quarter of the shorter timeout (between 0.05 s and 1 s)."""
-        period = max(0.05, min(1.0, min(self.timeout_s, self.session_idle_s) / 4))
+        period = max(0.05, min(1.0, min(self.silence_timeout_s, self.session_idle_s) / 4))
         while True:
             await asyncio.sleep(period)
             try:

@@ -16,7 +16,7 @@ render requests (``tokenize``, ``chat_prompt``) ``xcosd/nodes/edge_render.py``, 
 one generation's rounds ``xcosd/nodes/edge_generation.py``.
 
 Faults: the edge pings every ``heartbeat_s``; when the cloud is silent for
-``timeout_s``, the transport fails, the cloud answers that it does not know the
+``silence_timeout_s``, the transport fails, the cloud answers that it does not know the
 connection (it restarted) or that it is leaving (``draining``), the edge reconnects
 by itself, in one task of its own (with jittered backoff, for up to
 ``connect_timeout_s``, or for as long as it takes when that is ``None``, to the
@@ -33,7 +33,8 @@ drawn again; see ``xcosd/protocol/edge.py``). An answer that does not come withi
 repeats it, or computes it if the first message was lost); ``busy`` refusals are
 retried after a pause, for at most ``busy_timeout_s``. Every wait has a deadline:
 no answer within ``answer_timeout_s`` despite the resends ends the generation with
-:class:`TimeoutError`, as does its own ``timeout_s``.
+:class:`TimeoutError`, as does its own deadline (``GenerationConfig.timeout_s``). The
+settings named here are ``xcosd/nodes/edge_settings.py``'s.
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ from ..models.base import ContextModel, LanguageModel
 from ..policies.draft_length import DraftLength
 from ..policies.tree_policy import RankRates
 from ..sampling import SamplingParams
-from ..transport import LinkSpec, Meter
+from ..transport import Meter
 from ..vocab import VocabMap, Vocabulary
-from .arrivals import HOLD_S, Arrival, Arrivals
+from .arrivals import Arrival, Arrivals
 from .drafter import Drafter
 from .edge_connection import (
     ATTEMPT_TIMEOUT_S,
@@ -76,6 +77,8 @@ from .edge_generation import (
     RoundObserved,
 )
 from .edge_render import RenderClient
+from .edge_settings import EdgeConnectionSettings, EdgeRunSettings
+from .node_kwargs import field_names, fold, no_more, renamed
 from .reach import ReachPhase
 from .stats import GenerationResult, GenerationStats
 
@@ -85,6 +88,10 @@ __all__ = [
     "SPECULATE_SHARE", "SPECULATION_RECORDS", "EdgeNode", "Prompt", "RoundObserved",
     "drafts_on_loop", "shared_process_draft_thread",
 ]
+
+#: the keywords an EdgeNode passes on to its GenerationConfig: its fields, and
+#: ``stop`` (``GenerationConfig.from_kwargs``' alias of ``stop_strings``)
+GENERATION_KEYWORDS = field_names(GenerationConfig) | {"stop"}
 
 #: the longest vocabulary a context model (n-gram, table, synthetic) drafts over on
 #: the event loop. A step of one costs about 9 us plus 1.3 ns an id (37 us at 16k
@@ -115,21 +122,21 @@ class EdgeNode(RenderClient):
 
     ``draft``: any :class:`~xcosd.models.LanguageModel`. ``connect``: the cloud's
     endpoint. ``config``: a :class:`~xcosd.config.GenerationConfig`, the defaults of
-    every generation on this node; the keyword settings (``method``, ``codec``,
-    ``draft_len``, ``temperature``, ``top_k``, ``top_p``, the draft-length policy
-    ``adaptive_draft``, ``draft_cost``, ``draft_confidence``, ``max_draft_len``,
-    ``speculate`` (drafting while a verdict is in flight) and the method's own options
-    ``K``, ``M``, ``hr_presample``, ``threshold``) update it, and every call may
-    override them again. ``target_vocab``: the target's
-    vocabulary if the device has it (else it is fetched from the cloud once per
-    connection); ``vocab_map``: a ready :class:`~xcosd.vocab.VocabMap` (draft, target),
-    so many edges on one machine build it once. ``link``: emulate a link (a
-    :class:`~xcosd.transport.LinkSpec`);
-    ``model_link``: the link used for modeled time (defaults to ``link``).
-    ``curve``: a :class:`~xcosd.transport.CurveClient`. ``draft_thread``: draft in a
-    worker thread so the event loop stays free (default: yes, except for a context
-    model over at most :data:`LOOP_DRAFT_MAX_IDS` ids, whose steps are cheaper than
-    the hand-off: :func:`drafts_on_loop`).
+    every generation on this node; every call may override them again.
+    ``connection``: how the node reaches and keeps its cloud
+    (:class:`~xcosd.nodes.edge_settings.EdgeConnectionSettings`: transport, link,
+    CURVE, heartbeats, the silence timeout, reconnecting, resends, ``busy`` retries);
+    ``running``: how it runs generations
+    (:class:`~xcosd.nodes.edge_settings.EdgeRunSettings`: the draft thread, the
+    arrivals hold, the modeled link). Each of their fields, and each of the
+    config's, may also be given as a keyword of its name (``method="xcosd"``,
+    ``resend_after_s=1.0``, ``draft_thread=False`` ...), which updates the object
+    given (or the defaults); a keyword that none of them has is a ``TypeError``.
+    ``timeout_s=`` is the old name of ``silence_timeout_s`` (deprecated: a
+    generation's deadline is ``GenerationConfig.timeout_s``). ``target_vocab``: the
+    target's vocabulary if the device has it (else it is fetched from the cloud once
+    per connection); ``vocab_map``: a ready :class:`~xcosd.vocab.VocabMap` (draft,
+    target), so many edges on one machine build it once.
 
     ``on_round``: called with a :class:`RoundObserved` after every round of every
     generation, in the event loop (keep it cheap). It is how a caller observes rounds
@@ -137,17 +144,8 @@ class EdgeNode(RenderClient):
     rounds (the session is closed first) and comes out of :meth:`generate`, which is
     how a benchmark stops its devices at the end of a measured window.
 
-    ``open_hold_s``: how long a generation's first open may wait for the requests a
-    server marked as arrived with it (``arrivals``, :class:`~xcosd.nodes.arrivals.Arrivals`),
-    so that requests sent together share the cloud's first call (0: never wait).
-
-    ``connect_timeout_s``: how long the node looks for its cloud, at start and after
-    a loss, before it gives up (``None``: for as long as it takes). ``cloud_wait_s``:
-    the longest a generation or render request waits for a cloud that is not
-    connected, new or in flight, before it fails with a ``TransportError`` (code
-    ``unreachable``; ``None``: until the node gives up). ``reach`` says where the
-    node stands (:class:`~xcosd.nodes.reach.Reach`: ``connecting``, ``connected``,
-    ``unreachable``, ``closed``).
+    ``reach`` says where the node stands (:class:`~xcosd.nodes.reach.Reach`:
+    ``connecting``, ``connected``, ``unreachable``, ``closed``).
 
     The node is its connection (:class:`~xcosd.nodes.edge_connection.EdgeConnection`)
     and its render client (:class:`~xcosd.nodes.edge_render.RenderClient`) by
@@ -159,41 +157,27 @@ class EdgeNode(RenderClient):
 
     def __init__(self, draft: LanguageModel, connect: str = "tcp://127.0.0.1:5555", *,
                  config: GenerationConfig | None = None,
-                 method: str | None = None, codec: str | None = None,
-                 draft_len: int | None = None, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None,
-                 transport: str = "zmq", link: LinkSpec | None = None,
-                 model_link: LinkSpec | None = None, curve: Any = None,
+                 connection: EdgeConnectionSettings | None = None,
+                 running: EdgeRunSettings | None = None,
                  target_vocab: Vocabulary | None = None, vocab_map: VocabMap | None = None,
-                 heartbeat_s: float | None = None,
-                 timeout_s: float = 15.0, connect_timeout_s: float | None = 30.0,
-                 cloud_wait_s: float | None = None,
-                 busy_retry_s: float = 0.05, busy_timeout_s: float = 30.0,
-                 resend_after_s: float = 2.0, answer_timeout_s: float | None = None,
-                 name: str = "xcosd-edge",
-                 max_message_bytes: int = 256 << 20, draft_thread: bool | None = None,
-                 transport_options: dict[str, Any] | None = None,
                  on_round: Callable[[RoundObserved], None] | None = None,
-                 open_hold_s: float = HOLD_S,
-                 **method_options: Any) -> None:
+                 **settings: Any) -> None:
+        renamed("EdgeNode", settings, "timeout_s", "silence_timeout_s")
+        connection = fold("EdgeNode", connection, EdgeConnectionSettings, settings)
+        running = fold("EdgeNode", running, EdgeRunSettings, settings)
+        no_more("EdgeNode", {k: v for k, v in settings.items() if k not in GENERATION_KEYWORDS})
         self.draft = draft
+        #: how this node runs its generations (EdgeRunSettings)
+        self.run_settings = running
         #: the requests a server has accepted and not yet started: a first open
         #: waits for them (bounded), so that those sent together are verified together
-        self.arrivals = Arrivals(open_hold_s)
-        super().__init__(
-            draft, connect, transport=transport, link=link, curve=curve,
-            target_vocab=target_vocab, vocab_map=vocab_map, heartbeat_s=heartbeat_s,
-            timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
-            cloud_wait_s=cloud_wait_s, busy_retry_s=busy_retry_s,
-            busy_timeout_s=busy_timeout_s, resend_after_s=resend_after_s,
-            answer_timeout_s=answer_timeout_s, name=name,
-            max_message_bytes=max_message_bytes, transport_options=transport_options)
-        self.model_link = model_link if model_link is not None else link
+        self.arrivals = Arrivals(running.open_hold_s)
+        super().__init__(draft, connect, connection, target_vocab=target_vocab,
+                         vocab_map=vocab_map)
+        self.model_link = running.model_link if running.model_link is not None else connection.link
         self.on_round = on_round
         # validated here, so a wrong setting fails when the node is made, not mid-session
-        self.config = GenerationConfig.from_kwargs(
-            config, method=method, codec=codec, draft_len=draft_len, temperature=temperature,
-            top_k=top_k, top_p=top_p, **method_options)
+        self.config = GenerationConfig.from_kwargs(config, **settings)
         #: each live generation's draft model session, by session id
         self._drafters: dict[int, Drafter] = {}
         #: the draft-length policy of the last generation that measured its costs
@@ -212,8 +196,8 @@ class EdgeNode(RenderClient):
         # a context model over a short vocabulary drafts a round in well under a
         # millisecond: handing it to a thread would cost more (GIL hand-offs) than it
         # saves (LOOP_DRAFT_MAX_IDS)
-        self.draft_thread = (not drafts_on_loop(draft) if draft_thread is None
-                             else bool(draft_thread))
+        self.draft_thread = (not drafts_on_loop(draft) if running.draft_thread is None
+                             else bool(running.draft_thread))
 
     # -- lifecycle ---------------------------------------------------------------
 

@@ -7,7 +7,7 @@ next of the cloud's addresses: ``xcosd/transport/addresses.py``; the states it g
 through are ``xcosd/nodes/reach.py``'s), one receives and routes what the cloud sends
 (a session's messages to its inbox, a render's answer to its waiter, the rest to the
 handshake), one pings while the link is quiet and declares it lost after
-``timeout_s`` of silence. Each connection has an epoch: a loss wakes everything
+``silence_timeout_s`` of silence. Each connection has an epoch: a loss wakes everything
 waiting on that epoch's connection (a :class:`Lost` in every inbox), and whoever
 noticed it waits in :meth:`EdgeConnection._recover` for the one that replaces it.
 
@@ -24,6 +24,7 @@ import copy
 import itertools
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -36,11 +37,12 @@ from ..protocol.contexts import ContextStore, RenderStore
 from ..protocol.edge import EdgeHandshake
 from ..protocol.errors import exception_for
 from ..protocol.messages import Error, Message, Ping, Pong, Rendered, from_wire
-from ..transport import LinkConnection, LinkSpec, connect
+from ..transport import LinkConnection, connect
 from ..transport.addresses import Addresses, resolve, split_endpoints
 from ..transport.base import Connection
 from ..vocab import VocabMap, Vocabulary
 from ..wire.frames import Limits, decode_message, message_bytes
+from .edge_settings import EdgeConnectionSettings
 from .inbox import Inbox
 from .reach import Reach, ReachPhase
 from .stats import GenerationStats
@@ -92,31 +94,28 @@ class EdgeConnection:
     (session inboxes, render waiters). It starts nothing itself: the node starts the
     tasks and closes them."""
 
-    def __init__(self, draft: LanguageModel, connect: str, *, transport: str,
-                 link: LinkSpec | None, curve: Any, target_vocab: Vocabulary | None,
-                 vocab_map: VocabMap | None, heartbeat_s: float | None, timeout_s: float,
-                 connect_timeout_s: float | None, cloud_wait_s: float | None,
-                 busy_retry_s: float, busy_timeout_s: float, resend_after_s: float,
-                 answer_timeout_s: float | None, name: str, max_message_bytes: int,
-                 transport_options: dict[str, Any] | None) -> None:
+    def __init__(self, draft: LanguageModel, connect: str, settings: EdgeConnectionSettings, *,
+                 target_vocab: Vocabulary | None, vocab_map: VocabMap | None) -> None:
         #: what ``connect`` names: one endpoint, several (comma-separated) or a host
         #: name with several addresses
         self.endpoint = connect
         split_endpoints(connect)  # a list with nothing in it fails here
+        #: the settings the connection was made with (EdgeConnectionSettings); the
+        #: attributes below are their parts (``heartbeat_s`` becomes the cloud's
+        #: when unset)
+        self.connection_settings = settings
         self._addresses: Addresses | None = None
         #: the address of the connection held now (or last held)
         self.address: str | None = None
-        self.transport = transport
-        self.link = link
-        self.curve = curve
-        self.heartbeat_s = heartbeat_s
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        if cloud_wait_s is not None and cloud_wait_s < 0:
-            raise ValueError(f"cloud_wait_s must be >= 0 or None, got {cloud_wait_s}")
-        self.cloud_wait_s = cloud_wait_s
+        self.transport = settings.transport
+        self.link = settings.link
+        self.curve = settings.curve
+        self.heartbeat_s = settings.heartbeat_s
+        self.silence_timeout_s = settings.silence_timeout_s
+        self.connect_timeout_s = settings.connect_timeout_s
+        self.cloud_wait_s = settings.cloud_wait_s
         #: whether the node holds its cloud, and its connecting's counts
-        self.reach = Reach(time.monotonic(), connect_timeout_s)
+        self.reach = Reach(time.monotonic(), settings.connect_timeout_s)
         #: waits for the cloud that ended at ``cloud_wait_s`` (each failed its request)
         self.waits_expired = 0
         #: why the node last gave up looking for its cloud (``reach`` unreachable)
@@ -124,14 +123,14 @@ class EdgeConnection:
         #: why the cloud cut this device off (its key revoked), until a handshake
         #: succeeds again: a generation waiting for the cloud fails with it at once
         self._refused: XcosdError | None = None
-        self.busy_retry_s = busy_retry_s
-        self.busy_timeout_s = busy_timeout_s
-        self.resend_after_s = resend_after_s
-        self.answer_timeout_s = answer_timeout_s if answer_timeout_s is not None else 4 * timeout_s
-        self.name = name
-        self.limits = Limits(max_bytes=max_message_bytes, max_frames=4096,
+        self.busy_retry_s = settings.busy_retry_s
+        self.busy_timeout_s = settings.busy_timeout_s
+        self.resend_after_s = settings.resend_after_s
+        self.answer_timeout_s = settings.answer_deadline_s
+        self.name = settings.name
+        self.limits = Limits(max_bytes=settings.max_message_bytes, max_frames=4096,
                              max_header_bytes=16 << 20)
-        self._transport_options = dict(transport_options or {})
+        self._transport_options = dict(settings.transport_options or {})
         if vocab_map is not None:
             if vocab_map.draft.fingerprint != draft.vocab.fingerprint:
                 raise ValueError("vocab_map was built for another draft vocabulary")
@@ -139,7 +138,7 @@ class EdgeConnection:
         # the map's builder holds the draft's vocabulary, not this node: a bound method
         # here would make node and handshake a reference cycle, which only a full
         # collection frees (rare in a process with many sessions: xcosd/gc_tuning.py)
-        self._handshake = EdgeHandshake(partial(VocabMap, draft.vocab), target_vocab, name,
+        self._handshake = EdgeHandshake(partial(VocabMap, draft.vocab), target_vocab, self.name,
                                         vocab_map)
         self._space: Space | None = None
         self._conn: Connection | None = None
@@ -175,6 +174,14 @@ class EdgeConnection:
         self._overhead: Callable[[list[Any]], int] = lambda frames: 0
         self.meter: Any = None
         self.resumes = 0
+
+    @property
+    def timeout_s(self) -> float:
+        """Deprecated: :attr:`silence_timeout_s` (``timeout_s`` is a generation's
+        deadline, ``GenerationConfig.timeout_s``)."""
+        warnings.warn("EdgeNode.timeout_s is deprecated: it is silence_timeout_s now",
+                      DeprecationWarning, stacklevel=2)
+        return self.silence_timeout_s
 
     @property
     def server_id(self) -> str | None:
@@ -270,8 +277,8 @@ class EdgeConnection:
         none answered, until ``reach`` gives up (past ``connect_timeout_s``, if
         set): then raise why."""
         reach = self.reach
-        most_s = (self.timeout_s if self.connect_timeout_s is None
-                  else min(self.timeout_s, self.connect_timeout_s))
+        most_s = (self.silence_timeout_s if self.connect_timeout_s is None
+                  else min(self.silence_timeout_s, self.connect_timeout_s))
         while True:
             found = await resolve(self.endpoint, ipv6=self.transport != "zmq")
             if self._addresses is None:
@@ -476,9 +483,10 @@ class EdgeConnection:
             await asyncio.sleep(ivl)
             if not self._connected or self._conn is None:
                 continue
-            if time.monotonic() - self._last_rx > self.timeout_s:
+            if time.monotonic() - self._last_rx > self.silence_timeout_s:
                 # the connecting task reconnects, whether or not a generation waits
-                self._lose(self._epoch, f"the cloud was silent for {self.timeout_s:g} s")
+                self._lose(self._epoch,
+                           f"the cloud was silent for {self.silence_timeout_s:g} s")
                 continue
             now = time.monotonic()
             if now - self._last_rx < ivl and now - self._last_tx < ivl:

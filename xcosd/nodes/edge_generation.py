@@ -27,7 +27,7 @@ import numpy as np
 
 from ..config import GenerationConfig
 from ..errors import BudgetError, ProtocolError, TransportError
-from ..methods import FullVectorReply, HybridReply, Method, Space, get_method
+from ..methods import FullVectorReply, HybridReply, Space
 from ..models.base import LanguageModel
 from ..policies.draft_length import DraftLength
 from ..policies.tree_policy import RankRates
@@ -225,10 +225,10 @@ class GenerationRun:
 
     def _session(self, s: int, prompt: Prompt, cfg: GenerationConfig) -> EdgeSession:
         node = self.node
-        m: Method = get_method(cfg.method, codec=cfg.codec, **cfg.method_options())
-        params = cfg.sampling_params()
         vmap, welcome = node._handshake.vmap, node._handshake.welcome
         assert vmap is not None and welcome is not None and node._space is not None
+        settings = cfg.session_settings(welcome)
+        m, params = settings.method, settings.params
         ids = prompt_ids(node, prompt)
         # the draft only conditions on the prompt: a token-id prompt reaches it as the
         # text of those target ids (the cloud gets the ids themselves, in the open)
@@ -244,17 +244,9 @@ class GenerationRun:
         record = node._spoke.get((m.name, params))
         if record is not None:  # how the last such generation's speculation paid
             drafter.carry(record)
-        es = EdgeSession(
-            s, method=m, vmap=vmap, space=node._space,
-            prompt="" if ids is not None else text,
-            max_new_tokens=cfg.max_new_tokens, params=params,
-            stop_ids=() if cfg.ignore_eos else welcome.stop_ids,
-            draft_len=cfg.draft_len, max_draft=welcome.limits.max_draft, seed=cfg.seed,
-            prompt_ids=ids, adaptive_draft=cfg.adaptive_draft,
-            draft_confidence=cfg.draft_confidence, max_draft_len=cfg.max_draft_len,
-            draft_cost=cfg.resolved_draft_cost(), tree=cfg.tree,
-            max_tree=welcome.limits.max_tree, tree_row_codec=cfg.tree_row_codec,
-            tree_distinct=cfg.tree_distinct, prompt_base=base)
+        es = EdgeSession(s, settings, vmap=vmap, space=node._space,
+                         prompt="" if ids is not None else text, prompt_ids=ids,
+                         prompt_base=base)
         # the draft's prompt computed beside the open's round trip, not before it
         es.draft_later = (node.draft_thread and m.drafts
                           and drafter.uncached_prompt() >= PREFILL_OVERLAP)

@@ -27,9 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..methods import Space, get_method
-from ..methods.tree import TreeShape
 from ..models.base import LanguageModel
-from ..policies.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST
 from ..policies.tree_policy import DEFAULT_MAX_TREE
 from ..protocol import (
     CloudConfig,
@@ -46,6 +44,7 @@ from ..protocol import (
     pack,
     unpack,
 )
+from ..protocol.session_settings import SESSION_SETTING_NAMES, SessionSettings
 from ..sampling import SamplingParams
 from ..transport import LinkSpec, sequence_latency
 from ..transport.zeromq import zmtp_overhead
@@ -181,38 +180,34 @@ class Pump:
     # -- the edge side -----------------------------------------------------------
 
     def session(self, method: str = "xcosd-e", *, codec: str = "f32", prompt: str = "ab",
-                max_new_tokens: int = 8, params: SamplingParams | None = None,
-                seed: int | None = 0, draft_len: int = 4, adaptive_draft: bool = True,
-                draft_confidence: float = DEFAULT_CONFIDENCE, max_draft_len: int = DEFAULT_CAP,
-                draft_cost: float | str = DEFAULT_COST, tree: TreeShape | str | None = None,
-                tree_row_codec: str | None = None, tree_distinct: bool = True,
                 prompt_ids: Sequence[int] | None = None,
-                prompt_base: tuple[str, int] | None = None, **options: Any) -> EdgeSession:
-        """A new generation's state machine (not opened yet) and its drafter (the
-        draft-length policy as :class:`~xcosd.config.GenerationConfig` has it; the
-        pump measures no times, so ``draft_cost="auto"`` keeps the default cost).
-        ``prompt_ids``: the prompt as target ids (``prompt`` is then what the draft
-        conditions on); ``prompt_base``: their first ids by reference
+                prompt_base: tuple[str, int] | None = None, **kw: Any) -> EdgeSession:
+        """A new generation's state machine (not opened yet) and its drafter.
+
+        ``kw``: :class:`~xcosd.protocol.SessionSettings`' fields by name (``params``,
+        ``max_new_tokens``, ``seed``, ``draft_len``, ``tree`` ...), under the
+        welcome's limits, then the method's own options (``K``, ``hr_presample``
+        ...). The pump's defaults differ from a session's in two: 8 tokens and seed
+        0, so a test's generation is short and reproducible unless it says
+        otherwise; the pump measures no times, so ``draft_cost="auto"`` keeps the
+        default cost. ``prompt_ids``: the prompt as target ids (``prompt`` is then
+        what the draft conditions on); ``prompt_base``: their first ids by reference
         (``EdgeSession``'s, :mod:`xcosd.protocol.contexts`)."""
-        params = params or SamplingParams()
         welcome = self.handshake.welcome
         assert welcome is not None
-        m = get_method(method, codec=codec, **options)
+        given = {k: kw.pop(k) for k in list(kw) if k in SESSION_SETTING_NAMES}
+        if given.get("params", SamplingParams()) is None:  # as before: the default warpers
+            del given["params"]
+        settings = SessionSettings.under(welcome, get_method(method, codec=codec, **kw),
+                                         **{"max_new_tokens": 8, "seed": 0, **given})
         self._next += 1
         # the cloud's context is the ids when given; the draft's, ``prompt``
-        es = EdgeSession(self._next, method=m, vmap=self.vmap, space=self.space,
+        es = EdgeSession(self._next, settings, vmap=self.vmap, space=self.space,
                          prompt="" if prompt_ids is not None else prompt,
-                         max_new_tokens=max_new_tokens, params=params,
-                         stop_ids=welcome.stop_ids, draft_len=draft_len,
-                         max_draft=welcome.limits.max_draft, seed=seed,
-                         adaptive_draft=adaptive_draft, draft_confidence=draft_confidence,
-                         max_draft_len=max_draft_len, draft_cost=draft_cost, tree=tree,
-                         max_tree=welcome.limits.max_tree, tree_row_codec=tree_row_codec,
-                         tree_distinct=tree_distinct,
                          prompt_ids=(None if prompt_ids is None
                                      else np.asarray(prompt_ids, dtype=np.int64)),
                          prompt_base=prompt_base)
-        self.drafters[es.s] = Drafter(self.draft, self.vmap, params, prompt)
+        self.drafters[es.s] = Drafter(self.draft, self.vmap, settings.params, prompt)
         return es
 
     def next_draft(self, es: EdgeSession) -> Message:

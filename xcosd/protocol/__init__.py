@@ -62,6 +62,7 @@ from .messages import (
     Welcome,
     from_wire,
 )
+from .session_settings import SessionSettings
 
 
 def pack(msg: Message) -> list[Any]:
@@ -119,6 +120,7 @@ __all__ = [
     "SessionClosed",
     "SessionOpened",
     "SessionReady",
+    "SessionSettings",
     "TokensEmitted",
     "VerdictMsg",
     "VocabMapAccepted",

@@ -798,7 +798,6 @@ class CloudConnection:
                                 f"{sess.next_round}", code=code)
         sp, m, draft = sess.space, sess.method, msg.draft
         d = draft.length
-        tree = draft if isinstance(draft, DraftTree) else None
         # a round commits at most its depth + 1 tokens: a chain's length, a tree's depth
         depth = self._check_block(m, draft, sp)
         ids = draft.ids.tolist()
@@ -830,7 +829,8 @@ class CloudConnection:
                                 f"{sess.round}", code="bad_token")
         req = ScoreNeeded(sess, Round(m, sp, sess.params, draft, sess.seed, msg.r, redo),
                           sess.model, sess.start_ids, sess.committed, append, ids,
-                          parents=None if tree is None else tree.parents.tolist())
+                          # a block that leaves the context as it was is scored as a tree
+                          parents=None if draft.stays_in_context else list(draft.shape.parents))
         sess.start_ids = None
         sess.committed += len(append)
         if sess.phase is CloudPhase.RESOLVING:

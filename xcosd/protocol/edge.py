@@ -52,9 +52,8 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -70,10 +69,9 @@ from ..methods.base import (
     Space,
     TokenReply,
 )
-from ..methods.tree import DeviceTree, TreeShape, check_tree_method, rejection_state
-from ..policies.draft_length import DEFAULT_CAP, DEFAULT_CONFIDENCE, DEFAULT_COST, DraftLength
+from ..methods.tree import DeviceTree, TreeShape, rejection_state
+from ..policies.draft_length import DEFAULT_COST, DraftLength
 from ..policies.tree_policy import RankRates, walk_ranks
-from ..sampling import SamplingParams
 from ..vocab import VocabMap, Vocabulary
 from .errors import exception_for
 from .messages import (
@@ -95,6 +93,7 @@ from .messages import (
     Welcome,
 )
 from .output import Output
+from .session_settings import SessionSettings
 from .vocab_transfer import table_to_vocab, upload_for
 
 # ---------------------------------------------------------------------- handshake
@@ -367,24 +366,17 @@ EDGE_TRANSITIONS: dict[tuple[EdgePhase, EdgeStep], EdgePhase] = {
 class EdgeSession:
     """One generation on the device."""
 
-    def __init__(self, s: int, *, method: Method, vmap: VocabMap, space: Space,
-                 prompt: str, max_new_tokens: int,
-                 params: SamplingParams, stop_ids: Sequence[int], draft_len: int = 4,
-                 max_draft: int = 64, seed: int | None = None,
-                 options: dict[str, Any] | None = None,
-                 prompt_ids: np.ndarray | None = None, adaptive_draft: bool = True,
-                 draft_confidence: float = DEFAULT_CONFIDENCE,
-                 max_draft_len: int = DEFAULT_CAP,
-                 draft_cost: float | str = DEFAULT_COST,
-                 tree: TreeShape | str | None = None, max_tree: int = 0,
-                 tree_row_codec: str | None = None, tree_distinct: bool = True,
+    def __init__(self, s: int, settings: SessionSettings, *, vmap: VocabMap, space: Space,
+                 prompt: str, prompt_ids: np.ndarray | None = None,
                  prompt_base: tuple[str, int] | None = None) -> None:
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if draft_len < 0:
-            raise ValueError(f"draft length must be >= 0, got {draft_len}")
+        """Session ``s`` with ``settings`` (one value, made once: :class:`SessionSettings`)
+        over the connection's ``vmap`` and ``space``, for ``prompt`` (text; ``""``
+        with ``prompt_ids``)."""
         self.s = s
-        self.method = method
+        #: what this generation was asked to do; the attributes below are its parts,
+        #: read by the rounds
+        self.settings = settings
+        self.method: Method = settings.method
         self.vmap = vmap
         self.space = space
         self.prompt = prompt
@@ -401,30 +393,27 @@ class EdgeSession:
         #: token comes from the cloud anyway. Fixed before anything is drawn, from
         #: the prompt alone, so the law is kept as by any draft length
         self.draft_later = False
-        self.max_new_tokens = max_new_tokens
-        self.params = params
-        self.stop_ids = frozenset(int(i) for i in stop_ids)
-        self.draft_len = draft_len
-        self.max_draft = max_draft
+        self.max_new_tokens = settings.max_new_tokens
+        self.params = settings.params
+        self.stop_ids = settings.stop_ids
+        self.draft_len = settings.draft_len
+        self.max_draft = settings.max_draft
         #: the draft-length policy (``draft_len`` is its first round's ceiling)
-        auto = draft_cost == "auto"
-        self.drafting = DraftLength(draft_len, max_draft_len, draft_confidence, adaptive_draft,
-                                    DEFAULT_COST if auto else float(draft_cost), auto)
-        self.options = dict(options if options is not None else method.options())
+        auto = settings.draft_cost == "auto"
+        self.drafting = DraftLength(settings.draft_len, settings.max_draft_len,
+                                    settings.draft_confidence, settings.adaptive_draft,
+                                    DEFAULT_COST if auto else float(settings.draft_cost), auto)
+        self.options = dict(self.method.options())
         #: draft trees: a fixed shape, ``"auto"`` (:class:`RankRates` picks each round's
         #: shape, chains and ``ar`` included) or ``None`` (chains, by ``drafting``).
         #: ``max_tree``: the most nodes the cloud verifies (its welcome's; 0: chains
         #: only, and a tree asked for is drafted as chains: negotiated down)
-        if isinstance(tree, str) and tree != "auto":
-            tree = TreeShape.parse(tree)
-        if tree is not None:
-            check_tree_method(method)
-        self.tree = tree
-        self.max_tree = int(max_tree)
-        self.tree_row_codec = tree_row_codec
-        self.tree_distinct = bool(tree_distinct)
+        self.tree = settings.tree
+        self.max_tree = settings.max_tree
+        self.tree_row_codec = settings.tree_row_codec
+        self.tree_distinct = settings.tree_distinct
         self.tree_rates = RankRates()
-        ss = np.random.SeedSequence(seed)
+        ss = np.random.SeedSequence(settings.seed)
         dev, srv = ss.spawn(2)
         self.rng = np.random.default_rng(dev)
         self.server_seed = int(srv.generate_state(1, np.uint64)[0])
@@ -507,10 +496,12 @@ class EdgeSession:
         self.opens += 1
         self._pending_token = None  # it is in the resumed ids
         self.seq += 1
-        msg = Open(self.s, self.seq, self.vmap.fingerprint, self.method.name,
-                   self.method.codec.name, self.options, self.params.temperature,
-                   self.params.top_k, self.params.top_p, seed, self.prompt,
-                   self.max_new_tokens, np.array(self.token_ids, dtype=np.int64),
+        msg = Open(s=self.s, seq=self.seq, map_fp=self.vmap.fingerprint, method=self.method.name,
+                   codec=self.method.codec.name, options=self.options,
+                   temperature=self.params.temperature, top_k=self.params.top_k,
+                   top_p=self.params.top_p, seed=seed, prompt=self.prompt,
+                   max_new_tokens=self.max_new_tokens,
+                   resume=np.array(self.token_ids, dtype=np.int64),
                    prompt_ids=self.prompt_ids, r=self.round, draft=draft)
         if self.prompt_base is not None and self.opens == 1:  # by reference: the first only
             assert self.prompt_ids is not None

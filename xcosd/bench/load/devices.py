@@ -343,7 +343,7 @@ async def run_devices(cfg: LoadConfig, endpoint: str, ids: Sequence[int],
         assert draft is not None
         return EdgeNode(draft, endpoint, config=cfg.generation, transport=cfg.transport,
                         link=link, curve=curve, target_vocab=target_vocab, vocab_map=vmap,
-                        timeout_s=max(15.0, cfg.timeout_s), busy_retry_s=0.01,
+                        silence_timeout_s=max(15.0, cfg.timeout_s), busy_retry_s=0.01,
                         connect_timeout_s=cfg.connect_timeout_s, on_round=hook,
                         draft_thread=draft_thread, name=f"bench-edge-{ids[0] if ids else 0}")
 

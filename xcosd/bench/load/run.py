@@ -80,7 +80,7 @@ async def run_load(cfg: LoadConfig, *, progress: bool | None = None) -> dict[str
                       merge_batches=cfg.merge_batches and cfg.batching,
                       stream_verdicts=cfg.stream_verdicts,
                       max_sessions=max(1024, 2 * cfg.devices), max_queue=max(4096, 4 * cfg.devices),
-                      timeout_s=max(15.0, cfg.timeout_s), keep_queue_waits=True)
+                      silence_timeout_s=max(15.0, cfg.timeout_s), keep_queue_waits=True)
     async with cloud:
         return await _measure(cfg, cloud.endpoint, cloud, target, progress)
 
