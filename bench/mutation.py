@@ -163,6 +163,14 @@ ACCEL_TESTS = (
     "tests/test_law_accel.py",
 )
 
+#: tests of a round's counted random numbers: the streams' bits, then the two paths
+#: drawing alike, then every recorded generation (a changed bit changes its tokens)
+DRAWS_TESTS = (
+    "tests/test_draws.py",
+    "tests/test_accel.py",
+    "tests/test_golden_generations.py",
+)
+
 #: mutated file (glob) -> the test files run against its mutants, in this order.
 #: Files that do not exist (yet) are left out at run time and listed in the report.
 TEST_MAP: list[tuple[str, tuple[str, ...]]] = [
@@ -176,6 +184,7 @@ TEST_MAP: list[tuple[str, tuple[str, ...]]] = [
     ("xcosd/protocol/cloud.py", PROTOCOL_TESTS),
     ("xcosd/wire/frames.py", FRAME_TESTS),
     ("xcosd/accel/*.py", ACCEL_TESTS),
+    ("xcosd/draws.py", DRAWS_TESTS),
 ]
 
 

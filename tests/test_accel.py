@@ -255,7 +255,7 @@ def test_the_host_and_the_device_draw_the_same_numbers() -> None:
     for rd, rw, dev in zip(rounds, rows, device, strict=True):
         host = verify_round(rd, rw.numpy())
         assert host.error is None and dev.error is None
-        assert host.accepted == dev.accepted and host.path == dev.path, rd.method.name
+        assert host.accepted == dev.accepted, rd.method.name
         assert _drew_alike(host.reply, dev.reply), (rd.method.name, host.reply, dev.reply)
         same += 1
         if rd.method.name == "xcosd-e" and host.reject is not None:

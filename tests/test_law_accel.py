@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from xcosd.methods.round import RoundOutcome
 from xcosd.models.on_device import OnDevice
 from xcosd.nodes.pump import Pump
 
@@ -202,7 +203,7 @@ def test_tree_rounds_on_the_device_through_faults(link: Pump, variant: str,
     walked: list[object] = []
     walk = accel_verify._verify_tree
 
-    def counted(rd: accel_verify.Round, rw: object) -> accel_verify.Outcome:
+    def counted(rd: accel_verify.Round, rw: object) -> RoundOutcome:
         out = walk(rd, rw)  # type: ignore[arg-type]
         walked.append(out.reject)
         return out

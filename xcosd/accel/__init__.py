@@ -7,6 +7,6 @@ the cloud's target is a torch model verified on its device.
 
 from __future__ import annotations
 
-from .verify import DeviceReject, Outcome, Round, on_request, supported, verify_batch
+from .verify import DeviceReject, Round, on_request, supported, verify_batch
 
-__all__ = ["DeviceReject", "Outcome", "Round", "on_request", "supported", "verify_batch"]
+__all__ = ["DeviceReject", "Round", "on_request", "supported", "verify_batch"]

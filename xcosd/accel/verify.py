@@ -55,7 +55,7 @@ from ..methods.base import (
     TokenReply,
 )
 from ..methods.hybrid_resampling import HybridResampling
-from ..methods.round import Round
+from ..methods.round import Round, RoundOutcome
 from ..methods.sr_dv import SrDv
 from ..methods.tree import DraftTree, check_tree, check_tree_method, server_rows
 from .commit import Commit, committed_full, committed_hybrid, device_commit, theta_other
@@ -112,20 +112,6 @@ class DeviceReject:
         return float(self.p_star[int(token)])
 
 
-@dataclass(eq=False)
-class Outcome:
-    """A session's verified round: ``accepted`` drafts and the ``reply`` (with the
-    rejection's state), or the ``error`` that failed this session alone."""
-
-    accepted: int
-    reply: Reply
-    reject: DeviceReject | None
-    error: XcosdError | None = None
-    #: a tree round's accepted path (``accepted`` is then the index + 1 of the node
-    #: the walk stopped at, as its verdict says)
-    path: list[int] | None = None
-
-
 class _SpaceOnDevice:
     """A space's id sets as device tensors (built once per space and device)."""
 
@@ -159,24 +145,24 @@ def _device(u: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(u).to(device)
 
 
-def _failed(e: BaseException) -> Outcome:
+def _failed(e: BaseException) -> RoundOutcome:
     if isinstance(e, XcosdError):
         err = e
     elif isinstance(e, (ValueError, IndexError)):
         err = ProtocolError(f"cannot verify this draft: {e}", code="bad_field")
     else:
         err = ProtocolError(f"verification failed: {type(e).__name__}", code="internal")
-    return Outcome(0, TokenReply(0), None, err)
+    return RoundOutcome(0, TokenReply(0), None, err)
 
 
-def verify_batch(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outcome]:
+def verify_batch(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[RoundOutcome]:
     """Verify each round against its ``d + 1`` target rows (probabilities over V_T, on
     the target's device). A session's bad draft or failure is its ``error`` alone; a
     failure of the batched work is retried session by session (same results: no draw
     depends on the batch)."""
     if len(rounds) != len(rows):
         raise ValueError(f"{len(rows)} row blocks for {len(rounds)} rounds")
-    out: list[Outcome | None] = [None] * len(rounds)
+    out: list[RoundOutcome | None] = [None] * len(rounds)
     todo: list[int] = []
     for i, (rd, rw) in enumerate(zip(rounds, rows, strict=True)):
         try:
@@ -228,13 +214,13 @@ def _check(rd: Round, rw: torch.Tensor) -> None:
         raise ValueError(f"a rejection at {rd.redo.accepted} of a {d}-token draft")
 
 
-def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outcome]:
+def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[RoundOutcome]:
     """Chains in one batch (:func:`_verify_chains`), each tree on its own
     (:func:`_verify_tree`)."""
     trees = [i for i, rd in enumerate(rounds) if isinstance(rd.draft, DraftTree)]
     if not trees:
         return _verify_chains(rounds, rows)
-    out: list[Outcome | None] = [None] * len(rounds)
+    out: list[RoundOutcome | None] = [None] * len(rounds)
     chains = [i for i in range(len(rounds)) if not isinstance(rounds[i].draft, DraftTree)]
     if chains:
         got = _verify_chains([rounds[i] for i in chains], [rows[i] for i in chains])
@@ -248,7 +234,7 @@ def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outco
     return [o if o is not None else _failed(RuntimeError("unverified")) for o in out]
 
 
-def _verify_tree(rd: Round, rw: torch.Tensor) -> Outcome:
+def _verify_tree(rd: Round, rw: torch.Tensor) -> RoundOutcome:
     """Walk ``rd``'s draft tree next to its rows (``xcosd.methods.tree.verify_tree``'s
     rules): the children of a node tested in order with ``u_c · q(c) < r(c)``, ``u_c``
     the session's Philox uniform for node ``c`` (stream ``ACCEPT``), ``r`` the
@@ -270,16 +256,16 @@ def _verify_tree(rd: Round, rw: torch.Tensor) -> Outcome:
         for q in qs.get(node, [])[:-1]:  # (a node with one child sends no row)
             r = _residual_row(r, q, on)
         state = _tree_reject(rd, r, node)
-        return Outcome(rd.redo.accepted, on_request(rd.method, state, Request(rd.redo.kind), space),
-                       state, path=shape.path(node))
-    path: list[int] = []
+        return RoundOutcome(rd.redo.accepted,
+                            on_request(rd.method, state, Request(rd.redo.kind), space), state,
+                            redo=True)
     node = -1
     while True:
         kids = shape.children[node + 1]
         if not kids:
             ut = _device(uniforms(key, rnd, TOKEN, 0), rw.device)
             tok = int(draw(ps[node + 1][None, :], ut[:, None])[0, 0])
-            return Outcome(node + 1, TokenReply(tok), None, path=path)
+            return RoundOutcome(node + 1, TokenReply(tok), None)
         r = ps[node + 1]
         accepted = None
         for k, c in enumerate(kids):
@@ -294,9 +280,7 @@ def _verify_tree(rd: Round, rw: torch.Tensor) -> Outcome:
             state = _tree_reject(rd, r, node)
             # (the last child's row was sent where the method needs it: sd-uplink)
             q_last = qs[node][-1] if node in qs else None
-            return Outcome(node + 1, _tree_reply(rd, state, q_last, key, rnd), state,
-                           path=path)
-        path.append(accepted)
+            return RoundOutcome(node + 1, _tree_reply(rd, state, q_last, key, rnd), state)
         node = accepted
 
 
@@ -365,7 +349,7 @@ def _answers(kind: Answer, method: Method, space: Space, states: Sequence[Device
     raise ProtocolError(f"{method.name}: no device draw for {kind}", code="internal")
 
 
-def _verify_chains(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Outcome]:
+def _verify_chains(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[RoundOutcome]:
     dev = rows[0].device
     lens = [int(r.shape[0]) for r in rows]
     offs = np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64)
@@ -377,7 +361,7 @@ def _verify_chains(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> lis
     at = torch.from_numpy(offs + accepted).to(dev)
     term = ps[at]
     term_raw = w[at] if ps is not w else None
-    out: list[Outcome | None] = [None] * len(rounds)
+    out: list[RoundOutcome | None] = [None] * len(rounds)
     # every session whose terminal row is drawn from as it is: a bonus after a full
     # acceptance, a rejection answered with a token from it (target-resample's), ar
     plain = [i for i, rd in enumerate(rounds) if rd.redo is None and (
@@ -388,7 +372,7 @@ def _verify_chains(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> lis
         toks = draw(term[sel], u[:, None])[:, 0].tolist()
         for i, t in zip(plain, toks, strict=True):
             full = accepted[i] == rounds[i].draft.length
-            out[i] = Outcome(int(accepted[i]), TokenReply(int(t)), None if full else
+            out[i] = RoundOutcome(int(accepted[i]), TokenReply(int(t)), None if full else
                              _reject(rounds[i], term, term_raw, i, int(accepted[i])))
     # a redo answers a follow-up, whatever the method: its reply comes from
     # :func:`on_request`, session by session
@@ -412,7 +396,7 @@ def _verify_chains(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> lis
         replies = _answers(kind, first.method, first.space, states,
                            term[torch.tensor(group, device=dev)], q, key[group], rnd[group])
         for i, st, rep in zip(group, states, replies, strict=True):
-            out[i] = Outcome(int(accepted[i]), rep, st)
+            out[i] = RoundOutcome(int(accepted[i]), rep, st)
     return [o if o is not None else _failed(RuntimeError("unverified")) for o in out]
 
 
@@ -497,10 +481,10 @@ def _reject(rd: Round, term: torch.Tensor, term_raw: torch.Tensor | None, i: int
                         raw)
 
 
-def _redo(rd: Round, state: DeviceReject) -> Outcome:
+def _redo(rd: Round, state: DeviceReject) -> RoundOutcome:
     assert rd.redo is not None
     reply = on_request(rd.method, state, Request(rd.redo.kind), rd.space)
-    return Outcome(rd.redo.accepted, reply, state)
+    return RoundOutcome(rd.redo.accepted, reply, state, redo=True)
 
 
 def _uniform_row(states: Sequence[DeviceReject], stream: np.ndarray | int, k: int,
@@ -600,5 +584,5 @@ def _other(state: DeviceReject, space: Space) -> int:
     return int(draw(row, _uniform_row([state], OTHER, 1, dev))[0, 0])
 
 
-__all__ = ["ACCEPT", "CANDIDATES", "OTHER", "TOKEN", "DeviceReject", "Outcome",
+__all__ = ["ACCEPT", "CANDIDATES", "OTHER", "TOKEN", "DeviceReject",
            "Round", "on_request", "supported", "verify_batch"]

@@ -199,7 +199,9 @@ class Round:
 
 @dataclass(eq=False)
 class RoundOutcome:
-    """What verifying a :class:`Round` gives: ``accepted`` drafts and the ``reply``,
+    """What verifying a :class:`Round` gives: ``accepted`` drafts (a tree's verdict
+    ``n``: the index + 1 of the node the walk stopped at, whose path the block names,
+    ``Draft.path``) and the ``reply``,
     the rejection's state its follow-ups are answered from, or the ``error`` that
     fails this session alone."""
 
@@ -213,9 +215,6 @@ class RoundOutcome:
     compute_s: float = 0.0
     #: a redone round: ``reply`` answers the device's pending follow-up, not the draft
     redo: bool = False
-    #: a tree round's accepted path (node indices from the context down); ``accepted``
-    #: is then the verdict's ``n``, the index + 1 of the node the walk stopped at
-    path: list[int] | None = None
 
 
 def failed(error: XcosdError) -> RoundOutcome:
@@ -256,8 +255,7 @@ def verify_round(rd: Round, rows: np.ndarray, warped: np.ndarray | None = None
                                             candidate_rounds=redo.candidate_rounds,
                                             fallback_sent=redo.fallback)
                 reply = m.on_request(state, Request(redo.kind), sp, draws)
-                return RoundOutcome(redo.accepted, reply, state, redo=True,
-                                    path=tree.shape.path(node))
+                return RoundOutcome(redo.accepted, reply, state, redo=True)
             state = rebuild_reject(m, p, draft, redo.accepted, sp,
                                    candidate_rounds=redo.candidate_rounds,
                                    fallback_sent=redo.fallback)
@@ -265,7 +263,7 @@ def verify_round(rd: Round, rows: np.ndarray, warped: np.ndarray | None = None
             return RoundOutcome(redo.accepted, reply, state, redo=True)
         if tree is not None:
             t = verify_tree(m, p, tree, sp, draws)
-            return RoundOutcome(t.node + 1, t.reply, t.reject, path=t.path)
+            return RoundOutcome(t.node + 1, t.reply, t.reject)
         v = verify_block(m, p, draft, sp, draws)
         return RoundOutcome(v.accepted, v.reply, v.reject)
     except XcosdError as e:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -29,9 +29,6 @@ from ..models.base import LanguageModel
 from ..models.tree_scoring import score_tree
 from ..protocol.cloud import ScoreNeeded
 from ..sampling import WHOLE_ROW_MAX, SamplingParams, warp
-
-if TYPE_CHECKING:  # torch only where a target verifies on its device
-    from ..accel.verify import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -214,15 +211,8 @@ def score_on_device(model: Any, batch: Sequence[ScoreNeeded]) -> list[RoundOutco
     if rounds:
         got = verify_batch(rounds, [scored[i] for i in on_device])
         for i, o in zip(on_device, got, strict=True):
-            out[i] = _device_outcome(batch[i].round, o)
+            out[i] = o
     return [o if o is not None else failed_outcome(RuntimeError("unverified")) for o in out]
-
-
-def _device_outcome(rd: Round, outcome: Outcome) -> RoundOutcome:
-    """A :func:`~xcosd.accel.verify_batch` result as round ``rd``'s outcome."""
-    return RoundOutcome(outcome.accepted, outcome.reply, outcome.reject, outcome.error,
-                        redo=rd.redo is not None and outcome.error is None,
-                        path=outcome.path)
 
 
 def _verify(rd: Round, rows: np.ndarray, warped: np.ndarray | None = None) -> RoundOutcome:
