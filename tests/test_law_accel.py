@@ -137,10 +137,9 @@ def test_a_redrawn_round_fails_on_the_device(link: Pump) -> None:
 
 @pytest.mark.slow
 def test_a_replayed_seed_is_harmless_on_the_device(link: Pump) -> None:
-    """On the numpy path a resume that gives the cloud its first seed again replays its
-    random stream from the start, and fails the law test (``tests/test_law.py``). A
-    Philox draw is keyed by the round as well as the seed, so the replayed seed draws
-    what it would have drawn in each round: the law holds."""
+    """A resume that gives the cloud its first seed again: a draw is keyed by the round
+    as well as the seed, so the replayed seed draws what it would have drawn in each
+    round, and the law holds (the host's twin: ``tests/test_law.py``)."""
     seqs, _, _ = generate_faulty(link, "ar", N_LOSSY, seed=11_000_000, session_cls=ReplayedSeed)
     assert check_law(seqs, exact_law(link, "ar", "f32", T1)).ok
 
