@@ -111,7 +111,7 @@ SCOPE: dict[str, frozenset[str] | None] = {
     "xcosd/protocol/edge.py": None,
     "xcosd/protocol/cloud.py": None,
     "xcosd/wire/frames.py": frozenset({"check_limits", "StreamDecoder", "Limits"}),
-    # the accelerator path's verification, its warpers, draws, sums and Philox
+    # the accelerator path's verification, its warpers, draws, sums and uniforms
     "xcosd/accel/*.py": None,
     # a tree's rows scored leaf by leaf, the session's context restored after each
     "xcosd/models/tree_scoring.py": frozenset({"score_tree", "leaf_paths"}),

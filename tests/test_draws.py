@@ -1,8 +1,11 @@
 """A round's random numbers are counted (xcosd/draws.py): the host's streams give
-Philox's bits, a round's verification is a pure function of its plain data, and a
+a keyed hash's bits, a round's verification is a pure function of its plain data, and a
 follow-up asked again gets the same answer."""
 
 from __future__ import annotations
+
+import hashlib
+import struct
 
 import numpy as np
 
@@ -12,8 +15,6 @@ from xcosd.draws import (
     OTHER,
     TOKEN,
     RoundDraws,
-    Stream,
-    block,
     draw_at,
     uniforms,
 )
@@ -26,22 +27,33 @@ from xcosd.vocab import VocabMap
 from .session_pairs import pair
 
 
-def test_a_stream_gives_philox_s_bits_one_at_a_time_or_many() -> None:
-    for key, rnd, st in [(0, 0, 0), (2**64 - 1, 2**40 + 3, 7), (12345, 9, CANDIDATES + 2)]:
-        want = block(key, rnd, st, 0, 40)
-        assert np.array_equal(uniforms(key, rnd, st, np.arange(40)), want)
-        one = Stream(key, rnd, st)
-        assert [one.random() for _ in range(40)] == want.tolist()
-        many = Stream(key, rnd, st)
+def _at(key: int, rnd: int, st: int, i: int) -> float:
+    """Uniform ``i`` of a stream as the docstring of xcosd/draws.py defines it."""
+    digest = hashlib.blake2b(struct.pack("<QQQ", rnd, st, i // 8),
+                             key=key.to_bytes(8, "little"), digest_size=64).digest()
+    word = struct.unpack("<8Q", digest)[i % 8]
+    return (word >> 11) / float(1 << 53)
+
+
+def test_a_stream_gives_its_counters_bits_one_at_a_time_or_many() -> None:
+    for key, rnd, st in [(0, 0, 0), (2**64 - 1, 2**40 + 3, 7), (12345, 9, CANDIDATES + 2),
+                         (5, 3, TOKEN), (7, 1, CANDIDATES)]:
+        want = [_at(key, rnd, st, i) for i in range(40)]
+        assert uniforms(key, rnd, st, np.arange(40)).tolist() == want
+        one = RoundDraws(key, rnd).stream(st)
+        assert [one.random() for _ in range(40)] == want
+        many = RoundDraws(key, rnd).stream(st)
         got = np.concatenate([many.random(3), many.random(20), many.random(17)])
-        assert got.tolist() == want.tolist() and many.drawn == 40
-        assert Stream(key, rnd, st).at(31) == want[31]
-    assert draw_at(Stream(1, 2, 3), 5) == float(uniforms(1, 2, 3, 5))
+        assert got.tolist() == want and many.drawn == 40
+        assert RoundDraws(key, rnd).stream(st).at(31) == want[31]
+        assert RoundDraws(key, rnd).stream(st).first(11) == want[:11]
+    assert draw_at(RoundDraws(1, 2).stream(3), 5) == float(uniforms(1, 2, 3, 5))
+    assert draw_at(np.random.default_rng(0), 5) == np.random.default_rng(0).random()
     # the accelerator's batched form: one number per element, whatever the grouping
     keys = np.array([4, 4, 9, 4]), np.array([1, 1, 1, 2])
-    got = uniforms(keys[0], keys[1], TOKEN, np.array([0, 6, 0, 0]))
-    assert got.tolist() == [Stream(4, 1, TOKEN).at(0), Stream(4, 1, TOKEN).at(6),
-                            Stream(9, 1, TOKEN).at(0), Stream(4, 2, TOKEN).at(0)]
+    got = uniforms(keys[0], keys[1], TOKEN, np.array([0, 9, 0, 0]))
+    assert got.tolist() == [_at(4, 1, TOKEN, 0), _at(4, 1, TOKEN, 9), _at(9, 1, TOKEN, 0),
+                            _at(4, 2, TOKEN, 0)]
 
 
 def test_streams_and_rounds_are_apart() -> None:

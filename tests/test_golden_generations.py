@@ -93,9 +93,10 @@ DATA = Path(__file__).parent / "data" / "golden_generations.json"
 #: commit that made the change names it
 CHANGES: tuple[str, ...] = (
     "cloud: one randomness model, a round's draws named by (seed, round, stream, index) "
-    "and made by Philox4x64-10 (xcosd/draws.py) on the host and the accelerator alike, "
-    "where the host drew from a sequential numpy stream per session and the accelerator "
-    "from Philox4x32: every case whose cloud draws (not greedy) records new ids",
+    "and made by a keyed hash of the name (BLAKE2b, xcosd/draws.py) on the host and the "
+    "accelerator alike, where the host drew from a sequential numpy stream per session "
+    "and the accelerator from Philox4x32: every case whose cloud draws (not greedy) "
+    "records new ids",
 )
 
 # ------------------------------------------------------------------------- the cases
@@ -252,6 +253,7 @@ def pump_cases() -> list[Case]:
            Case("xcosd-e", pair="accel", faults=True),
            # HR's follow-up requests: restarts there are what redone rounds are for
            Case("xcosd", "topp", faults=True, kw=(("hr_presample", False),)),
+           Case("xcosd", faults=True, tokens=48, kw=(("hr_presample", False),)),
            # whole blocks accepted: speculated drafts sent
            Case("xcosd-e", pair="close", faults=True, speculate=True)]
     return cs

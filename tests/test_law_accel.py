@@ -3,8 +3,8 @@
 The same generations through the same state machines, but the cloud's rows go to
 :func:`xcosd.nodes.scoring.score_on_device`: the target's rows become torch tensors
 (on the CPU device here; the same code runs on a GPU in ``bench/gpu_check.py``) and
-:func:`xcosd.accel.verify_batch` warps, verifies and draws there, with Philox
-uniforms keyed by each session's seed. Every lossless method through the fault
+:func:`xcosd.accel.verify_batch` warps, verifies and draws there, with counted
+uniforms (xcosd/draws.py) keyed by each session's seed. Every lossless method through the fault
 injector (cloud restarts mid-resolution included: Redo on the device path), the
 adaptive draft length and speculated drafts through it too, every warper, every codec
 (``f16`` and ``bf16`` commit on the device; ``q8`` and ``topk:K`` are verified on the
@@ -194,7 +194,7 @@ TREES = ("4x1", "2x1x1", "spine:3x2")
 def test_tree_rounds_on_the_device_through_faults(link: Pump, variant: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Draft trees walked next to their rows (``xcosd.accel.verify``'s tree walk: the
-    residuals formed on the device, Philox uniforms per node) keep the law through
+    residuals formed on the device, counted uniforms per node) keep the law through
     the fault injector, redone tree rounds included (rebuilt on the device from the
     rows alone). Built to catch TV 0.07 at one step (N = 2,000)."""
     import xcosd.accel.verify as accel_verify

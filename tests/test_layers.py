@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent / "xcosd"
 #: lowest first; a module may import its own layer and any layer listed before it
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("errors", ("xcosd.errors",)),
-    # a round's counted random numbers (Philox) below the sampling that draws them
+    # a round's counted random numbers (a keyed hash) below the sampling that draws them
     ("draws", ("xcosd.draws",)),
     ("sampling / vocab", ("xcosd.sampling", "xcosd.vocab")),
     ("codecs", ("xcosd.codecs",)),

@@ -7,16 +7,17 @@ before it: a round could not be verified from its own inputs, a restarted cloud
 would replay the session's stream from its start, and the host's draws could never
 be the device's. Here every uniform is named by ``(key, round, stream, index)``: the
 key is the session's seed, the round its number, the stream says what the number is
-for, and the index counts the draws of that stream in that round. The bits are
-Philox4x64-10's (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
-SC'11), a keyed bijection of a counter, as numpy implements it in C
-(``numpy.random.Philox``: a bit stream numpy keeps stable across versions, NEP 19):
-keyed by the seed, its counter ``(index // 4 + 1, 0, stream, round)``, word
-``index % 4`` of the block, whose top 53 bits make the uniform. One counter gives
-four uniforms, and a stream's numbers for a round cost one call into C (about as
-much as two draws from a stateful generator), where Philox in Python integers costs
-microseconds per number. So a round's verdict and each follow-up's answer are pure
-functions of the round's plain data and the target's rows.
+for, and the index counts the draws of that stream in that round. A uniform is made
+by a keyed pseudorandom function of that name: BLAKE2b (RFC 7693) keyed by the seed's
+8 bytes, of the message ``(round, stream, index // 8)`` as three little-endian
+64-bit words, its 64-byte digest read as eight little-endian 64-bit words, word
+``index % 8`` of which gives the uniform by its top 53 bits. A counter-based
+generator, as Philox is (Salmon et al., "Parallel random numbers: as easy as 1, 2,
+3", SC'11, use AES and Threefry the same way), whose one call (eight numbers) costs
+about as much as two draws from numpy's ``Generator`` on the host, where setting a
+counter-based bit generator's state costs ten. So a round's verdict and each
+follow-up's answer are pure functions of the round's plain data and the target's
+rows.
 
 The streams (the accelerator's, :mod:`xcosd.accel.verify`, use the same):
 
@@ -36,8 +37,8 @@ repeat. The stream objects here have the one method the host's draws call,
 
 from __future__ import annotations
 
-import functools
-import threading
+import hashlib
+import struct
 from typing import Any, Protocol, overload
 
 import numpy as np
@@ -58,67 +59,22 @@ ACCEPT, TOKEN, OTHER, CANDIDATES = 0, 1, 2, 3
 
 _MASK64 = (1 << 64) - 1
 _SCALE = 1.0 / (1 << 53)
-#: past this many uniforms at once a stream asks numpy's C implementation (one call
-#: into C, about 4 us); up to it, Philox in Python integers (about 3 us per counter, four
-#: uniforms each: a round's accept tests and its token draw take one counter each)
-_IN_C = 8
-_local = threading.local()
-_M0, _M1 = 0xD2E7470EE14C6C93, 0xCA5A826395121157
-_W0, _W1 = 0x9E3779B97F4A7C15, 0xBB67AE8584CAA73B
+#: uniforms one call makes (a 64-byte digest)
+PER_CALL = 8
+_MESSAGE = struct.Struct("<QQQ")
+_WORDS = struct.Struct("<8Q")
 
 
-@functools.lru_cache(maxsize=4096)
-def _schedule(k0: int, k1: int) -> tuple[tuple[int, int], ...]:
-    """The ten round keys under ``(k0, k1)`` (a session's rounds share its key)."""
-    out = []
-    for r in range(10):
-        if r:
-            k0 = (k0 + _W0) & _MASK64
-            k1 = (k1 + _W1) & _MASK64
-        out.append((k0, k1))
-    return tuple(out)
-
-
-def philox4x64(counter: tuple[int, int, int, int], key: tuple[int, int]
-               ) -> tuple[int, int, int, int]:
-    """Philox4x64-10 of ``counter`` under ``key`` in Python integers: numpy's bits
-    (tested against ``numpy.random.Philox`` and Random123's known answers)."""
-    c0, c1, c2, c3 = counter
-    for k0, k1 in _schedule(*key):
-        p0 = c0 * _M0
-        p1 = c2 * _M1
-        c0, c1, c2, c3 = (p1 >> 64) ^ c1 ^ k0, p1 & _MASK64, (p0 >> 64) ^ c3 ^ k1, p0 & _MASK64
-    return c0, c1, c2, c3
-
-
-def _counter_uniforms(key: int, round_: int, stream: int, b: int) -> list[float]:
-    """The four uniforms of counter block ``b`` (indices ``4b .. 4b + 3``)."""
-    words = philox4x64((b + 1, 0, stream & _MASK64, round_ & _MASK64), (key, 0))
-    return [(w >> 11) * _SCALE for w in words]
-
-
-def _generator() -> np.random.Philox:
-    """This thread's Philox (a bit generator's state is not shared across threads:
-    the scheduler's worker and the event loop draw at once)."""
-    bg = getattr(_local, "bg", None)
-    if bg is None:
-        bg = _local.bg = np.random.Philox(key=0)
-    return bg
-
-
-def block(key: int, round_: int, stream: int, start: int, n: int) -> np.ndarray:
-    """The uniforms at indices ``start .. start + n - 1`` of ``(key, round, stream)``
-    (float64 in ``[0, 1)``, 53 random bits each); ``start`` a multiple of 4."""
-    bg = _generator()
-    bg.state = {
-        "bit_generator": "Philox",
-        "state": {"counter": np.array([start // 4, 0, int(stream) & _MASK64,
-                                       int(round_) & _MASK64], dtype=np.uint64),
-                  "key": np.array([int(key) & _MASK64, 0], dtype=np.uint64)},
-        "buffer": np.zeros(4, dtype=np.uint64), "buffer_pos": 4,
-        "has_uint32": 0, "uinteger": 0,
-    }
-    return (bg.random_raw(n) >> np.uint64(11)).astype(np.float64) * _SCALE
+def block(key: int, round_: int, stream: int, start: int, n: int) -> list[float]:
+    """The ``n`` uniforms from index ``start`` (a multiple of :data:`PER_CALL`) of
+    ``(key, round, stream)``: float64 in ``[0, 1)``."""
+    k = (int(key) & _MASK64).to_bytes(8, "little")
+    r, st = int(round_) & _MASK64, int(stream) & _MASK64
+    out: list[float] = []
+    for g in range(start // PER_CALL, -(-(start + n) // PER_CALL)):
+        digest = hashlib.blake2b(_MESSAGE.pack(r, st, g), key=k, digest_size=64).digest()
+        out.extend([(w >> 11) * _SCALE for w in _WORDS.unpack(digest)])
+    return out[:n]
 
 
 def uniforms(key: Any, round_: Any, stream: Any, index: Any) -> np.ndarray:
@@ -138,25 +94,21 @@ def uniforms(key: Any, round_: Any, stream: Any, index: Any) -> np.ndarray:
     for g, (gk, gr, gs) in enumerate(uniq.tolist()):
         members = order[bounds[g]:bounds[g + 1]]
         idx = fi[members]
-        top = int(idx.max()) + 1
-        vals = (Stream(gk, gr, gs).random(top) if top > 1
-                else np.array([Stream(gk, gr, gs).random()]))
-        fo[members] = vals[idx]
+        fo[members] = np.asarray(block(gk, gr, gs, 0, int(idx.max()) + 1))[idx]
     return out
 
 
 class Stream:
     """The uniforms of one ``(key, round, stream)``, index 0, 1, 2 ... in the order they
     are asked for: a stand-in for ``numpy.random.Generator`` where only ``random`` is
-    called. Computed a counter (four) at a time, or in one call into C when many are
-    asked for at once."""
+    called. Made :data:`PER_CALL` at a time, as they are needed."""
 
     __slots__ = ("_cache", "_index", "_key", "_round", "_stream")
 
     def __init__(self, key: int, round_: int, stream: int) -> None:
-        self._key = int(key) & _MASK64
-        self._round = int(round_)
-        self._stream = int(stream)
+        self._key = key
+        self._round = round_
+        self._stream = stream
         self._index = 0
         self._cache: list[float] = []
 
@@ -179,6 +131,12 @@ class Stream:
             return self._cache[start]
         return np.array(self._cache[start:start + n], dtype=np.float64)
 
+    def first(self, n: int) -> list[float]:
+        """The uniforms at indices ``0 .. n - 1`` (a chain's accept tests, named by
+        position), leaving the running index alone."""
+        self._cover(n)
+        return self._cache[:n]
+
     def at(self, index: int) -> float:
         """The uniform at ``index`` (a draw named by its position, as the accelerator
         names it: a chain's accept test by the draft's position, a tree's by the
@@ -187,17 +145,10 @@ class Stream:
         return self._cache[int(index)]
 
     def _cover(self, n: int) -> None:
-        cache = self._cache
-        have = len(cache)  # always a multiple of 4
-        if n <= have:
-            return
-        if n - have > _IN_C:
-            cache.extend(block(self._key, self._round, self._stream, have,
-                               -(-(n - have) // 4) * 4).tolist())
-            return
-        while len(cache) < n:
-            cache.extend(_counter_uniforms(self._key, self._round, self._stream,
-                                           len(cache) // 4))
+        have = len(self._cache)  # always a multiple of PER_CALL: whole calls kept
+        if n > have:
+            upto = -(-n // PER_CALL) * PER_CALL
+            self._cache.extend(block(self._key, self._round, self._stream, have, upto - have))
 
 
 class RoundDraws:
@@ -232,5 +183,5 @@ def draw_at(rng: Uniforms, index: int) -> float:
     return rng.at(index) if isinstance(rng, Stream) else float(rng.random())
 
 
-__all__ = ["ACCEPT", "CANDIDATES", "OTHER", "TOKEN", "Draws", "RoundDraws", "Stream",
-           "Uniforms", "block", "draw_at", "philox4x64", "stream_of", "uniforms"]
+__all__ = ["ACCEPT", "CANDIDATES", "OTHER", "PER_CALL", "TOKEN", "Draws", "RoundDraws", "Stream",
+           "Uniforms", "block", "draw_at", "stream_of", "uniforms"]

@@ -8,7 +8,7 @@ ids is totalled (:func:`~xcosd.accel.sums.fixed_sum`), the block totals are scan
 (:func:`~xcosd.accel.sums.fixed_cumsum`), and only the block a draw falls in is scanned
 id by id. Two passes over the row instead of a scan's ``log2(V)``, and every sum is a
 fixed pattern of additions, so a draw is a function of its row and its uniform alone
-(not of the batch beside it); the uniforms are Philox's (:mod:`xcosd.draws`).
+(not of the batch beside it); the uniforms are counted ones (:mod:`xcosd.draws`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ nothing here names a method. Only what crosses the wire comes back to the host: 
 candidate values, and the rows straightforward (all of V_T) and hybrid resampling (V_C)
 send. A rejected row stays on the device (:class:`DeviceReject`) for the follow-ups.
 
-Every uniform is Philox's, keyed by the session's seed and counted by ``(round, stream,
+Every uniform is named by the session's seed and ``(round, stream,
 index)`` (:mod:`xcosd.draws`), and every sum is a fixed-order one
 (:mod:`xcosd.accel.sums`): a session's verdict is a function of its rows, its draft and
 its seed, never of the batch it was verified in. So a batch that fails is verified
@@ -136,7 +136,7 @@ def _on(space: Space, device: torch.device) -> _SpaceOnDevice:
 
 
 def _keys(items: Sequence[Round] | Sequence[DeviceReject]) -> tuple[np.ndarray, np.ndarray]:
-    """The Philox keys (seeds) and round numbers of rounds or kept rejections."""
+    """The draws' keys (seeds) and round numbers of rounds or kept rejections."""
     return (np.array([it.key & ((1 << 64) - 1) for it in items], dtype=np.uint64),
             np.array([it.round for it in items], dtype=np.uint64))
 
@@ -237,7 +237,7 @@ def _verify(rounds: Sequence[Round], rows: Sequence[torch.Tensor]) -> list[Round
 def _verify_tree(rd: Round, rw: torch.Tensor) -> RoundOutcome:
     """Walk ``rd``'s draft tree next to its rows (``xcosd.methods.tree.verify_tree``'s
     rules): the children of a node tested in order with ``u_c · q(c) < r(c)``, ``u_c``
-    the session's Philox uniform for node ``c`` (stream ``ACCEPT``), ``r`` the
+    the session's uniform for node ``c`` (stream ``ACCEPT``), ``r`` the
     committed row and, after each rejected sibling, the residual it left; a leaf's bonus
     from its row (stream ``TOKEN``); where every child is rejected, the method's payload
     for the row ``r`` the last child was tested against. A redone round rebuilds that
@@ -325,7 +325,7 @@ def _answers(kind: Answer, method: Method, space: Space, states: Sequence[Device
     """``kind`` (:class:`~xcosd.methods.base.Answer`) drawn on the device, in one batched
     call, for rejections that all want it from the same ``method`` and ``space``:
     ``term`` their committed rows ``p*_j``, ``q`` their ``q_j`` over V_C where the kind
-    reads it, ``key`` and ``rnd`` their sessions' Philox keys and rounds. The host
+    reads it, ``key`` and ``rnd`` their sessions' draw keys and rounds. The host
     draws the same kinds in :meth:`Method.answer <xcosd.methods.base.Method.answer>`."""
     if kind is Answer.TOKEN:
         u = _device(uniforms(key, rnd, TOKEN, 0), term.device)

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from ..codecs import Codec, get_codec
-from ..draws import ACCEPT, CANDIDATES, OTHER, TOKEN, Draws, Uniforms, draw_at, stream_of
+from ..draws import ACCEPT, CANDIDATES, OTHER, TOKEN, Draws, Stream, Uniforms, stream_of
 from ..errors import InvalidDistribution, ProtocolError
 from ..sampling import Rows, WarpedRows, sample_index
 from .shape import TreeShape
@@ -344,11 +344,11 @@ def verify(p_star: Rows, ids: np.ndarray, q_values: np.ndarray, rng: Uniforms,
 
     ``p_star`` has one committed row per draft position (at least ``len(ids)``).
     One uniform is drawn per *examined* position, in order: a round's counted
-    stream names it by the position (:func:`~xcosd.draws.draw_at`, as the
-    accelerator does). Positions where ``mask`` is False are accepted without a test
-    (uhlm's confident tokens).
+    stream names it by the position, as the accelerator does. Positions where
+    ``mask`` is False are accepted without a test (uhlm's confident tokens).
     """
     d = int(ids.shape[0])
+    named = rng.first(d) if isinstance(rng, Stream) else None
     for i in range(d):
         if mask is not None and not mask[i]:
             continue
@@ -357,7 +357,8 @@ def verify(p_star: Rows, ids: np.ndarray, q_values: np.ndarray, rng: Uniforms,
         p = float(p_star[i, x])
         if not q > 0:
             raise InvalidDistribution(f"draft {i} has q(x) = {q}: a drafted token must have q > 0")
-        if not draw_at(rng, i) * q < p:  # u < p/q without dividing
+        u = named[i] if named is not None else rng.random()
+        if not u * q < p:  # u < p/q without dividing
             return i
     return d
 
