@@ -176,13 +176,15 @@ class RoundRedo:
     fallback: bool = False
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Round:
     """One round's server half as plain data: the pending ``draft`` (a chain or a
     :class:`~xcosd.methods.tree.DraftTree`), its method, space and warper settings,
     the session's ``key`` (its seed) and the ``round`` number that count its random
     numbers, and a ``redo``. A snapshot: nothing here is the live session's, so it
-    is verified off the event loop, or on an accelerator, without touching it."""
+    is verified off the event loop, or on an accelerator, without touching it (and
+    nothing changes it once made: not frozen only because a frozen dataclass costs
+    the cloud a microsecond a round to build)."""
 
     method: Method
     space: Space

@@ -10,6 +10,7 @@ name it.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,8 +43,9 @@ class TreeShape:
 
     @classmethod
     def chain(cls, d: int) -> TreeShape:
-        """``d`` drafts in a row: the chain every round drafted before trees."""
-        return cls(tuple(range(-1, d - 1)))
+        """``d`` drafts in a row: the chain every round drafted before trees (made
+        once per length: a chain round's rejection reads its shape)."""
+        return _chain(d) if cls is TreeShape else cls(tuple(range(-1, d - 1)))
 
     @classmethod
     def full(cls, widths: Sequence[int]) -> TreeShape:
@@ -166,3 +168,8 @@ class TreeShape:
 
 
 __all__ = ["MAX_NODES", "TreeShape"]
+
+
+@functools.lru_cache(maxsize=256)
+def _chain(d: int) -> TreeShape:
+    return TreeShape(tuple(range(-1, d - 1)))

@@ -861,7 +861,7 @@ class CloudConnection:
                                 f"{self.config.limits.max_draft}", code="bad_field")
         if d and not m.drafts:
             raise ProtocolError(f"method {m.name} takes no drafts", code="bad_field")
-        if d and (int(block.ids.max()) >= sp.target_size
+        if d and (max(block.ids.tolist()) >= sp.target_size
                   or int(sp.to_common[block.ids].min()) < 0):
             raise ProtocolError("a drafted id is not in V_C", code="bad_token")
         self._check_vectors(m, block)
