@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from functools import lru_cache
 from typing import Any, Protocol, overload
 
 import numpy as np
@@ -63,17 +64,34 @@ _SCALE = 1.0 / (1 << 53)
 PER_CALL = 8
 _MESSAGE = struct.Struct("<QQQ")
 _WORDS = struct.Struct("<8Q")
+_WORD = struct.Struct("<Q")
+_DIGEST = 8 * PER_CALL
+_SHIFT = np.uint64(11)
+
+
+@lru_cache(maxsize=4096)
+def _keyed(key: int) -> Any:
+    """BLAKE2b keyed by ``key``, to be copied: keying compresses one whole block, as
+    much work as a round's message, so a session's rounds key it once (a few thousand
+    sessions' keys kept; one evicted is keyed again, the same bits)."""
+    return hashlib.blake2b(key=key.to_bytes(8, "little"), digest_size=64)
+
+
+@lru_cache(maxsize=256)
+def _words_format(n: int) -> struct.Struct:
+    """The layout of ``n`` words from a digest's start."""
+    return struct.Struct(f"<{n}Q")
 
 
 def block(key: int, round_: int, stream: int, start: int, n: int) -> list[float]:
     """The ``n`` uniforms from index ``start`` (a multiple of :data:`PER_CALL`) of
     ``(key, round, stream)``: float64 in ``[0, 1)``."""
-    k = (int(key) & _MASK64).to_bytes(8, "little")
-    r, st = int(round_) & _MASK64, int(stream) & _MASK64
+    k, r, st = int(key) & _MASK64, int(round_) & _MASK64, int(stream) & _MASK64
     out: list[float] = []
     for g in range(start // PER_CALL, -(-(start + n) // PER_CALL)):
-        digest = hashlib.blake2b(_MESSAGE.pack(r, st, g), key=k, digest_size=64).digest()
-        out.extend([(w >> 11) * _SCALE for w in _WORDS.unpack(digest)])
+        h = _keyed(k).copy()
+        h.update(_MESSAGE.pack(r, st, g))
+        out.extend([(w >> 11) * _SCALE for w in _WORDS.unpack(h.digest())])
     return out[:n]
 
 
@@ -101,16 +119,24 @@ def uniforms(key: Any, round_: Any, stream: Any, index: Any) -> np.ndarray:
 class Stream:
     """The uniforms of one ``(key, round, stream)``, index 0, 1, 2 ... in the order they
     are asked for: a stand-in for ``numpy.random.Generator`` where only ``random`` is
-    called. Made :data:`PER_CALL` at a time, as they are needed."""
+    called. The first :data:`PER_CALL` are hashed as it is made (a stream is made to
+    be drawn from, and a round's draws rarely go past them), the rest as they are
+    needed. The digests are kept as bytes and read as they are handed out: a few
+    words by ``struct``, many by one numpy view. (Written flat: a round draws from two
+    or three streams, and on a small vocabulary their Python calls are a fair part of
+    its verification's cost.)"""
 
-    __slots__ = ("_cache", "_index", "_key", "_round", "_stream")
+    __slots__ = ("_index", "_key", "_raw", "_round", "_stream")
 
     def __init__(self, key: int, round_: int, stream: int) -> None:
+        # each already in [0, 2**64): made by stream_of / RoundDraws.stream
         self._key = key
         self._round = round_
         self._stream = stream
         self._index = 0
-        self._cache: list[float] = []
+        h = _keyed(key).copy()
+        h.update(_MESSAGE.pack(round_, stream, 0))
+        self._raw = h.digest()
 
     @property
     def drawn(self) -> int:
@@ -124,31 +150,44 @@ class Stream:
 
     def random(self, size: int | None = None) -> Any:
         start = self._index
-        n = 1 if size is None else int(size)
-        self._index = start + n
-        self._cover(start + n)
         if size is None:
-            return self._cache[start]
-        return np.array(self._cache[start:start + n], dtype=np.float64)
+            self._index = start + 1
+            # the first call's words are hashed as the stream is made
+            raw = self._raw if start < PER_CALL else self._cover(start + 1)
+            return (_WORD.unpack_from(raw, start << 3)[0] >> 11) * _SCALE
+        n = int(size)
+        self._index = start + n
+        raw = self._raw if start + n <= PER_CALL else self._cover(start + n)
+        # (w >> 11) < 2**53 converts to float64 exactly, and 2**-53 scales exactly: the
+        # same bits as the one-at-a-time path
+        return (np.frombuffer(raw, dtype="<u8", count=n, offset=start << 3) >> _SHIFT) * _SCALE
 
     def first(self, n: int) -> list[float]:
         """The uniforms at indices ``0 .. n - 1`` (a chain's accept tests, named by
         position), leaving the running index alone."""
-        self._cover(n)
-        return self._cache[:n]
+        raw = self._raw if n <= PER_CALL else self._cover(n)
+        return [(w >> 11) * _SCALE for w in _words_format(n).unpack_from(raw)]
 
     def at(self, index: int) -> float:
         """The uniform at ``index`` (a draw named by its position, as the accelerator
         names it: a chain's accept test by the draft's position, a tree's by the
         node), leaving the running index alone."""
-        self._cover(int(index) + 1)
-        return self._cache[int(index)]
+        i = int(index)
+        raw = self._raw if i < PER_CALL else self._cover(i + 1)
+        return (_WORD.unpack_from(raw, i << 3)[0] >> 11) * _SCALE
 
-    def _cover(self, n: int) -> None:
-        have = len(self._cache)  # always a multiple of PER_CALL: whole calls kept
-        if n > have:
-            upto = -(-n // PER_CALL) * PER_CALL
-            self._cache.extend(block(self._key, self._round, self._stream, have, upto - have))
+    def _cover(self, n: int) -> bytes:
+        """The digests, hashed up to index ``n`` at least (whole calls kept; those
+        already hashed, as they are)."""
+        if n <= len(self._raw) >> 3:
+            return self._raw
+        raw = [self._raw]
+        for g in range(len(self._raw) // _DIGEST, -(-n // PER_CALL)):
+            h = _keyed(self._key).copy()
+            h.update(_MESSAGE.pack(self._round, self._stream, g))
+            raw.append(h.digest())
+        self._raw = b"".join(raw)
+        return self._raw
 
 
 class RoundDraws:
@@ -160,10 +199,10 @@ class RoundDraws:
 
     def __init__(self, key: int, round_: int) -> None:
         self.key = int(key) & _MASK64
-        self.round = int(round_)
+        self.round = int(round_) & _MASK64
 
     def stream(self, stream: int) -> Stream:
-        return Stream(self.key, self.round, stream)
+        return Stream(self.key, self.round, stream & _MASK64)
 
 
 #: what a round's verification takes: its counters, or a plain sequential generator
@@ -174,7 +213,9 @@ Draws = Uniforms | RoundDraws
 def stream_of(rng: Draws, stream: int) -> Uniforms:
     """``rng``'s numbers for ``stream``: that stream of a round's counters, or a plain
     generator (or a stream already chosen) as it is."""
-    return rng.stream(stream) if isinstance(rng, RoundDraws) else rng
+    if isinstance(rng, RoundDraws):
+        return Stream(rng.key, rng.round, stream & _MASK64)
+    return rng
 
 
 def draw_at(rng: Uniforms, index: int) -> float:
