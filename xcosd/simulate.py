@@ -114,6 +114,7 @@ def simulate_round(
         msgs.append(("down", "verdict", verdict.nbytes()))
         return RoundResult([*ids.tolist(), verdict.reply.token], n, d, up,  # type: ignore[union-attr]
                            verdict.nbytes(), 1, messages=msgs)
+    assert isinstance(v.reject, RejectState)  # the host's verification keeps it here
     res = _settle_rejection(m, v.reject, DeviceState(q_common=q_rows[n], rejected=int(ids[n])),
                             space, rng, msgs, v.reply)
     res.tokens[:0] = ids[:n].tolist()

@@ -75,6 +75,12 @@ class Space:
     def common_mask(self) -> np.ndarray:
         return self.to_common >= 0
 
+    @cached_property
+    def common_bytes(self) -> bytes:
+        """:attr:`common_mask` as one byte per target id: a few ids are looked up in it
+        in Python, where indexing the array costs a numpy call per id."""
+        return self.common_mask.tobytes()
+
     def expand(self, v_common: np.ndarray) -> np.ndarray:
         """A V_C-order vector scattered into a float32 vector over all target ids."""
         out = np.zeros(self.target_size, dtype=np.float32)
@@ -110,10 +116,12 @@ class Draft:
     q_values: np.ndarray
     q_vectors: tuple[bytes, ...] | None = None
     verify_mask: np.ndarray | None = None
+    #: how many drafts (a tree's nodes): ``len(ids)``, kept, as both state machines
+    #: and the verification read it several times a round
+    length: int = field(init=False, repr=False)
 
-    @property
-    def length(self) -> int:
-        return int(self.ids.shape[0])
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "length", len(self.ids))
 
     @cached_property
     def shape(self) -> TreeShape:
@@ -349,11 +357,13 @@ def verify(p_star: Rows, ids: np.ndarray, q_values: np.ndarray, rng: Uniforms,
     """
     d = int(ids.shape[0])
     named = rng.first(d) if isinstance(rng, Stream) else None
+    # as Python numbers once: indexing the arrays costs a numpy call per element
+    xs, qs = ids.tolist(), q_values.tolist()
     for i in range(d):
         if mask is not None and not mask[i]:
             continue
-        x = int(ids[i])
-        q = float(q_values[i])
+        x = xs[i]
+        q = float(qs[i])
         p = float(p_star[i, x])
         if not q > 0:
             raise InvalidDistribution(f"draft {i} has q(x) = {q}: a drafted token must have q > 0")

@@ -65,19 +65,33 @@ def draft_token(method: Method, q: np.ndarray, space: Space, rng: Uniforms,
     return int(space.common_ids[j]), qr
 
 
-@dataclass
-class Verified:
-    """The server's half of a round: ``accepted`` drafts, the ``reply`` to send (the
-    bonus token, or the rejection payload) and, on a rejection, the state the
-    follow-ups are answered from."""
+@dataclass(eq=False)
+class RoundOutcome:
+    """What verifying a :class:`Round` gives: ``accepted`` drafts (a tree's verdict
+    ``n``: the index + 1 of the node the walk stopped at, whose path the block names,
+    ``Draft.path``) and the ``reply``,
+    the rejection's state its follow-ups are answered from, or the ``error`` that
+    fails this session alone."""
 
     accepted: int
     reply: Reply
-    reject: RejectState | None
+    #: on a rejection, what its follow-ups are answered from (on the host, or kept on
+    #: the target's device: a :class:`~xcosd.methods.base.KeptReject`)
+    reject: RejectState | KeptReject | None
+    error: XcosdError | None = None
+    #: compute time of the batch this round was verified in (reported to the edge)
+    compute_s: float = 0.0
+    #: a redone round: ``reply`` answers the device's pending follow-up, not the draft
+    redo: bool = False
+
+
+def failed(error: XcosdError) -> RoundOutcome:
+    """The outcome of a round that fails its session with ``error``."""
+    return RoundOutcome(0, TokenReply(0), None, error)
 
 
 def verify_block(method: Method, p: Rows, draft: Draft, space: Space,
-                 rng: Draws) -> Verified:
+                 rng: Draws) -> RoundOutcome:
     """Commit the ``d + 1`` warped target rows ``p``, verify ``draft`` against them
     and answer: a bonus token when every draft is accepted, else the method's
     rejection payload for the first rejected position. ``p`` may be a
@@ -87,9 +101,9 @@ def verify_block(method: Method, p: Rows, draft: Draft, space: Space,
     d = draft.length
     n = method.verify(p_star, draft, space, rng) if d else 0
     if n == d:
-        return Verified(n, method.bonus(p_star[d], rng), None)
+        return RoundOutcome(n, method.bonus(p_star[d], rng), None)
     state = _reject_state(method, p, p_star, draft, n, space)
-    return Verified(n, method.on_reject(state, space, rng), state)
+    return RoundOutcome(n, method.on_reject(state, space, rng), state)
 
 
 def _reject_state(method: Method, p: Rows, p_star: Rows, draft: Draft, n: int,
@@ -156,7 +170,7 @@ def resolve_locally(method: Method, state: RejectState, dev: DeviceState, space:
     return res
 
 
-__all__ = ["Resolution", "Verified", "draft_token", "rebuild_reject", "resolve_locally",
+__all__ = ["Resolution", "RoundOutcome", "draft_token", "rebuild_reject", "resolve_locally",
            "verify_block"]
 
 
@@ -199,31 +213,6 @@ class Round:
         return RoundDraws(self.key, self.round)
 
 
-@dataclass(eq=False)
-class RoundOutcome:
-    """What verifying a :class:`Round` gives: ``accepted`` drafts (a tree's verdict
-    ``n``: the index + 1 of the node the walk stopped at, whose path the block names,
-    ``Draft.path``) and the ``reply``,
-    the rejection's state its follow-ups are answered from, or the ``error`` that
-    fails this session alone."""
-
-    accepted: int
-    reply: Reply
-    #: on a rejection, what its follow-ups are answered from (on the host, or kept on
-    #: the target's device: a :class:`~xcosd.methods.base.KeptReject`)
-    reject: RejectState | KeptReject | None
-    error: XcosdError | None = None
-    #: compute time of the batch this round was verified in (reported to the edge)
-    compute_s: float = 0.0
-    #: a redone round: ``reply`` answers the device's pending follow-up, not the draft
-    redo: bool = False
-
-
-def failed(error: XcosdError) -> RoundOutcome:
-    """The outcome of a round that fails its session with ``error``."""
-    return RoundOutcome(0, TokenReply(0), None, error)
-
-
 def verify_round(rd: Round, rows: np.ndarray, warped: np.ndarray | None = None
                  ) -> RoundOutcome:
     """The server's half of round ``rd`` against the target's rows for it: commit,
@@ -247,7 +236,7 @@ def verify_round(rd: Round, rows: np.ndarray, warped: np.ndarray | None = None
         # rows no warper changes (T=1, no top-k / top-p) are read as they are
         p = (rows if rd.params.identity
              else warped if warped is not None else WarpedRows(rows, rd.params))
-        draws = rd.draws()
+        draws = RoundDraws(rd.key, rd.round)
         redo = rd.redo
         tree = draft if isinstance(draft, DraftTree) else None
         if redo is not None:
@@ -266,8 +255,7 @@ def verify_round(rd: Round, rows: np.ndarray, warped: np.ndarray | None = None
         if tree is not None:
             t = verify_tree(m, p, tree, sp, draws)
             return RoundOutcome(t.node + 1, t.reply, t.reject)
-        v = verify_block(m, p, draft, sp, draws)
-        return RoundOutcome(v.accepted, v.reply, v.reject)
+        return verify_block(m, p, draft, sp, draws)
     except XcosdError as e:
         return failed(e)
     except (ValueError, IndexError, AssertionError) as e:

@@ -798,9 +798,9 @@ class CloudConnection:
                                 f"{sess.next_round}", code=code)
         sp, m, draft = sess.space, sess.method, msg.draft
         d = draft.length
-        # a round commits at most its depth + 1 tokens: a chain's length, a tree's depth
-        depth = self._check_block(m, draft, sp)
         ids = draft.ids.tolist()
+        # a round commits at most its depth + 1 tokens: a chain's length, a tree's depth
+        depth = self._check_block(m, draft, ids, sp)
         # max_new_tokens binds the cloud too: a round may not start past it, nor draft
         # more than it leaves room for (the edge drafts at most remaining - 1)
         left = sess.max_new_tokens - sess.generated - (sess.phase is CloudPhase.RESOLVING)
@@ -845,13 +845,14 @@ class CloudConnection:
         sess.advance(CloudStep.DRAFT)
         return CloudOutput([], [req])
 
-    def _check_block(self, m: Method, block: Draft, sp: Space) -> int:
+    def _check_block(self, m: Method, block: Draft, ids: list[int], sp: Space) -> int:
         """A round's block as this cloud verifies it; its depth. Refused before
         anything is scored, so the session keeps its phase and the edge may send
         another block. A block whose drafts stay in the context is a chain: at most
         ``max_draft`` drafts, none for a method that takes none, every id in V_C, and
         the draft vectors its method takes (:meth:`_check_vectors`). One that does not
-        is a tree (:meth:`_check_tree`, which refuses all of that too)."""
+        is a tree (:meth:`_check_tree`, which refuses all of that too). ``ids``: the
+        block's ids as a list."""
         if not block.stays_in_context:
             assert isinstance(block, DraftTree)  # the one block kind that leaves it
             return self._check_tree(m, block, sp)
@@ -861,11 +862,11 @@ class CloudConnection:
                                 f"{self.config.limits.max_draft}", code="bad_field")
         if d and not m.drafts:
             raise ProtocolError(f"method {m.name} takes no drafts", code="bad_field")
-        if d and (max(block.ids.tolist()) >= sp.target_size
-                  or int(sp.to_common[block.ids].min()) < 0):
+        if d and (min(ids) < 0 or max(ids) >= sp.target_size
+                  or not all(map(sp.common_bytes.__getitem__, ids))):
             raise ProtocolError("a drafted id is not in V_C", code="bad_token")
         self._check_vectors(m, block)
-        return block.depth
+        return d  # a chain's depth
 
     def _check_tree(self, m: Method, tree: DraftTree, sp: Space) -> int:
         """A tree block as this cloud verifies it (its size within ``max_tree``, a
