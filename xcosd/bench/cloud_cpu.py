@@ -23,7 +23,8 @@ against a cloud in this process under cProfile and keeps its top entries.
 With vocab 256 and T=1 in the matrix, each method's sans-I/O core is also measured
 alone, in this process (this process's code, whatever ``--src`` says): the edge
 and cloud state machines wired together with no socket and no event loop
-(:func:`core_row`), the floor under the load rows.
+(:func:`core_row`), the floor under the load rows. A change to that core is weighed
+against another checkout in one run by :mod:`xcosd.bench.core_ab`.
 
 Prints a table and writes ``bench/out/cloud_cpu.json``; docs/RESULTS.md's section
 comes from :func:`section_cloud_cpu`.
