@@ -67,6 +67,7 @@ _WORDS = struct.Struct("<8Q")
 _WORD = struct.Struct("<Q")
 _DIGEST = 8 * PER_CALL
 _SHIFT = np.uint64(11)
+_U64 = np.dtype("<u8")
 
 
 @lru_cache(maxsize=4096)
@@ -160,7 +161,7 @@ class Stream:
         raw = self._raw if start + n <= PER_CALL else self._cover(start + n)
         # (w >> 11) < 2**53 converts to float64 exactly, and 2**-53 scales exactly: the
         # same bits as the one-at-a-time path
-        return (np.frombuffer(raw, dtype="<u8", count=n, offset=start << 3) >> _SHIFT) * _SCALE
+        return (np.frombuffer(raw, dtype=_U64, count=n, offset=start << 3) >> _SHIFT) * _SCALE
 
     def first(self, n: int) -> list[float]:
         """The uniforms at indices ``0 .. n - 1`` (a chain's accept tests, named by

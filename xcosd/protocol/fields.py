@@ -106,9 +106,14 @@ def check_count(buffers: Sequence[bytes], n: int, t: str) -> None:
         raise bad(f"{t}: expected {n} buffers, got {len(buffers)}")
 
 
+#: the wire's two numeric layouts, made once (a dtype named by a string is parsed again
+#: on every call, a fair part of converting a few ids)
+_I4, _F4 = np.dtype("<i4"), np.dtype("<f4")
+
+
 def ids_to_bytes(ids: Any) -> bytes:
     """Token ids as little-endian int32 bytes."""
-    return np.ascontiguousarray(np.asarray(ids, dtype=np.int64), dtype="<i4").tobytes()
+    return np.ascontiguousarray(np.asarray(ids, dtype=np.int64), dtype=_I4).tobytes()
 
 
 def bytes_to_ids(buf: bytes, t: str, what: str = "ids", n: int | None = None,
@@ -119,7 +124,7 @@ def bytes_to_ids(buf: bytes, t: str, what: str = "ids", n: int | None = None,
     k = len(buf) // 4
     if (n is not None and k != n) or k > max_n:
         raise bad(f"{t}: {what} has {k} values, expected {n if n is not None else f'<= {max_n}'}")
-    a = np.frombuffer(buf, dtype="<i4").astype(np.int64)
+    a = np.frombuffer(buf, dtype=_I4).astype(np.int64)
     # a little-endian int32 is negative when the top bit of its last byte is set
     if k and (max(bytes(buf[3::4])) >= 0x80 if k <= SMALL else int(a.min()) < 0):
         raise bad(f"{t}: {what} contains a negative id", code=ErrorCode.BAD_TOKEN)
@@ -128,14 +133,14 @@ def bytes_to_ids(buf: bytes, t: str, what: str = "ids", n: int | None = None,
 
 def f32_to_bytes(v: Any) -> bytes:
     """Values as little-endian float32 bytes."""
-    return np.ascontiguousarray(v, dtype="<f4").tobytes()
+    return np.ascontiguousarray(v, dtype=_F4).tobytes()
 
 
 def bytes_to_f32(buf: bytes, t: str, what: str, n: int) -> np.ndarray:
     """Little-endian float32 bytes -> float32 array of exactly ``n`` values."""
     if len(buf) != 4 * n:
         raise bad(f"{t}: {what} has {len(buf)} bytes, expected {4 * n}")
-    return np.frombuffer(buf, dtype="<f4").astype(np.float32)
+    return np.frombuffer(buf, dtype=_F4).astype(np.float32)
 
 
 #: arrays up to this many values are checked as Python numbers: a numpy reduction
