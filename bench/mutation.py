@@ -181,6 +181,10 @@ TEST_MAP: list[tuple[str, tuple[str, ...]]] = [
     ("xcosd/methods/tree.py", TREE_TESTS),
     ("xcosd/methods/shape.py", TREE_TESTS),
     ("xcosd/models/tree_scoring.py", TREE_TESTS),
+    # a round's server half (verify_round) verifies trees too: their law through the
+    # state machines, after the cheap method tests
+    ("xcosd/methods/round.py", (*METHOD_TESTS[:3], "tests/test_law_trees_protocol.py",
+                                *METHOD_TESTS[3:])),
     ("xcosd/methods/*.py", METHOD_TESTS),
     ("xcosd/protocol/edge.py", PROTOCOL_TESTS),
     ("xcosd/protocol/cloud.py", PROTOCOL_TESTS),

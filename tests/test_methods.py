@@ -66,6 +66,11 @@ def test_hr_paper_variant_costs_a_round_trip_only_on_vo():
     assert vo and vc
     assert all(r.round_trips == 2 for r in vo) and all(r.round_trips == 1 for r in vc)
     assert all(r.downlink_bytes == 4 + 4 * int(common.sum()) + 4 + 4 for r in vo)
+    # the follow-up's request goes up too: one byte, counted beside the draft's
+    assert all(r.uplink_bytes == 4 + 4 + 1 for r in vo) and all(r.uplink_bytes == 8 for r in vc)
+    for r in res:
+        assert r.uplink_bytes == sum(n for way, _, n in r.messages if way == "up")
+        assert r.downlink_bytes == sum(n for way, _, n in r.messages if way == "down")
 
 
 def test_full_acceptance_sends_a_bonus_token():
