@@ -116,7 +116,7 @@ def _reject_state(method: Method, p: Rows, p_star: Rows, draft: Draft, n: int,
 
 
 def rebuild_reject(method: Method, p: Rows, draft: Draft, accepted: int, space: Space,
-                   *, candidate_rounds: int = 0, fallback_sent: bool = False) -> RejectState:
+                   *, candidate_rounds: int, fallback_sent: bool) -> RejectState:
     """The server's state after a rejection at ``accepted``, rebuilt from the rows
     alone, for a round whose verdict is known but whose state was lost (a cloud
     restart; ``xcosd/protocol/messages.py``, ``Redo``).
