@@ -21,8 +21,8 @@ puts a previous report's figures beside this run's (default
 against a cloud in this process under cProfile and keeps its top entries.
 
 With vocab 256 and T=1 in the matrix, each method's sans-I/O core is also measured
-alone, in this process (this process's code, whatever ``--src`` says): the edge
-and cloud state machines wired together with no socket and no event loop
+alone, on this checkout's code whatever ``--src`` says (each pass a process of its
+own, :func:`one_pass`): the edge and cloud state machines wired together with no socket and no event loop
 (:func:`core_row`), the floor under the load rows. A change to that core is weighed
 against another checkout in one run by :mod:`xcosd.bench.core_ab`.
 
@@ -252,6 +252,63 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 # ------------------------------------------------------------------ the core alone
 
+#: one pass, run by ``python -c`` on whichever ``xcosd`` is first on the path: it uses
+#: only what every checkout's pump has (``Pump.generate`` and its stats)
+CORE_PASS = """
+import json, os, sys, time, types
+import xcosd
+import xcosd.nodes.pump as pump_module
+from xcosd.models import SyntheticModel
+from xcosd.nodes.pump import Pump
+method, generations, draft_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+pump_module.time = types.SimpleNamespace(perf_counter=time.thread_time)
+target = SyntheticModel(256, name="synthetic")
+draft = SyntheticModel(target.vocab, skew=0.9, name="synthetic-draft")
+model_s = 0.0
+score = target.score
+def timed(batch):
+    global model_s
+    t0 = time.thread_time()
+    try:
+        return score(batch)
+    finally:
+        model_s += time.thread_time() - t0
+target.score = timed
+pump = Pump(target, draft)
+pump.generate(method, prompt="ab", max_new_tokens=64, seed=10**6, draft_len=draft_len,
+              adaptive_draft=False)
+model_s = 0.0
+cloud_s = edge_s = 0.0
+rounds = 0
+for i in range(generations):
+    g = pump.generate(method, prompt="ab", max_new_tokens=64, seed=i, draft_len=draft_len,
+                      adaptive_draft=False)
+    cloud_s += g.stats.cloud_compute_s
+    edge_s += g.stats.draft_compute_s
+    rounds += g.stats.rounds
+    pump.events.clear()
+print(json.dumps({"path": os.path.dirname(os.path.dirname(os.path.abspath(xcosd.__file__))),
+                  "rounds": rounds, "cloud_us_per_round": 1e6 * (cloud_s - model_s) / rounds,
+                  "model_us_per_round": 1e6 * model_s / rounds,
+                  "edge_us_per_round": 1e6 * edge_s / rounds}))
+"""
+
+
+def one_pass(method: str, src: Path | None, generations: int) -> dict[str, Any]:
+    """One pass of :data:`CORE_PASS` in a fresh process on ``src``'s code (``None``:
+    this checkout's), after one generation of warm-up; a :class:`RuntimeError` when
+    the process imported ``xcosd`` from anywhere else."""
+    root = Path(__file__).resolve().parents[2] if src is None else src
+    out = subprocess.run([sys.executable, "-c", CORE_PASS, method, str(generations),
+                          str(DRAFT_LEN)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                         capture_output=True, text=True, check=True)
+    got = dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    if Path(got.pop("path")).resolve() != root.resolve():
+        # (an installed xcosd found instead, the checkout having none)
+        raise RuntimeError(f"the pass on {root} imported another checkout's xcosd")
+    return got
+
+
 #: generations of the core's measurement, and its passes (the fastest is kept)
 CORE_GENERATIONS = 120
 CORE_PASSES = 3
@@ -260,8 +317,9 @@ CORE_PASSES = 3
 def core_row(method: str, generations: int = CORE_GENERATIONS,
              passes: int = CORE_PASSES) -> dict[str, Any]:
     """What the sans-I/O core alone costs a round, with no socket and no event
-    loop: the real edge and cloud state machines wired together in this thread by
-    :class:`~xcosd.nodes.pump.Pump`, every message packed and unpacked, the cloud's
+    loop: the real edge and cloud state machines wired together in one thread by
+    :class:`~xcosd.nodes.pump.Pump` (:data:`CORE_PASS`, each pass a process of its
+    own on this checkout, timed by the thread's CPU clock), every message packed and unpacked, the cloud's
     rows scored and verified by the scheduler's own ``score_batch`` (a batch of
     one), over the load runs' vocabulary-256 synthetic target and draft at no
     modeled cost, T=1, the same fixed 4-token draft. The cloud's figure leaves out
@@ -270,43 +328,10 @@ def core_row(method: str, generations: int = CORE_GENERATIONS,
     transport, event loop, metering, queues and fairness come on top of it. (Only
     T=1: under top-p a batch of one warps its rows alone, where a load run's batch
     warps them together, so a batch of one would overstate a session's share.)"""
-    from xcosd.models import SyntheticModel
-    from xcosd.nodes.pump import Pump
-
     best: dict[str, Any] | None = None
     for _ in range(passes):
-        target = SyntheticModel(256, name="synthetic")
-        draft = SyntheticModel(target.vocab, skew=0.9, name="synthetic-draft")
-        model_s = 0.0
-        score = target.score
-
-        def timed(batch: Any, _score: Any = score) -> Any:
-            nonlocal model_s
-            t0 = time.perf_counter()
-            try:
-                return _score(batch)
-            finally:
-                model_s += time.perf_counter() - t0
-
-        target.score = timed  # type: ignore[method-assign]
-        pump = Pump(target, draft)
-        cloud_s = edge_s = 0.0
-        rounds = 0
-        for i in range(generations):
-            g = pump.generate(method, prompt="ab", max_new_tokens=64, seed=i,
-                              draft_len=DRAFT_LEN, adaptive_draft=False)
-            cloud_s += g.stats.cloud_compute_s
-            edge_s += g.stats.draft_compute_s
-            rounds += g.stats.rounds
-            # the pump keeps every cloud event for tests to read; kept over a whole row,
-            # their garbage collection (a full pass now and then over a growing heap)
-            # would be counted as the core's, where a node drops each event once handled
-            pump.events.clear()
-        row = {"method": method, "warper": "T=1", "vocab": 256, "rounds": rounds,
-               "generations": generations,
-               "cloud_us_per_round": 1e6 * (cloud_s - model_s) / rounds,
-               "model_us_per_round": 1e6 * model_s / rounds,
-               "edge_us_per_round": 1e6 * edge_s / rounds}
+        row = {"method": method, "warper": "T=1", "vocab": 256, "generations": generations,
+               **one_pass(method, None, generations)}
         if best is None or row["cloud_us_per_round"] < best["cloud_us_per_round"]:
             best = row
     assert best is not None

@@ -5,7 +5,7 @@
 :func:`xcosd.bench.cloud_cpu.core_row` measures the core in its own process, on that
 process's code only, so a change to the core could be weighed only against a report
 from another run, on a shared machine whose speed drifts by more than the change.
-Here both checkouts run the same loop (:data:`CORE_PASS`: ``Pump.generate`` over the
+Here both checkouts run the same loop (:data:`xcosd.bench.cloud_cpu.CORE_PASS`: ``Pump.generate`` over the
 load runs' vocabulary-256 synthetic pair, T=1, the same fixed 4-token draft, as
 ``core_row``), each pass in a fresh process of its own, the two alternating pass by
 pass and trading places each pair, so both see the same minutes of the machine. Each
@@ -23,80 +23,20 @@ two are, and how far the machine let the pairs scatter. Writes
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from xcosd.bench.cloud_cpu import DRAFT_LEN, code_info
+from xcosd.bench.cloud_cpu import DRAFT_LEN, code_info, one_pass
 from xcosd.bench.report import OUT_DIR, machine, table, write_json
 
 OUT = OUT_DIR / "core_ab.json"
 METHODS = ("xcosd-e", "ar")
 PAIRS = 12
 GENERATIONS = 60
-
-#: one pass, run by ``python -c`` on whichever ``xcosd`` is first on the path: it uses
-#: only what every checkout's pump has (``Pump.generate`` and its stats)
-CORE_PASS = """
-import json, os, sys, time, types
-import xcosd
-import xcosd.nodes.pump as pump_module
-from xcosd.models import SyntheticModel
-from xcosd.nodes.pump import Pump
-method, generations, draft_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-pump_module.time = types.SimpleNamespace(perf_counter=time.thread_time)
-target = SyntheticModel(256, name="synthetic")
-draft = SyntheticModel(target.vocab, skew=0.9, name="synthetic-draft")
-model_s = 0.0
-score = target.score
-def timed(batch):
-    global model_s
-    t0 = time.thread_time()
-    try:
-        return score(batch)
-    finally:
-        model_s += time.thread_time() - t0
-target.score = timed
-pump = Pump(target, draft)
-pump.generate(method, prompt="ab", max_new_tokens=64, seed=10**6, draft_len=draft_len,
-              adaptive_draft=False)
-model_s = 0.0
-cloud_s = edge_s = 0.0
-rounds = 0
-for i in range(generations):
-    g = pump.generate(method, prompt="ab", max_new_tokens=64, seed=i, draft_len=draft_len,
-                      adaptive_draft=False)
-    cloud_s += g.stats.cloud_compute_s
-    edge_s += g.stats.draft_compute_s
-    rounds += g.stats.rounds
-    pump.events.clear()
-print(json.dumps({"path": os.path.dirname(os.path.dirname(os.path.abspath(xcosd.__file__))),
-                  "rounds": rounds, "cloud_us_per_round": 1e6 * (cloud_s - model_s) / rounds,
-                  "model_us_per_round": 1e6 * model_s / rounds,
-                  "edge_us_per_round": 1e6 * edge_s / rounds}))
-"""
-
-
-def one_pass(method: str, src: Path | None, generations: int = GENERATIONS) -> dict[str, Any]:
-    """One pass of :data:`CORE_PASS` in a fresh process on ``src``'s code (``None``:
-    this checkout's), after one generation of warm-up; a :class:`RuntimeError` when
-    the process imported ``xcosd`` from anywhere else."""
-    root = Path(__file__).resolve().parents[2] if src is None else src
-    out = subprocess.run([sys.executable, "-c", CORE_PASS, method, str(generations),
-                          str(DRAFT_LEN)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-                         capture_output=True, text=True, check=True)
-    got = dict(json.loads(out.stdout.strip().splitlines()[-1]))
-    if Path(got.pop("path")).resolve() != root.resolve():
-        # (an installed xcosd found instead, the checkout having none)
-        raise RuntimeError(f"the pass on {root} imported another checkout's xcosd")
-    return got
-
 
 def _quartiles(xs: Sequence[float]) -> tuple[float, float, float]:
     if len(xs) < 2:
