@@ -78,6 +78,15 @@ def _keyed(key: int) -> Any:
     return hashlib.blake2b(key=key.to_bytes(8, "little"), digest_size=64)
 
 
+def _digest(key: int, round_: int, stream: int, call: int) -> bytes:
+    """Call ``call`` of ``(key, round, stream)``, each in ``[0, 2**64)``: the 64 bytes
+    whose eight little-endian words give its uniforms (the module docstring's layout,
+    written here only)."""
+    h = _keyed(key).copy()
+    h.update(_MESSAGE.pack(round_, stream, call))
+    return h.digest()
+
+
 @lru_cache(maxsize=256)
 def _words_format(n: int) -> struct.Struct:
     """The layout of ``n`` words from a digest's start."""
@@ -90,9 +99,7 @@ def block(key: int, round_: int, stream: int, start: int, n: int) -> list[float]
     k, r, st = int(key) & _MASK64, int(round_) & _MASK64, int(stream) & _MASK64
     out: list[float] = []
     for g in range(start // PER_CALL, -(-(start + n) // PER_CALL)):
-        h = _keyed(k).copy()
-        h.update(_MESSAGE.pack(r, st, g))
-        out.extend([(w >> 11) * _SCALE for w in _WORDS.unpack(h.digest())])
+        out.extend([(w >> 11) * _SCALE for w in _WORDS.unpack(_digest(k, r, st, g))])
     return out[:n]
 
 
@@ -123,9 +130,9 @@ class Stream:
     called. The first :data:`PER_CALL` are hashed as it is made (a stream is made to
     be drawn from, and a round's draws rarely go past them), the rest as they are
     needed. The digests are kept as bytes and read as they are handed out: a few
-    words by ``struct``, many by one numpy view. (Written flat: a round draws from two
-    or three streams, and on a small vocabulary their Python calls are a fair part of
-    its verification's cost.)"""
+    words by ``struct``, many by one numpy view. (A round draws from two or three
+    streams, and on a small vocabulary their Python calls are a fair part of its
+    verification's cost.)"""
 
     __slots__ = ("_index", "_key", "_raw", "_round", "_stream")
 
@@ -135,9 +142,7 @@ class Stream:
         self._round = round_
         self._stream = stream
         self._index = 0
-        h = _keyed(key).copy()
-        h.update(_MESSAGE.pack(round_, stream, 0))
-        self._raw = h.digest()
+        self._raw = _digest(key, round_, stream, 0)
 
     @property
     def drawn(self) -> int:
@@ -182,12 +187,10 @@ class Stream:
         already hashed, as they are)."""
         if n <= len(self._raw) >> 3:
             return self._raw
-        raw = [self._raw]
-        for g in range(len(self._raw) // _DIGEST, -(-n // PER_CALL)):
-            h = _keyed(self._key).copy()
-            h.update(_MESSAGE.pack(self._round, self._stream, g))
-            raw.append(h.digest())
-        self._raw = b"".join(raw)
+        raw = self._raw
+        for g in range(len(raw) // _DIGEST, -(-n // PER_CALL)):
+            raw += _digest(self._key, self._round, self._stream, g)
+        self._raw = raw
         return self._raw
 
 
